@@ -1,0 +1,271 @@
+"""Load the built-in catalog and users' YAML files into one validated `Catalog`.
+
+A catalog file is a YAML mapping with any of the sections `gpus`, `node_types`, `regions`,
+`models` (each a list of entries) and an optional `schema_version`. Files are applied in
+order: an entry whose name is new is added (and must be complete); an entry whose name
+already exists is merged onto it field by field (top-level fields replace), so a user can
+change one price list or one NIC speed without restating the rest.
+
+Every problem is reported as a `CatalogError` naming the file, the entry and the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Mapping, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from coral.catalog.schema import SCHEMA_VERSION, GpuType, ModelArch, NodeType, Region
+
+SECTIONS: dict[str, type[BaseModel]] = {
+    "gpus": GpuType,
+    "node_types": NodeType,
+    "regions": Region,
+    "models": ModelArch,
+}
+BUILTIN_FILES = ("gpus.yaml", "regions.yaml", "node_types.yaml", "models.yaml")
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class CatalogError(ValueError):
+    """A catalog file is malformed or inconsistent; the message says where and why."""
+
+
+class UnknownNameError(KeyError):
+    """A name was asked for that the catalog does not hold (message suggests close names)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _format_validation_error(where: str, err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(entry)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif e["type"] == "missing":
+            msg = "missing field"
+        parts.append(f"{where}: field '{loc}': {msg}")
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The validated catalog: every entry by name, plus where each came from."""
+
+    gpus: Mapping[str, GpuType]
+    node_types: Mapping[str, NodeType]
+    regions: Mapping[str, Region]
+    models: Mapping[str, ModelArch]
+    files: tuple[str, ...] = field(default=())
+
+    def _get(self, section: str, name: str) -> Any:
+        table: Mapping[str, Any] = getattr(self, section)
+        if name not in table:
+            kind = section.rstrip("s").replace("_", " ")
+            raise UnknownNameError(
+                f"unknown {kind} {name!r}.{_did_you_mean(name, table)} "
+                f"(`coral catalog list` shows them all)"
+            )
+        return table[name]
+
+    def gpu(self, name: str) -> GpuType:
+        return self._get("gpus", name)
+
+    def node_type(self, name: str) -> NodeType:
+        return self._get("node_types", name)
+
+    def region(self, name: str) -> Region:
+        return self._get("regions", name)
+
+    def model(self, name: str) -> ModelArch:
+        return self._get("models", name)
+
+    def gpu_of(self, node_type: str | NodeType) -> GpuType:
+        node = self.node_type(node_type) if isinstance(node_type, str) else node_type
+        return self.gpus[node.gpu]
+
+    def node_memory_bytes(self, node_type: str | NodeType) -> float:
+        node = self.node_type(node_type) if isinstance(node_type, str) else node_type
+        return self.gpus[node.gpu].memory_bytes * node.gpu_count
+
+    def lookup(self, name: str) -> BaseModel:
+        """Any entry by name, whatever its section."""
+        for section in SECTIONS:
+            table: Mapping[str, BaseModel] = getattr(self, section)
+            if name in table:
+                return table[name]
+        every = [n for s in SECTIONS for n in getattr(self, s)]
+        raise UnknownNameError(f"no catalog entry named {name!r}.{_did_you_mean(name, every)}")
+
+    def content_hash(self) -> str:
+        """Stable hash of the catalog's content, used to key cached template libraries."""
+        payload = {
+            s: [e.model_dump(mode="json") for _, e in sorted(getattr(self, s).items())]
+            for s in SECTIONS
+        }
+        blob = json.dumps({"schema": SCHEMA_VERSION, **payload}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _read_yaml(path: Path | str, text: str) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{path}: malformed YAML: {exc}") from None
+    except (ValueError, TypeError, AttributeError, LookupError, RecursionError) as exc:
+        # PyYAML's constructors let these escape on bad tagged or implicit scalars,
+        # e.g. `date: 2026-02-30` or `n: !!int x`.
+        raise CatalogError(f"{path}: malformed YAML: {type(exc).__name__}: {exc}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise CatalogError(f"{path}: expected a mapping of sections {sorted(SECTIONS)}")
+    unknown = set(doc) - set(SECTIONS) - {"schema_version"}
+    if unknown:
+        bad = sorted(str(u) for u in unknown)[0]
+        raise CatalogError(
+            f"{path}: unknown section {bad!r}; valid sections are {sorted(SECTIONS)}."
+            f"{_did_you_mean(bad, SECTIONS)}"
+        )
+    version = doc.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise CatalogError(
+            f"{path}: schema_version {version!r} is not supported (this Coral reads "
+            f"{SCHEMA_VERSION})"
+        )
+    return doc
+
+
+Origins = dict[tuple[str, str], str]
+"""(section, name) -> "file: section[index] 'name'" of the file that last defined or changed it."""
+
+
+def _apply_section(
+    path: str,
+    section: str,
+    entries: Any,
+    table: dict[str, BaseModel],
+    origins: Origins | None = None,
+) -> None:
+    model_cls = SECTIONS[section]
+    if not isinstance(entries, list):
+        raise CatalogError(
+            f"{path}: section '{section}' must be a list of entries, got {type(entries).__name__}"
+        )
+    seen_here: dict[str, int] = {}
+    for index, raw in enumerate(entries):
+        where = f"{path}: {section}[{index}]"
+        if not isinstance(raw, dict):
+            raise CatalogError(f"{where}: expected a mapping, got {type(raw).__name__}")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise CatalogError(f"{where}: field 'name': missing field (a non-empty string)")
+        where = f"{path}: {section}[{index}] '{name}'"
+        if name in seen_here:
+            raise CatalogError(
+                f"{where}: field 'name': duplicate name {name!r} in this file (first at "
+                f"{section}[{seen_here[name]}])"
+            )
+        seen_here[name] = index
+        merged = dict(raw)
+        if name in table:
+            merged = {**table[name].model_dump(), **raw}
+        try:
+            table[name] = model_cls.model_validate(merged)
+        except ValidationError as err:
+            raise CatalogError(_format_validation_error(where, err)) from None
+        if origins is not None:
+            origins[(section, name)] = where
+
+
+def _check_references(
+    cat_tables: dict[str, dict[str, BaseModel]], origins: Origins | None = None
+) -> None:
+    gpus, regions = cat_tables["gpus"], cat_tables["regions"]
+    for node in cat_tables["node_types"].values():
+        assert isinstance(node, NodeType)
+        where = (origins or {}).get(("node_types", node.name), f"node_types '{node.name}'")
+        if node.gpu not in gpus:
+            raise CatalogError(
+                f"{where}: field 'gpu': unknown GPU type {node.gpu!r}."
+                f"{_did_you_mean(node.gpu, gpus)}"
+            )
+        for i, price in enumerate(node.prices):
+            if price.region not in regions:
+                raise CatalogError(
+                    f"{where}: field 'prices.{i}.region': unknown region "
+                    f"{price.region!r}.{_did_you_mean(price.region, regions)}"
+                )
+            region = regions[price.region]
+            assert isinstance(region, Region)
+            if region.cloud not in node.instances:
+                raise CatalogError(
+                    f"{where}: field 'prices.{i}.region': region "
+                    f"{price.region!r} is on {region.cloud}, but 'instances' names no "
+                    f"{region.cloud} instance"
+                )
+
+
+def load_catalog(
+    extra_files: Iterable[Path | str] = (), *, include_builtin: bool = True
+) -> Catalog:
+    """Built-in catalog, then each of `extra_files` applied on top, validated as a whole."""
+    tables: dict[str, dict[str, BaseModel]] = {s: {} for s in SECTIONS}
+    files: list[str] = []
+    origins: Origins = {}
+    sources: list[tuple[str, str]] = []
+    if include_builtin:
+        data = resources.files("coral.catalog") / "data"
+        for fname in BUILTIN_FILES:
+            sources.append((f"<builtin>/{fname}", (data / fname).read_text()))
+    for extra in extra_files:
+        path = Path(extra)
+        try:
+            sources.append((str(path), path.read_text()))
+        except OSError as exc:
+            raise CatalogError(f"{path}: cannot read catalog file: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise CatalogError(
+                f"{path}: cannot read catalog file: not UTF-8 text ({exc.reason})"
+            ) from None
+    for path, text in sources:
+        doc = _read_yaml(path, text)
+        for section in SECTIONS:
+            if section in doc and doc[section] is not None:
+                _apply_section(path, section, doc[section], tables[section], origins)
+        files.append(path)
+    _check_references(tables, origins)
+    return Catalog(
+        gpus=dict(tables["gpus"]),  # type: ignore[arg-type]
+        node_types=dict(tables["node_types"]),  # type: ignore[arg-type]
+        regions=dict(tables["regions"]),  # type: ignore[arg-type]
+        models=dict(tables["models"]),  # type: ignore[arg-type]
+        files=tuple(files),
+    )
+
+
+_DEFAULT: Catalog | None = None
+
+
+def default_catalog() -> Catalog:
+    """The built-in catalog, loaded once per process."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = load_catalog()
+    return _DEFAULT

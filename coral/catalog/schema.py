@@ -1,0 +1,239 @@
+"""Pydantic schema of the catalog: GPU types, node types, regions and models.
+
+Every entry is frozen and refuses unknown fields, so a typo in a user's YAML file is an
+error that names the field rather than a silently ignored key. Units live in field names.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+SCHEMA_VERSION = 1
+
+Cloud = Literal["aws", "gcp", "azure", "lambda", "runpod", "other"]
+GpuArchitecture = Literal["hopper", "ada", "ampere", "volta", "turing", "blackwell", "other"]
+
+
+class Entry(BaseModel):
+    """Common base: frozen, no unknown fields, finite numbers, lower-case dashed names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class Sourced(Entry):
+    """A figure's provenance. `approximate` marks figures that are estimates (`~` in sources)."""
+
+    source: str = Field(min_length=1, description="Where the figure came from (URL or document).")
+    date: dt.date | None = Field(default=None, description="When the source was read.")
+    approximate: bool = Field(default=False, description="True when the figure is an estimate.")
+
+
+class GpuType(Sourced):
+    """One GPU model. Dense (no sparsity) half-precision throughput."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    memory_gb: float = Field(gt=0, description="Device memory, GB (1e9 bytes).")
+    bf16_tflops: float = Field(gt=0, description="Dense bf16/fp16 tensor TFLOP/s.")
+    mem_bandwidth_gb_per_s: float = Field(gt=0, description="HBM/GDDR bandwidth, GB/s.")
+    intra_node_link: Literal["nvlink", "pcie"]
+    intra_node_link_gb_per_s: float = Field(gt=0, description="GPU-to-GPU bandwidth per GPU, GB/s.")
+    architecture: GpuArchitecture
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+
+class RegionPrice(Sourced):
+    """On-demand price of one node type in one region."""
+
+    region: str = Field(min_length=1)
+    usd_per_hour: float = Field(gt=0)
+    spot_usd_per_hour: float | None = Field(default=None, gt=0)
+
+
+class NodeType(Entry):
+    """A rentable GPU configuration: `count` GPUs of one type in one machine."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    gpu: str = Field(min_length=1, description="Name of a GpuType.")
+    gpu_count: Literal[1, 2, 4, 8]
+    nic_gbps: float = Field(gt=0, description="Network bandwidth to other nodes, Gbit/s.")
+    instances: dict[Cloud, str] = Field(
+        min_length=1, description="Instance / VM name of this configuration on each cloud."
+    )
+    prices: list[RegionPrice] = Field(default_factory=list)
+
+    @field_validator("prices")
+    @classmethod
+    def _unique_regions(cls, prices: list[RegionPrice]) -> list[RegionPrice]:
+        seen: set[str] = set()
+        for price in prices:
+            if price.region in seen:
+                raise ValueError(f"region {price.region!r} is priced twice")
+            seen.add(price.region)
+        return prices
+
+    def price_in(self, region: str) -> float | None:
+        """$/hour in `region`, or None when the node type is not offered there."""
+        for price in self.prices:
+            if price.region == region:
+                return price.usd_per_hour
+        return None
+
+
+class Region(Entry):
+    """A cloud region. Availability is per scenario, not part of the catalog."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    cloud: Cloud
+    location: str = Field(min_length=1, description="Human-readable place, e.g. 'N. Virginia'.")
+
+
+class MoeConfig(Entry):
+    """Mixture-of-experts feed-forward layer (every layer is MoE when present)."""
+
+    num_experts: int = Field(gt=0)
+    experts_per_token: int = Field(gt=0)
+    expert_ffn_size: int = Field(gt=0)
+    shared_experts: int = Field(default=0, ge=0)
+    shared_expert_ffn_size: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "MoeConfig":
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(
+                f"experts_per_token ({self.experts_per_token}) exceeds num_experts "
+                f"({self.num_experts})"
+            )
+        if self.shared_experts and not self.shared_expert_ffn_size:
+            raise ValueError("shared_experts > 0 needs shared_expert_ffn_size > 0")
+        return self
+
+
+class ModelArch(Sourced):
+    """A model's architecture, as in its published config.json."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")
+    hf_id: str = Field(min_length=1, description="Hugging Face repository id.")
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    ffn_size: int = Field(gt=0, description="Dense MLP intermediate size (unused when MoE).")
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    gated_mlp: bool = True
+    tied_embeddings: bool = False
+    moe: MoeConfig | None = None
+    dtype_bytes: int = Field(default=2, gt=0)
+
+    @field_validator("num_kv_heads")
+    @classmethod
+    def _check_heads(cls, num_kv_heads: int, info: ValidationInfo) -> int:
+        num_heads = info.data.get("num_heads")  # absent when num_heads itself is invalid
+        if num_heads is not None and num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})"
+            )
+        return num_kv_heads
+
+    # ---- derived sizes (parameters per layer, elements) ----
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        h = self.hidden_size
+        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+
+    @property
+    def _mlp_mats(self) -> int:
+        return 3 if self.gated_mlp else 2
+
+    @property
+    def dense_mlp_params_per_layer(self) -> int:
+        return self._mlp_mats * self.hidden_size * self.ffn_size
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert (0 for dense models)."""
+        return self._mlp_mats * self.hidden_size * self.moe.expert_ffn_size if self.moe else 0
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        """All feed-forward parameters stored in one layer (every expert)."""
+        if self.moe is None:
+            return self.dense_mlp_params_per_layer
+        m = self.moe
+        shared = m.shared_experts * self._mlp_mats * self.hidden_size * m.shared_expert_ffn_size
+        router = self.hidden_size * m.num_experts
+        return m.num_experts * self.expert_params + shared + router
+
+    @property
+    def active_mlp_params_per_layer(self) -> int:
+        """Feed-forward parameters one token passes through (active experts only)."""
+        if self.moe is None:
+            return self.dense_mlp_params_per_layer
+        m = self.moe
+        shared = m.shared_experts * self._mlp_mats * self.hidden_size * m.shared_expert_ffn_size
+        return m.experts_per_token * self.expert_params + shared + self.hidden_size * m.num_experts
+
+    @property
+    def params_per_layer(self) -> int:
+        return self.attn_params_per_layer + self.mlp_params_per_layer + 2 * self.hidden_size
+
+    @property
+    def active_params_per_layer(self) -> int:
+        return self.attn_params_per_layer + self.active_mlp_params_per_layer + 2 * self.hidden_size
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding plus LM head (one matrix when tied) plus the final norm."""
+        mats = 1 if self.tied_embeddings else 2
+        return mats * self.vocab_size * self.hidden_size + self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        return self.num_layers * self.params_per_layer + self.embedding_params
+
+    @property
+    def active_params(self) -> int:
+        return self.num_layers * self.active_params_per_layer + self.embedding_params
+
+    # ---- derived bytes ----
+    @property
+    def weight_bytes_per_layer(self) -> int:
+        return self.params_per_layer * self.dtype_bytes
+
+    @property
+    def embedding_bytes(self) -> int:
+        return self.embedding_params * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.total_params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> int:
+        return 2 * self.kv_dim * self.dtype_bytes
+
+    @property
+    def activation_bytes_per_token(self) -> int:
+        """Hidden state passed between pipeline stages, per token."""
+        return self.hidden_size * self.dtype_bytes

@@ -1,0 +1,1 @@
+"""The `coral` command line: one module per verb, presentation only."""

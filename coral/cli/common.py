@@ -1,0 +1,49 @@
+"""Shared CLI plumbing: catalog option, JSON output, user-facing errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Iterator
+
+import typer
+from rich.console import Console
+
+from coral.catalog import Catalog, CatalogError, UnknownNameError, load_catalog
+
+console = Console()
+err_console = Console(stderr=True)
+
+CatalogFiles = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--catalog",
+        help="Extra catalog YAML file that adds or overrides entries (repeatable).",
+        exists=False,
+    ),
+]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+class UserError(Exception):
+    """An error caused by the user's input; printed without a traceback."""
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn expected input errors into a one-message exit with status 2."""
+    try:
+        yield
+    except (CatalogError, UnknownNameError, UserError, ValueError, FileNotFoundError) as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2) from None
+
+
+def open_catalog(files: list[Path] | None) -> Catalog:
+    return load_catalog(files or ())
+
+
+def print_json(payload: Any) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")

@@ -1,0 +1,134 @@
+"""Data passed between the template stages: problem, operating points, solved template.
+
+The placement solver reads only a `PlacementProblem` (numbers, no catalog, no perf model),
+so it can be tested against the exhaustive oracle on hand-made instances. The physics that
+turns (model, node type, layers, batch) into times and capacities lives in
+`operating_points.py`; persistence in `library.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+Mode = Literal["aggregated", "prefill", "decode"]
+"""`aggregated`: capacity in requests/s of the model's workload mix, TPOT and TTFT bound.
+`prefill` / `decode`: the two halves of a PD-disaggregated deployment — prefill templates
+have capacity in prompt tokens/s under TTFT, decode templates output tokens/s under TPOT."""
+
+Topology = Literal["flow", "chain"]
+"""`flow`: any DAG of contiguous layer ranges (data + pipeline parallel mixed).
+`chain`: one node per stage, a plain pipeline (what vLLM's pipeline parallelism runs)."""
+
+
+class SolveStatus(str, Enum):
+    OPTIMAL = "optimal"
+    TIME_LIMIT = "time_limit"  # best found, with a proven gap
+    INFEASIBLE = "infeasible"  # no placement meets memory and SLO
+
+    @property
+    def is_ok(self) -> bool:
+        return self is SolveStatus.OPTIMAL
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """One choice for one node: how many layers it holds, at which batch, in which role.
+
+    `step_s` is what the node adds to a token's path latency (TPOT side) per iteration,
+    including sending its activations on when it is not the last stage; `prefill_s` what it
+    adds to the time to first token. `capacity` is in the mode's unit per second.
+    """
+
+    layers: int
+    batch: int
+    is_last: bool
+    step_s: float
+    prefill_s: float
+    capacity: float
+    mem_bytes: float
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of a combination, with every operating point it may take."""
+
+    node_type: str
+    mem_bytes: float
+    nic_bytes_per_s: float
+    options: tuple[OperatingPoint, ...]
+
+
+@dataclass(frozen=True)
+class PlacementProblem:
+    """Everything the placement solver needs, as plain numbers."""
+
+    num_layers: int
+    nodes: tuple[NodeSpec, ...]
+    tpot_s: float | None  # bound on every path's summed step_s (None: unbounded)
+    ttft_s: float | None  # bound on every path's summed prefill_s (None: unbounded)
+    first_stage_extra_bytes: float  # memory the node holding layer 0 needs (embeddings)
+    edge_bytes_per_unit: float  # bytes crossing a stage boundary per unit of flow
+    topology: Topology = "flow"
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    node_type: str
+    first_layer: int
+    layers: int
+    batch: int
+    tp_degree: int
+    capacity: float
+    step_s: float
+    prefill_s: float
+    mem_bytes: float
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A solved placement: per node its choice, and the flow on every edge.
+
+    Edge endpoints are node indices, with -1 for the source and -2 for the sink.
+    """
+
+    throughput: float
+    nodes: tuple[NodePlacement, ...]
+    edges: tuple[tuple[int, int, float], ...]
+    status: SolveStatus
+    gap: float
+    solve_s: float
+    method: str = "ilp"
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def path_step_s(self) -> float:
+        """Largest summed step time over source→sink paths that carry flow."""
+        return _longest_path(self, "step_s")
+
+    @property
+    def path_prefill_s(self) -> float:
+        return _longest_path(self, "prefill_s")
+
+
+SOURCE, SINK = -1, -2
+
+
+def _longest_path(p: Placement, attr: str) -> float:
+    succ: dict[int, list[int]] = {}
+    for u, v, f in p.edges:
+        if f > 1e-9:
+            succ.setdefault(u, []).append(v)
+    memo: dict[int, float] = {}
+
+    def longest(u: int) -> float:
+        if u == SINK:
+            return 0.0
+        if u not in memo:
+            own = 0.0 if u == SOURCE else getattr(p.nodes[u], attr)
+            memo[u] = own + max((longest(v) for v in succ.get(u, [])), default=float("-inf"))
+        return memo[u]
+
+    value = longest(SOURCE)
+    return 0.0 if value == float("-inf") else value

@@ -1,0 +1,696 @@
+"""Roofline performance model: time of one iteration of k layers of a model on a node type.
+
+For one iteration of `layers` consecutive layers with `P` prefill tokens (one chunk that
+attends causally over itself) and `B` decoding sequences whose contexts total `C` tokens, on a
+node of `c` GPUs running tensor parallelism (TP = c: weights and heads sharded over the GPUs):
+
+    t = layers * ( sum over operator groups g of roof(FLOPs_g / (F * eta_c), Bytes_g / (BW * eta_m))
+                   + element-wise bytes / (BW * eta_e)
+                   + kernels * t_kernel
+                   + 2 TP all-reduces )
+        + stage extras (embedding on the first stage, final norm + LM head on the last)
+        + ITERATION_OVERHEAD_S
+
+`roof(a, b) = (a^p + b^p)^(1/p)` is a smoothed maximum (`ROOFLINE_P`; p -> infinity is the
+hard roofline max): measured matmuls run slower than either bound near the ridge point, and the
+smoothed form takes the median calibration error there from about -10% to about -1%.
+
+FLOPs and bytes are per GPU (the matmul FLOPs and weights are divided over the c GPUs; inputs
+that every GPU reads in full are counted in full). Operator groups:
+
+- QKV projection, output projection, MLP up (gate+up) and MLP down: dense matmuls. For MoE
+  the MLP is the router plus the experts: FLOPs use the `k` active experts per token, bytes use
+  the expected number of distinct experts that `T` tokens touch, `E * (1 - (1 - k/E)^T)`.
+- Attention: prefill FLOPs `4 * P(P+1)/2 * q_dim` (causal), bytes read Q, K, V and write the
+  output; decode FLOPs `4 * C * q_dim`, bytes the KV cache read, `C * kv_bytes_per_token`.
+- Element-wise: two RMSNorms, rotary embedding, the MLP activation, the residual add and the
+  KV-cache write of the new tokens; bytes only, at the element-wise efficiency `eta_e`.
+
+`F`, `BW` are the GPU's peak dense bf16 FLOP/s and memory bandwidth from the catalog; `eta_c`,
+`eta_m`, `eta_e` and the per-kernel time `t_kernel` are the GPU's `Efficiencies`, fitted to
+Vidur's measured operator times (see `coral.perf.calibration`). TP communication is a ring
+all-reduce of the layer's activations twice per layer. When a measured table exists for a
+(model, node type) it replaces the per-layer formula.
+
+`iteration_seconds` is on the hot path of the template builder (called millions of times):
+per (model, node) constants are computed once and the call itself is plain float arithmetic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, replace
+from importlib import resources
+from typing import Literal, Mapping, Protocol, Sequence
+
+from coral.catalog.loader import Catalog
+from coral.catalog.schema import GpuType, ModelArch, NodeType
+
+#: Version of the formula; bump it when a change to this module changes predictions.
+FORMULA_VERSION = 1
+
+
+def _efficiencies_digest() -> str:
+    try:
+        blob = (resources.files("coral.perf") / "data" / "efficiencies.yaml").read_bytes()
+    except OSError:  # pragma: no cover - package data missing
+        return "none"
+    return hashlib.sha256(blob).hexdigest()[:8]
+
+
+#: What cached results derived from the default perf model (e.g. template libraries) depend
+#: on: the formula version and the committed calibration.
+PERF_MODEL_VERSION = f"{FORMULA_VERSION}+{_efficiencies_digest()}"
+
+# ---- named constants ----
+
+#: Exponent of the smoothed maximum of compute and memory time per operator group. Fitted
+#: once on the A100-80GB and H100 profiles together with the efficiencies (per-GPU fits gave
+#: 1.53 and 1.42) and fixed, so each GPU type has four fitted figures.
+ROOFLINE_P = 1.5
+_INV_P = 1.0 / ROOFLINE_P
+
+#: Fraction of a node's memory kept free for activations, workspace and allocator slack
+#: (vLLM's default gpu_memory_utilization is 0.9).
+MEMORY_RESERVE_FRACTION = 0.10
+
+#: Fixed time per iteration per pipeline stage, s: scheduling, input preparation and
+#: sampling on the host. Not in Vidur's per-operator profiles, so not fitted; a nominal figure
+#: of the order vLLM's per-step CPU work takes with CUDA graphs (approximate).
+ITERATION_OVERHEAD_S = 1.0e-3
+
+#: Latency of one NCCL all-reduce of a small message inside a node, s (approximate, typical
+#: NCCL figures): NVLink/NVSwitch vs PCIe.
+ALLREDUCE_LATENCY_S: Mapping[str, float] = {"nvlink": 8.0e-6, "pcie": 25.0e-6}
+
+#: Achieved ring all-reduce bandwidth as a fraction of the catalog's per-GPU link figure. The
+#: catalog lists bidirectional bandwidth; a ring moves data one way per step (x0.5) and NCCL
+#: reaches about 80% of that (x0.8). Approximate.
+ALLREDUCE_BANDWIDTH_FRACTION = 0.4
+
+#: Kernels of one dense layer that Vidur profiles: 2 norms, QKV, rope, O, up, act, down, add.
+PROFILED_KERNELS_PER_LAYER = 9
+#: Further kernels of a served layer: the KV-cache write, plus one attention kernel per phase
+#: (prefill, decode) present in the batch.
+KV_WRITE_KERNELS = 1
+#: Extra kernels of an MoE layer over a dense one: router, top-k/softmax, combine.
+MOE_EXTRA_KERNELS = 3
+#: Kernels of the shared experts of an MoE layer (up, act, down).
+SHARED_EXPERT_KERNELS = 3
+
+
+class MeasuredTable(Protocol):
+    """A measured per-layer profile of one model on one node type (e.g. `coral profile`)."""
+
+    model: str
+    node_type: str
+
+    def layer_seconds(self, prefill_tokens: int, decode_batch: int, context_tokens: int) -> float:
+        """Seconds for ONE layer of this iteration shape, interpolated between measurements."""
+        ...
+
+
+# ---- efficiencies ----
+
+#: Which architecture's fitted efficiencies a GPU without its own fit borrows.
+#: Ada (L4, L40S) and the older Volta/Turing parts borrow Ampere's figures (closest tensor-core
+#: generation among those profiled), Blackwell borrows Hopper's.
+DONOR_ARCHITECTURE: Mapping[str, str] = {
+    "hopper": "hopper",
+    "ampere": "ampere",
+    "ada": "ampere",
+    "volta": "ampere",
+    "turing": "ampere",
+    "blackwell": "hopper",
+    "other": "ampere",
+}
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    """Achieved fractions of peak and fixed costs for one GPU type.
+
+    `eta_compute`: matmul/attention FLOP/s over peak dense bf16. `eta_memory`: bandwidth of
+    weight-streaming matmuls and attention over peak. `eta_elementwise`: bandwidth of the
+    element-wise kernels (norms, rope, activation, add) over peak. `kernel_overhead_s`: fixed
+    GPU time per kernel. `fitted_on` says which measurements; `borrowed_from` names the GPU type
+    whose fit these are when this GPU type has no measurements of its own.
+    """
+
+    gpu: str
+    architecture: str
+    eta_compute: float
+    eta_memory: float
+    eta_elementwise: float
+    kernel_overhead_s: float
+    fitted_on: str
+    borrowed_from: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("eta_compute", "eta_memory", "eta_elementwise"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{name} of {self.gpu!r} must be in (0, 1], got {value}")
+        if self.kernel_overhead_s < 0:
+            raise ValueError(f"kernel_overhead_s of {self.gpu!r} must be >= 0")
+
+    @property
+    def label(self) -> str:
+        """Where these figures come from, for reports."""
+        if self.borrowed_from:
+            return f"borrowed from {self.borrowed_from} ({self.architecture} GPU, no own fit)"
+        return f"fitted on {self.gpu} ({self.fitted_on})"
+
+
+class EfficiencyTable:
+    """Fitted efficiencies by catalog GPU name, with the borrowing rule for the others."""
+
+    def __init__(self, entries: Mapping[str, Efficiencies]):
+        self.entries: dict[str, Efficiencies] = dict(entries)
+
+    def __repr__(self) -> str:
+        return f"EfficiencyTable({sorted(self.entries)})"
+
+    def for_gpu(self, gpu: GpuType) -> Efficiencies:
+        """The GPU's own fit, or the fit of the nearest profiled architecture (marked borrowed)."""
+        own = self.entries.get(gpu.name)
+        if own is not None:
+            return own
+        fitted = [e for _, e in sorted(self.entries.items()) if e.borrowed_from is None]
+        if not fitted:
+            raise ValueError("the efficiency table holds no fitted GPU type")
+        wanted = DONOR_ARCHITECTURE.get(gpu.architecture, "ampere")
+        for arch in (wanted, "ampere", "hopper"):
+            donors = [e for e in fitted if e.architecture == arch]
+            if donors:
+                break
+        else:
+            donors = fitted
+        donor = donors[0]
+        return replace(
+            donor, gpu=gpu.name, architecture=gpu.architecture, borrowed_from=donor.gpu
+        )
+
+
+# ---- results ----
+
+
+@dataclass(frozen=True)
+class IterationTime:
+    """One iteration's time and its parts (seconds). total = compute + memory + comm + overhead.
+
+    compute_s/memory_s: operator groups whose roofline is compute-/memory-bound. For a measured
+    table the measured per-layer time is reported in compute_s (the table does not split it).
+    """
+
+    total_s: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    overhead_s: float
+    source: Literal["roofline", "measured"]
+    efficiencies_from: str
+
+
+@dataclass(frozen=True)
+class _Matmul:
+    """Per-GPU cost of one matmul: FLOPs and bytes = weight_bytes + bytes_per_token * T."""
+
+    flops_per_token: float
+    weight_bytes: float
+    bytes_per_token: float
+
+
+@dataclass(frozen=True)
+class LayerCoefficients:
+    """Per-GPU cost coefficients of one layer of `model` under TP over `tp` GPUs."""
+
+    tp: int
+    qkv: _Matmul
+    o: _Matmul
+    up: _Matmul  # dense gate+up; for MoE the active-expert part with no weights (see below)
+    down: _Matmul
+    norm_bytes_per_token: float  # both RMSNorms, read + write
+    rope_bytes_per_token: float
+    act_bytes_per_token: float
+    add_bytes_per_token: float
+    kv_write_bytes_per_token: float
+    q_dim_per_gpu: float
+    kv_dim_per_gpu: float
+    dtype_bytes: int
+    # MoE (zero / None for dense models)
+    moe_experts: int = 0
+    moe_top_k: int = 0
+    expert_up_bytes: float = 0.0  # one routed expert's gate+up weights, per GPU
+    expert_down_bytes: float = 0.0  # one routed expert's down weights, per GPU
+    fixed_up_bytes: float = 0.0  # router + shared experts' gate+up weights, per GPU
+    fixed_down_bytes: float = 0.0  # shared experts' down weights, per GPU
+
+    @property
+    def profiled_elementwise_bytes_per_token(self) -> float:
+        """Element-wise bytes of the operators Vidur profiles (no KV-cache write)."""
+        return (
+            self.norm_bytes_per_token
+            + self.rope_bytes_per_token
+            + self.act_bytes_per_token
+            + self.add_bytes_per_token
+        )
+
+
+def layer_coefficients(model: ModelArch, tp: int) -> LayerCoefficients:
+    """Per-GPU FLOPs/bytes coefficients of one layer of `model` sharded over `tp` GPUs.
+
+    Heads are split over the GPUs; KV heads are replicated when tp exceeds their number.
+    Inputs of the column-parallel matmuls and outputs of the row-parallel ones are full-size
+    on every GPU; norms and the residual add run replicated.
+    """
+    dt = float(model.dtype_bytes)
+    h = float(model.hidden_size)
+    c = float(tp)
+    qg = model.num_heads * model.head_dim / c
+    kvg = float(math.ceil(model.num_kv_heads / tp) * model.head_dim)
+    nu = 2.0 if model.gated_mlp else 1.0  # matrices in the up projection
+
+    qkv = _Matmul(2.0 * h * (qg + 2 * kvg), h * (qg + 2 * kvg) * dt, (h + qg + 2 * kvg) * dt)
+    o = _Matmul(2.0 * qg * h, qg * h * dt, (qg + h) * dt)
+    norms = 2 * (2 * h * dt)
+    rope = 2 * (qg + kvg) * dt
+    add = 3 * h * dt
+    kv_write = 2 * (2 * kvg) * dt
+    if model.moe is None:
+        f = model.ffn_size / c
+        up = _Matmul(2.0 * h * nu * f, h * nu * f * dt, (h + nu * f) * dt)
+        down = _Matmul(2.0 * f * h, f * h * dt, (f + h) * dt)
+        act = (nu + 1) * f * dt
+        return LayerCoefficients(
+            tp=tp, qkv=qkv, o=o, up=up, down=down,
+            norm_bytes_per_token=norms, rope_bytes_per_token=rope, act_bytes_per_token=act,
+            add_bytes_per_token=add, kv_write_bytes_per_token=kv_write,
+            q_dim_per_gpu=qg, kv_dim_per_gpu=kvg, dtype_bytes=model.dtype_bytes,
+        )
+    m = model.moe
+    k, e = m.experts_per_token, m.num_experts
+    fe = m.expert_ffn_size / c
+    fs = m.shared_experts * m.shared_expert_ffn_size / c
+    # up: routed experts (k per token) + shared experts + the replicated router
+    up = _Matmul(
+        2.0 * h * nu * (k * fe + fs) + 2.0 * h * e,
+        0.0,  # expert weights depend on the tokens: added per call (expert_*_bytes)
+        (h * (k + (1 if fs else 0)) + nu * (k * fe + fs) + e) * dt,
+    )
+    down = _Matmul(
+        2.0 * (k * fe + fs) * h,
+        0.0,
+        ((k * fe + fs) + h * (k + (1 if fs else 0))) * dt,
+    )
+    act = (nu + 1) * (k * fe + fs) * dt
+    return LayerCoefficients(
+        tp=tp, qkv=qkv, o=o, up=up, down=down,
+        norm_bytes_per_token=norms, rope_bytes_per_token=rope, act_bytes_per_token=act,
+        add_bytes_per_token=add, kv_write_bytes_per_token=kv_write,
+        q_dim_per_gpu=qg, kv_dim_per_gpu=kvg, dtype_bytes=model.dtype_bytes,
+        moe_experts=e, moe_top_k=k,
+        expert_up_bytes=nu * h * fe * dt,
+        expert_down_bytes=h * fe * dt,
+        fixed_up_bytes=(nu * h * fs + h * e) * dt,
+        fixed_down_bytes=h * fs * dt,
+    )
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, tokens: float) -> float:
+    """Expected number of distinct experts `tokens` tokens route to (uniform routing)."""
+    if tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+class _Consts:
+    """Everything `iteration_seconds` needs for one (model, node), precomputed."""
+
+    __slots__ = (
+        "refs", "model", "node", "gpu", "eff", "coef", "num_layers", "tp", "flops", "bw", "bw_e",
+        "t_kernel", "kernels", "ar_bw", "ar_lat", "hidden_bytes", "vocab", "hidden", "dt",
+        "table", "lm_head", "ew_bytes_per_token",
+    )
+
+
+class PerfModel:
+    """Iteration times of model layers on node types, from the roofline or a measured table.
+
+    `efficiencies`: None uses the committed calibration (`coral/perf/data/efficiencies.yaml`);
+    an `Efficiencies` applies one set of figures to every GPU type; an `EfficiencyTable` (or a
+    mapping GPU name -> Efficiencies) is looked up per GPU type, borrowing by architecture.
+    `tables`: measured per-layer tables; one for a (model, node type) replaces the formula.
+
+    Memory capacity counts every expert's weights (`ModelArch.weight_bytes_per_layer`); the
+    iteration time reads only the experts the batch touches.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        efficiencies: Efficiencies | EfficiencyTable | Mapping[str, Efficiencies] | None = None,
+        tables: Sequence[MeasuredTable] = (),
+    ):
+        self.catalog = catalog
+        if efficiencies is None:
+            from coral.perf.calibration import default_efficiencies
+
+            efficiencies = default_efficiencies()
+        elif isinstance(efficiencies, Mapping):
+            efficiencies = EfficiencyTable(efficiencies)
+        self.efficiencies = efficiencies
+        self._tables: dict[tuple[str, str], MeasuredTable] = {}
+        for table in tables:
+            self._tables[(table.model, table.node_type)] = table
+        self._cache: dict[tuple[object, object], _Consts] = {}
+
+    # ---- lookups ----
+
+    def efficiencies_for(self, gpu: GpuType | str) -> Efficiencies:
+        gpu_t = self.catalog.gpu(gpu) if isinstance(gpu, str) else gpu
+        if isinstance(self.efficiencies, Efficiencies):
+            return self.efficiencies
+        return self.efficiencies.for_gpu(gpu_t)
+
+    def has_table(self, model: str | ModelArch, node: str | NodeType) -> bool:
+        m = model if isinstance(model, str) else model.name
+        n = node if isinstance(node, str) else node.name
+        return (m, n) in self._tables
+
+    def _consts(self, model: str | ModelArch, node: str | NodeType) -> _Consts:
+        key = (
+            model if isinstance(model, str) else id(model),
+            node if isinstance(node, str) else id(node),
+        )
+        k = self._cache.get(key)
+        if k is not None and (isinstance(model, str) or k.refs[0] is model) and (
+            isinstance(node, str) or k.refs[1] is node
+        ):
+            return k
+        arch = self.catalog.model(model) if isinstance(model, str) else model
+        node_t = self.catalog.node_type(node) if isinstance(node, str) else node
+        gpu = self.catalog.gpu_of(node_t)
+        eff = self.efficiencies_for(gpu)
+        tp = node_t.gpu_count
+        k = _Consts()
+        k.refs = (model, node)
+        k.model, k.node, k.gpu, k.eff = arch, node_t, gpu, eff
+        k.coef = layer_coefficients(arch, tp)
+        k.ew_bytes_per_token = (
+            k.coef.profiled_elementwise_bytes_per_token + k.coef.kv_write_bytes_per_token
+        )
+        k.num_layers = arch.num_layers
+        k.tp = tp
+        k.flops = gpu.bf16_tflops * 1e12 * eff.eta_compute
+        k.bw = gpu.mem_bandwidth_gb_per_s * 1e9 * eff.eta_memory
+        k.bw_e = gpu.mem_bandwidth_gb_per_s * 1e9 * eff.eta_elementwise
+        k.t_kernel = eff.kernel_overhead_s
+        kernels = PROFILED_KERNELS_PER_LAYER + KV_WRITE_KERNELS
+        if arch.moe is not None:
+            kernels += MOE_EXTRA_KERNELS + (SHARED_EXPERT_KERNELS if arch.moe.shared_experts else 0)
+        k.kernels = kernels
+        k.ar_bw = gpu.intra_node_link_gb_per_s * 1e9 * ALLREDUCE_BANDWIDTH_FRACTION
+        k.ar_lat = ALLREDUCE_LATENCY_S[gpu.intra_node_link]
+        k.dt = float(arch.dtype_bytes)
+        k.hidden = float(arch.hidden_size)
+        k.hidden_bytes = arch.hidden_size * k.dt
+        k.vocab = float(arch.vocab_size)
+        v = arch.vocab_size / tp
+        h = float(arch.hidden_size)
+        k.lm_head = _Matmul(2.0 * h * v, h * v * k.dt, (h + v) * k.dt)
+        k.table = self._tables.get((arch.name, node_t.name))
+        self._cache[key] = k
+        return k
+
+    # ---- the formula ----
+
+    def _allreduce(self, k: _Consts, nbytes: float) -> float:
+        return 2.0 * (k.tp - 1) / k.tp * nbytes / k.ar_bw + k.ar_lat
+
+    def _layer(self, k: _Consts, p: int, b: int, ctx: int) -> tuple[float, float, float, float]:
+        """(compute, memory, comm, overhead) seconds of ONE layer by the roofline."""
+        coef = k.coef
+        t = p + b
+        fl, bw = k.flops, k.bw
+        comp = mem = 0.0
+        # matmuls
+        for mm in (coef.qkv, coef.o):
+            tc = mm.flops_per_token * t / fl
+            tm = (mm.weight_bytes + mm.bytes_per_token * t) / bw
+            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+            if tc >= tm:
+                comp += tg
+            else:
+                mem += tg
+        if coef.moe_experts:
+            touched = expected_distinct_experts(coef.moe_experts, coef.moe_top_k, t)
+            w_up = touched * coef.expert_up_bytes + coef.fixed_up_bytes
+            w_down = touched * coef.expert_down_bytes + coef.fixed_down_bytes
+            mlp = ((coef.up, w_up), (coef.down, w_down))
+        else:
+            mlp = ((coef.up, coef.up.weight_bytes), (coef.down, coef.down.weight_bytes))
+        for mm, w in mlp:
+            tc = mm.flops_per_token * t / fl
+            tm = (w + mm.bytes_per_token * t) / bw
+            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+            if tc >= tm:
+                comp += tg
+            else:
+                mem += tg
+        kernels = k.kernels
+        # attention
+        if p:
+            qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
+            tc = 2.0 * p * (p + 1) * qg / fl
+            tm = p * (2.0 * qg + 2.0 * kvg) * k.dt / bw
+            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+            if tc >= tm:
+                comp += tg
+            else:
+                mem += tg
+            kernels += 1
+        if b:
+            qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
+            tc = 4.0 * ctx * qg / fl
+            tm = (ctx * 2.0 * kvg + b * 2.0 * qg) * k.dt / bw
+            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+            if tc >= tm:
+                comp += tg
+            else:
+                mem += tg
+            kernels += 1
+        # element-wise
+        mem += t * k.ew_bytes_per_token / k.bw_e
+        comm = 2.0 * self._allreduce(k, t * k.hidden_bytes) if k.tp > 1 else 0.0
+        return comp, mem, comm, kernels * k.t_kernel
+
+    def _extras(
+        self, k: _Consts, p: int, b: int, first: bool, last: bool
+    ) -> tuple[float, float, float, float]:
+        """(compute, memory, comm, overhead) of the embedding and/or final norm + LM head."""
+        comp = mem = comm = over = 0.0
+        if first:
+            t = p + b
+            mem += 2.0 * t * k.hidden_bytes / k.bw_e
+            over += k.t_kernel
+            if k.tp > 1:  # vocab-parallel embedding: partial rows are summed
+                comm += self._allreduce(k, t * k.hidden_bytes)
+        if last:
+            n = b + (1 if p else 0)
+            mem += 2.0 * n * k.hidden_bytes / k.bw_e
+            mm = k.lm_head
+            tc = mm.flops_per_token * n / k.flops
+            tm = (mm.weight_bytes + mm.bytes_per_token * n) / k.bw
+            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+            if tc >= tm:
+                comp += tg
+            else:
+                mem += tg
+            over += 2 * k.t_kernel
+            if k.tp > 1:  # all-gather of the vocab-sharded logits
+                comm += (k.tp - 1) / k.tp * n * k.vocab * k.dt / k.ar_bw + k.ar_lat
+        return comp, mem, comm, over
+
+    def _check(self, k: _Consts, layers: int, p: int, b: int, ctx: int) -> None:
+        if not 1 <= layers <= k.num_layers:
+            raise ValueError(
+                f"layers must be between 1 and {k.num_layers} (the layers of "
+                f"{k.model.name!r}), got {layers}"
+            )
+        if p < 0 or b < 0:
+            raise ValueError("prefill_tokens and decode_batch must be >= 0")
+        if p == 0 and b == 0:
+            raise ValueError("an iteration needs prefill_tokens > 0 or decode_batch > 0")
+        if ctx < b:
+            raise ValueError(
+                f"context_tokens ({ctx}) must be at least decode_batch ({b}): each decoding "
+                "sequence has at least one token of context"
+            )
+
+    # ---- public API ----
+
+    def iteration_seconds(
+        self,
+        model: str | ModelArch,
+        node: str | NodeType,
+        layers: int,
+        prefill_tokens: int = 0,
+        decode_batch: int = 0,
+        context_tokens: int = 0,
+        *,
+        first_stage: bool = False,
+        last_stage: bool = False,
+    ) -> float:
+        """Seconds of one iteration of `layers` consecutive layers (see the module docstring)."""
+        k = self._consts(model, node)
+        self._check(k, layers, prefill_tokens, decode_batch, context_tokens)
+        if k.table is not None:
+            total = layers * k.table.layer_seconds(prefill_tokens, decode_batch, context_tokens)
+        else:
+            c, m, x, o = self._layer(k, prefill_tokens, decode_batch, context_tokens)
+            total = layers * (c + m + x + o)
+        if first_stage or last_stage:
+            c, m, x, o = self._extras(k, prefill_tokens, decode_batch, first_stage, last_stage)
+            total += c + m + x + o
+        return total + ITERATION_OVERHEAD_S
+
+    def breakdown(
+        self,
+        model: str | ModelArch,
+        node: str | NodeType,
+        layers: int,
+        prefill_tokens: int = 0,
+        decode_batch: int = 0,
+        context_tokens: int = 0,
+        *,
+        first_stage: bool = False,
+        last_stage: bool = False,
+    ) -> IterationTime:
+        """`iteration_seconds` with its parts and where the figures came from."""
+        k = self._consts(model, node)
+        self._check(k, layers, prefill_tokens, decode_batch, context_tokens)
+        ec, em, ex, eo = self._extras(
+            k, prefill_tokens, decode_batch, first_stage, last_stage
+        )
+        if k.table is not None:
+            layer_s = k.table.layer_seconds(prefill_tokens, decode_batch, context_tokens)
+            comp, mem, comm, over = layers * layer_s + ec, em, ex, eo + ITERATION_OVERHEAD_S
+            source: Literal["roofline", "measured"] = "measured"
+            origin = "measured table"
+            if first_stage or last_stage:
+                origin += f"; embedding/LM head {k.eff.label}"
+        else:
+            c, m, x, o = self._layer(k, prefill_tokens, decode_batch, context_tokens)
+            comp, mem, comm = layers * c + ec, layers * m + em, layers * x + ex
+            over = layers * o + eo + ITERATION_OVERHEAD_S
+            source, origin = "roofline", k.eff.label
+        return IterationTime(
+            total_s=comp + mem + comm + over,
+            compute_s=comp,
+            memory_s=mem,
+            comm_s=comm,
+            overhead_s=over,
+            source=source,
+            efficiencies_from=origin,
+        )
+
+    def profiled_ops_seconds(
+        self, model: str | ModelArch, node: str | NodeType, tokens: int
+    ) -> float:
+        """Seconds of ONE layer's operators that Vidur profiles (projections, MLP, norms, rope,
+        activation, add) for `tokens` tokens on one GPU of the node's TP group: no attention, no
+        KV write, no communication. The quantity the calibration fits (dense models)."""
+        k = self._consts(model, node)
+        coef = k.coef
+        total = 0.0
+        for mm in (coef.qkv, coef.o, coef.up, coef.down):
+            tc = mm.flops_per_token * tokens / k.flops
+            tm = (mm.weight_bytes + mm.bytes_per_token * tokens) / k.bw
+            total += (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+        total += tokens * coef.profiled_elementwise_bytes_per_token / k.bw_e
+        return total + PROFILED_KERNELS_PER_LAYER * k.t_kernel
+
+    def stage_weight_bytes(
+        self,
+        model: str | ModelArch,
+        layers: int,
+        *,
+        first_stage: bool = False,
+        last_stage: bool = False,
+    ) -> float:
+        """Bytes of weights a stage of `layers` layers holds (every expert of an MoE counts),
+        plus the input embedding on the first stage and the final norm + LM head on the last."""
+        arch = self.catalog.model(model) if isinstance(model, str) else model
+        total = float(layers * arch.weight_bytes_per_layer)
+        if first_stage:
+            total += arch.vocab_size * arch.hidden_size * arch.dtype_bytes
+        if last_stage:
+            lm = 0 if arch.tied_embeddings and first_stage else arch.vocab_size * arch.hidden_size
+            total += (lm + arch.hidden_size) * arch.dtype_bytes
+        return total
+
+    def kv_bytes_per_token(
+        self, model: str | ModelArch, node: str | NodeType, layers: int
+    ) -> float:
+        """KV-cache bytes one token takes over `layers` layers on the whole node (KV heads are
+        replicated when the node has more GPUs than the model has KV heads)."""
+        k = self._consts(model, node)
+        return layers * k.tp * 2.0 * k.coef.kv_dim_per_gpu * k.dt
+
+    def max_kv_tokens(
+        self,
+        model: str | ModelArch,
+        node: str | NodeType,
+        layers: int,
+        *,
+        first_stage: bool = False,
+        last_stage: bool = False,
+    ) -> int:
+        """KV-cache tokens that fit on the node after `layers` layers of weights, keeping
+        MEMORY_RESERVE_FRACTION of its memory for activations and workspace (0 if none fit)."""
+        k = self._consts(model, node)
+        usable = self.catalog.node_memory_bytes(k.node) * (1.0 - MEMORY_RESERVE_FRACTION)
+        free = usable - self.stage_weight_bytes(
+            k.model, layers, first_stage=first_stage, last_stage=last_stage
+        )
+        if free <= 0:
+            return 0
+        return int(free // self.kv_bytes_per_token(model, node, layers))
+
+    def fits(
+        self,
+        model: str | ModelArch,
+        node: str | NodeType,
+        layers: int,
+        *,
+        first_stage: bool = False,
+        last_stage: bool = False,
+    ) -> bool:
+        """True when `layers` layers' weights fit with the reserve and room for >= 1 KV token."""
+        return (
+            self.max_kv_tokens(
+                model, node, layers, first_stage=first_stage, last_stage=last_stage
+            )
+            >= 1
+        )
+
+    def max_layers(
+        self,
+        model: str | ModelArch,
+        node: str | NodeType,
+        *,
+        first_stage: bool = False,
+        last_stage: bool = False,
+    ) -> int:
+        """Most layers of `model` that fit on the node (0 when not even one does)."""
+        k = self._consts(model, node)
+        lo, hi = 0, k.num_layers
+        while lo < hi:  # fits() is monotone in layers
+            mid = (lo + hi + 1) // 2
+            if self.fits(model, node, mid, first_stage=first_stage, last_stage=last_stage):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo

@@ -1,0 +1,748 @@
+"""Measure real per-layer prefill and decode times of a model with torch.
+
+The profiler builds transformer decoder layers from a catalog `ModelArch` with random weights
+(no download, no `transformers`), times them on the chosen device and returns a
+`ProfileTable`. The layer is Llama-style: RMSNorm, fused QKV projection with grouped-query
+attention, rotary embeddings, causal attention through
+`torch.nn.functional.scaled_dot_product_attention`, output projection, RMSNorm and a gated
+SiLU MLP (GELU MLP when the model's MLP is not gated). A mixture-of-experts model gets a
+softmax router, top-k routed experts run by a plain per-expert gather loop, and its shared
+experts as one always-on MLP. Its parameter count equals `ModelArch.params_per_layer`.
+
+What is timed, per layer (K stacked layers are timed together, then divided by K):
+
+- prefill of one sequence of P tokens (causal attention over itself, no prior context);
+- decode of B sequences with c tokens of context each: one new token per sequence, written
+  into a preallocated KV cache of c + 1 slots per sequence, then attention over the cache.
+  The row records the batch's total context C = B * c.
+
+Approximations: every sequence of a decode batch has the same context and the KV cache is a
+dense tensor (a paged-attention kernel over ragged contexts performs somewhat differently);
+routed experts run one by one (fused MoE kernels are faster, so MoE times are pessimistic,
+especially on GPUs); on CUDA, dense decode is captured in a CUDA graph (as serving engines do)
+unless disabled, while prefill and MoE decode run eagerly. Times are medians over repeats.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import os
+import platform
+import re
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coral.catalog.schema import ModelArch
+from coral.perf.profile_table import ProfileRow, ProfileTable, SkippedPoint
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+ROPE_THETA = 10000.0
+# Fraction of the free memory a grid point may plan to use before it is skipped unmeasured.
+MEMORY_HEADROOM = 0.9
+
+
+class ProfilerWarning(UserWarning):
+    """A grid point was skipped, or a faster timing mode fell back to a slower one."""
+
+
+# --------------------------------------------------------------------------------------
+# grids, devices, dtypes
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileGrid:
+    """Points to measure: prompt lengths; decode batch sizes x per-sequence contexts."""
+
+    prefill_tokens: tuple[int, ...]
+    decode_batch: tuple[int, ...]
+    context: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_tokens", "decode_batch", "context"):
+            values = tuple(getattr(self, name))
+            if not values:
+                raise ValueError(f"grid '{name}' is empty")
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(f"grid '{name}': values must be positive integers, got {v!r}")
+            object.__setattr__(self, name, tuple(sorted(set(values))))
+
+    @property
+    def size(self) -> int:
+        return len(self.prefill_tokens) + len(self.decode_batch) * len(self.context)
+
+    @classmethod
+    def default(cls, device: str | torch.device) -> "ProfileGrid":
+        return CUDA_GRID if torch.device(device).type == "cuda" else CPU_GRID
+
+
+CPU_GRID = ProfileGrid(prefill_tokens=(16, 64, 256), decode_batch=(1, 4, 16), context=(128, 512))
+CUDA_GRID = ProfileGrid(
+    prefill_tokens=(16, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+    decode_batch=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+    context=(128, 512, 2048, 8192),
+)
+
+
+def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+    """'16,64,256' -> (16, 64, 256); a clear ValueError for anything else."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"{what}: expected a comma-separated list of positive integers, got "
+                         f"{text!r}")
+    values = []
+    for p in parts:
+        try:
+            v = int(p)
+        except ValueError:
+            raise ValueError(f"{what}: {p!r} is not an integer (in {text!r})") from None
+        if v < 1:
+            raise ValueError(f"{what}: values must be positive, got {v}")
+        values.append(v)
+    return tuple(values)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """Validate a device string ('cpu', 'cuda', 'cuda:N')."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown device {str(device)!r}; use 'cpu' or 'cuda[:N]'") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise ValueError(f"unsupported device {str(device)!r}; use 'cpu' or 'cuda[:N]'")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {device}: CUDA is not available (torch {torch.__version__}, "
+            f"built with CUDA {torch.version.cuda or 'none'}); use --device cpu"
+        )
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise ValueError(
+            f"--device {device}: there are only {torch.cuda.device_count()} CUDA device(s)"
+        )
+    return torch.device("cuda", index)
+
+
+def resolve_dtype(name: str | None, device: torch.device, arch: ModelArch) -> torch.dtype:
+    """The dtype to profile in: the model's own on CUDA (bf16; fp32 for 4-byte models);
+    float32 on CPU, where bf16 matmuls are slow and unrepresentative."""
+    if name is None:
+        if device.type == "cpu" or arch.dtype_bytes >= 4:
+            return torch.float32
+        return torch.bfloat16
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _cpu_brand() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def device_name(device: torch.device) -> str:
+    """Human-readable name of the device, e.g. 'NVIDIA H100 80GB HBM3'."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{_cpu_brand()} ({torch.get_num_threads()} threads)"
+
+
+# Device-name patterns -> catalog GPU type names; first match wins (order matters).
+_GPU_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"gh200", "gh200"),
+    (r"h200", "h200"),
+    (r"h100.*nvl", "h100-nvl"),
+    (r"h100.*pcie", "h100-pcie"),
+    (r"h100", "h100-sxm"),
+    (r"h800", "h800"),
+    (r"a100.*80", "a100-80gb"),
+    (r"a100.*40", "a100-40gb"),
+    (r"a100", "a100-80gb"),
+    (r"b200", "b200"),
+    (r"l40s", "l40s"),
+    (r"l40\b", "l40"),
+    (r"a40\b", "a40"),
+    (r"a10g", "a10g"),
+    (r"a10\b", "a10"),
+    (r"\bl4\b", "l4"),
+    (r"v100", "v100"),
+    (r"\bt4\b", "t4"),
+)
+
+
+def gpu_type_for_device(name: str, known: Iterable[str] | None = None) -> str | None:
+    """Catalog GPU type of a CUDA device name ('NVIDIA H100 80GB HBM3' -> 'h100-sxm'), or
+    None when it is not recognised (or, given `known`, not in it)."""
+    lowered = name.lower()
+    for pattern, gpu in _GPU_PATTERNS:
+        if re.search(pattern, lowered):
+            if known is not None and gpu not in set(known):
+                return None
+            return gpu
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# the layer
+# --------------------------------------------------------------------------------------
+
+
+def _param(shape: Sequence[int], fan_in: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
+    """Random weight, scaled so activations stay O(1) through the layer."""
+    w = torch.empty(*shape, device=device, dtype=dtype).normal_(0.0, fan_in ** -0.5)
+    return nn.Parameter(w, requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, device: torch.device, dtype: torch.dtype, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype),
+                                   requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.to(x.dtype) * self.weight
+
+
+class MLP(nn.Module):
+    """Gated SiLU MLP (gate and up fused in one matrix) or a plain GELU MLP."""
+
+    def __init__(self, hidden: int, ffn: int, gated: bool, device: torch.device,
+                 dtype: torch.dtype):
+        super().__init__()
+        self.gated = gated
+        self.w_in = _param(((2 if gated else 1) * ffn, hidden), hidden, device, dtype)
+        self.w_out = _param((hidden, ffn), ffn, device, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.linear(x, self.w_in)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return F.linear(h, self.w_out)
+
+
+class MoE(nn.Module):
+    """Softmax top-k router, routed experts run one by one, shared experts always on."""
+
+    def __init__(self, arch: ModelArch, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        moe = arch.moe
+        assert moe is not None
+        h, f, e = arch.hidden_size, moe.expert_ffn_size, moe.num_experts
+        self.top_k = moe.experts_per_token
+        self.gated = arch.gated_mlp
+        self.router = _param((e, h), h, device, dtype)
+        # Stored [expert, in, out] so an expert is `x @ w[e]`.
+        self.w_in = _param((e, h, (2 if self.gated else 1) * f), h, device, dtype)
+        self.w_out = _param((e, f, h), f, device, dtype)
+        self.shared = (
+            MLP(h, moe.shared_experts * moe.shared_expert_ffn_size, arch.gated_mlp, device, dtype)
+            if moe.shared_experts else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        num_experts = self.router.shape[0]
+        probs = torch.softmax(F.linear(x, self.router).float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=num_experts).tolist()  # one host sync
+        token_of = order // self.top_k
+        weight_of = weights.flatten()[order]
+        out = torch.zeros_like(x)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            idx = token_of[start:start + n]
+            h = x.index_select(0, idx) @ self.w_in[e]
+            if self.gated:
+                gate, up = h.chunk(2, dim=-1)
+                h = F.silu(gate) * up
+            else:
+                h = F.gelu(h, approximate="tanh")
+            out.index_add_(0, idx, (h @ self.w_out[e]) * weight_of[start:start + n, None])
+            start += n
+        if self.shared is not None:
+            out = out + self.shared(x)
+        return out
+
+
+@functools.cache
+def _sdpa_supports_gqa() -> bool:
+    q = torch.zeros(1, 2, 1, 4)
+    kv = torch.zeros(1, 1, 1, 4)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+        return True
+    except (TypeError, RuntimeError):
+        return False
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape [len(positions), head_dim] for rotary embeddings."""
+    half = head_dim // 2
+    inv = ROPE_THETA ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
+    ang = positions.float()[:, None] * inv[None, :]
+    ang = torch.cat((ang, ang), dim=-1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+class DecoderLayer(nn.Module):
+    """One Llama-style decoder layer (dense or MoE) working on flattened tokens [T, hidden]."""
+
+    def __init__(self, arch: ModelArch, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        if arch.head_dim % 2:
+            raise ValueError(f"model {arch.name}: head_dim {arch.head_dim} must be even for RoPE")
+        self.num_heads = arch.num_heads
+        self.num_kv_heads = arch.num_kv_heads
+        self.head_dim = arch.head_dim
+        h = arch.hidden_size
+        self.input_norm = RMSNorm(h, device, dtype)
+        self.w_qkv = _param((arch.q_dim + 2 * arch.kv_dim, h), h, device, dtype)
+        self.w_o = _param((h, arch.q_dim), arch.q_dim, device, dtype)
+        self.post_norm = RMSNorm(h, device, dtype)
+        self.mlp: nn.Module = (
+            MoE(arch, device, dtype) if arch.moe is not None
+            else MLP(h, arch.ffn_size, arch.gated_mlp, device, dtype)
+        )
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = x.shape[0]
+        qkv = F.linear(self.input_norm(x), self.w_qkv)
+        q_dim = self.num_heads * self.head_dim
+        kv_dim = self.num_kv_heads * self.head_dim
+        q = qkv[:, :q_dim].view(t, self.num_heads, self.head_dim)
+        k = qkv[:, q_dim:q_dim + kv_dim].view(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, q_dim + kv_dim:].view(t, self.num_kv_heads, self.head_dim)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+    def _finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        x = x + F.linear(attn, self.w_o)
+        return x + self.mlp(self.post_norm(x))
+
+    def prefill(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """One sequence of T = x.shape[0] tokens, causal; cos/sin: [T, head_dim]."""
+        t = x.shape[0]
+        q, k, v = self._qkv(x, cos, sin)
+        q = q.transpose(0, 1).unsqueeze(0)  # [1, H, T, d]
+        k = k.transpose(0, 1).unsqueeze(0)  # [1, KV, T, d]
+        v = v.transpose(0, 1).unsqueeze(0)
+        if self.num_kv_heads == self.num_heads:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif _sdpa_supports_gqa():
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            g = self.num_heads // self.num_kv_heads
+            k = k.repeat_interleave(g, dim=1)
+            v = v.repeat_interleave(g, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o = o.squeeze(0).transpose(0, 1).reshape(t, -1)
+        return self._finish(x, o)
+
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> torch.Tensor:
+        """B = x.shape[0] sequences, one new token each at position `pos`; caches are
+        [B, KV, pos + 1, d]; cos/sin: [1, head_dim]."""
+        b = x.shape[0]
+        q, k, v = self._qkv(x, cos, sin)
+        k_cache[:, :, pos] = k
+        v_cache[:, :, pos] = v
+        # Grouped-query decode without copying K/V: the G query heads that share a KV head
+        # act as G queries of that head (no mask: every query sees the whole cache).
+        g = self.num_heads // self.num_kv_heads
+        qg = q.view(b, self.num_kv_heads, g, self.head_dim)
+        o = F.scaled_dot_product_attention(qg, k_cache, v_cache)
+        return self._finish(x, o.reshape(b, -1))
+
+
+def build_layers(arch: ModelArch, num_layers: int = 1, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.ModuleList:
+    """`num_layers` decoder layers of `arch` with random weights, ready for inference."""
+    if num_layers < 1:
+        raise ValueError(f"layers must be >= 1, got {num_layers}")
+    torch.manual_seed(seed)
+    dev = torch.device(device)
+    with torch.no_grad():
+        layers = nn.ModuleList(DecoderLayer(arch, dev, dtype) for _ in range(num_layers))
+    return layers.eval()
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+# --------------------------------------------------------------------------------------
+# timing
+# --------------------------------------------------------------------------------------
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text
+        or "failed to allocate" in text
+    )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_seconds(fn: Callable[[], object], device: torch.device, warmup: int,
+                    repeats: int) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    if device.type == "cuda":
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _capture_cuda_graph(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """Capture `fn` into a CUDA graph (after warming it up on a side stream)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    _sync(device)
+    return graph.replay
+
+
+def _free_bytes(device: torch.device) -> float | None:
+    """Memory the profiler may still use on `device` (None when unknown)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        # Blocks torch's caching allocator holds but does not use are free to us too.
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return float(free + max(cached, 0))
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _prefill_bytes(arch: ModelArch, tokens: int, elem: int) -> float:
+    """Rough peak activation memory of one layer's prefill (attention by a fused kernel)."""
+    ffn = arch.ffn_size if arch.moe is None else max(
+        arch.moe.expert_ffn_size * arch.moe.experts_per_token,
+        arch.moe.shared_experts * arch.moe.shared_expert_ffn_size,
+    )
+    per_token = 4 * arch.hidden_size + 2 * (arch.q_dim + 2 * arch.kv_dim) + 3 * ffn
+    return float(tokens * per_token * max(elem, 4))
+
+
+def _decode_bytes(arch: ModelArch, layers: int, batch: int, context: int, elem: int) -> float:
+    kv = layers * 2 * batch * (context + 1) * arch.kv_dim * elem
+    return float(kv) + _prefill_bytes(arch, batch, elem)
+
+
+# --------------------------------------------------------------------------------------
+# the profiler
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Point:
+    kind: str
+    prefill_tokens: int = 0
+    decode_batch: int = 0
+    context: int = 0  # per sequence
+
+    @property
+    def context_tokens(self) -> int:
+        return self.decode_batch * self.context
+
+    def label(self) -> str:
+        if self.kind == "prefill":
+            return f"prefill P={self.prefill_tokens}"
+        return f"decode B={self.decode_batch} ctx={self.context}"
+
+
+def profile_model(
+    arch: ModelArch,
+    *,
+    node_type: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+    layers: int = 1,
+    grid: ProfileGrid | None = None,
+    repeats: int | None = None,
+    warmup: int | None = None,
+    cuda_graphs: bool = True,
+    show_progress: bool = False,
+    console: object | None = None,
+    seed: int = 0,
+) -> ProfileTable:
+    """Time `layers` stacked decoder layers of `arch` over `grid` and return the per-layer
+    table. Grid points that run out of memory are skipped with a `ProfilerWarning` and
+    recorded in the table's `skipped`. Defaults: the device's default grid, float32 on CPU
+    and the model's dtype on CUDA, 5 repeats + 2 warmups on CPU, 10 + 3 on CUDA."""
+    dev = resolve_device(device)
+    if isinstance(dtype, str) or dtype is None:
+        torch_dtype = resolve_dtype(dtype, dev, arch)
+    else:
+        torch_dtype = dtype
+    if layers < 1:
+        raise ValueError(f"--layers must be >= 1, got {layers}")
+    if layers > arch.num_layers:
+        raise ValueError(f"--layers {layers} exceeds the {arch.num_layers} layers of {arch.name}")
+    grid = grid or ProfileGrid.default(dev)
+    on_cuda = dev.type == "cuda"
+    repeats = repeats if repeats is not None else (10 if on_cuda else 5)
+    warmup = warmup if warmup is not None else (3 if on_cuda else 2)
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {warmup}")
+    elem = torch.empty((), dtype=torch_dtype).element_size()
+
+    weight_bytes = layers * arch.params_per_layer * elem
+    free = _free_bytes(dev)
+    if free is not None and weight_bytes > MEMORY_HEADROOM * free:
+        raise ValueError(
+            f"{layers} layer(s) of {arch.name} need {weight_bytes / 1e9:.1f} GB of weights in "
+            f"{dtype_name(torch_dtype)}, but only {free / 1e9:.1f} GB is free on {dev}; "
+            f"profile fewer layers (--layers)"
+        )
+
+    stack = build_layers(arch, layers, dev, torch_dtype, seed=seed)
+    use_graphs = bool(cuda_graphs and on_cuda and arch.moe is None)
+    points = [_Point("prefill", prefill_tokens=p) for p in grid.prefill_tokens] + [
+        _Point("decode", decode_batch=b, context=c)
+        for b in grid.decode_batch for c in grid.context
+    ]
+    rows: list[ProfileRow] = []
+    skipped: list[SkippedPoint] = []
+
+    def skip(point: _Point, reason: str) -> None:
+        skipped.append(SkippedPoint(point.kind, point.prefill_tokens,  # type: ignore[arg-type]
+                                    point.decode_batch, point.context_tokens, reason))
+        warnings.warn(f"skipped {point.label()}: {reason}", ProfilerWarning, stacklevel=3)
+
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
+    progress = Progress(
+        TextColumn("[bold]profiling[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console if isinstance(console, Console) else Console(stderr=True),
+        transient=True, disable=not show_progress,
+    )
+    flush_denormal = dev.type == "cpu" and torch.set_flush_denormal(True)
+    try:
+        with progress, torch.inference_mode():
+            task = progress.add_task(arch.name, total=len(points))
+            for point in points:
+                progress.update(task, description=f"{arch.name}: {point.label()}")
+                try:
+                    seconds, graphs_failed = _measure(
+                        point, arch, stack, dev, torch_dtype, elem, layers, warmup, repeats,
+                        use_graphs, free_bytes=_free_bytes(dev),
+                    )
+                except _Skip as exc:
+                    skip(point, str(exc))
+                except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+                    if not _is_oom(exc):
+                        raise
+                    if on_cuda:
+                        torch.cuda.empty_cache()
+                    skip(point, "out of memory")
+                else:
+                    if graphs_failed:
+                        use_graphs = False
+                        warnings.warn(f"CUDA graph capture failed ({graphs_failed}); decode is "
+                                      "timed eagerly from here on", ProfilerWarning, stacklevel=2)
+                    rows.append(ProfileRow(point.kind, point.prefill_tokens,  # type: ignore[arg-type]
+                                           point.decode_batch, point.context_tokens,
+                                           seconds / layers))
+                progress.advance(task)
+    finally:
+        if flush_denormal:
+            torch.set_flush_denormal(False)
+    if not rows:
+        raise ValueError(
+            f"every grid point of {arch.name} was skipped (first reason: {skipped[0].reason}); "
+            f"try fewer --layers or a smaller grid"
+        )
+    return ProfileTable(
+        model=arch.name,
+        node_type=node_type,
+        device_name=device_name(dev),
+        dtype=dtype_name(torch_dtype),
+        torch_version=torch.__version__,
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        rows=tuple(rows),
+        layers_timed=layers,
+        repeats=repeats,
+        warmup=warmup,
+        cuda_graphs=use_graphs,
+        skipped=tuple(skipped),
+    )
+
+
+class _Skip(Exception):
+    """A grid point that is not measured (the message says why)."""
+
+
+def _measure(point: _Point, arch: ModelArch, stack: nn.ModuleList, dev: torch.device,
+             dtype: torch.dtype, elem: int, layers: int, warmup: int, repeats: int,
+             use_graphs: bool, free_bytes: float | None) -> tuple[float, str]:
+    """Median seconds of the whole stack at `point`, and why graph capture failed ('' if not)."""
+    hidden = arch.hidden_size
+    if point.kind == "prefill":
+        need = _prefill_bytes(arch, point.prefill_tokens, elem)
+    else:
+        need = _decode_bytes(arch, layers, point.decode_batch, point.context, elem)
+    if free_bytes is not None and need > MEMORY_HEADROOM * free_bytes:
+        raise _Skip(f"needs about {need / 1e9:.1f} GB, {free_bytes / 1e9:.1f} GB free")
+
+    if point.kind == "prefill":
+        p = point.prefill_tokens
+        x = torch.randn(p, hidden, device=dev, dtype=dtype)
+        cos, sin = rope_tables(torch.arange(p, device=dev), arch.head_dim, dtype)
+
+        def run_prefill() -> torch.Tensor:
+            h = x
+            for layer in stack:
+                h = layer.prefill(h, cos, sin)
+            return h
+
+        return _median_seconds(run_prefill, dev, warmup, repeats), ""
+
+    b, c = point.decode_batch, point.context
+    shape = (b, arch.num_kv_heads, c + 1, arch.head_dim)
+    caches = [
+        (torch.empty(shape, device=dev, dtype=dtype).normal_(),
+         torch.empty(shape, device=dev, dtype=dtype).normal_())
+        for _ in range(layers)
+    ]
+    x = torch.randn(b, hidden, device=dev, dtype=dtype)
+    cos, sin = rope_tables(torch.tensor([c], device=dev), arch.head_dim, dtype)
+
+    def run_decode() -> torch.Tensor:
+        h = x
+        for layer, (k_cache, v_cache) in zip(stack, caches):
+            h = layer.decode(h, cos, sin, k_cache, v_cache, c)
+        return h
+
+    fn: Callable[[], object] = run_decode
+    failed = ""
+    if use_graphs:
+        try:
+            fn = _capture_cuda_graph(run_decode, dev)
+        except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
+            if _is_oom(exc):
+                raise
+            failed = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            fn = run_decode
+    try:
+        return _median_seconds(fn, dev, warmup, repeats), failed
+    finally:
+        del fn, caches
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # release the graph's pool and this point's KV cache
+
+
+def table_summary(table: ProfileTable) -> list[dict[str, object]]:
+    """Rows as plain dicts with milliseconds, for printing."""
+    out = []
+    for r in table.rows:
+        out.append({
+            "kind": r.kind,
+            "prefill_tokens": r.prefill_tokens,
+            "decode_batch": r.decode_batch,
+            "context_per_sequence": int(r.context_per_sequence) if r.decode_batch else 0,
+            "context_tokens": r.context_tokens,
+            "ms_per_layer": r.seconds_per_layer * 1e3,
+        })
+    return out
+
+
+__all__ = [
+    "CPU_GRID",
+    "CUDA_GRID",
+    "DTYPES",
+    "DecoderLayer",
+    "ProfileGrid",
+    "ProfilerWarning",
+    "build_layers",
+    "count_parameters",
+    "device_name",
+    "dtype_name",
+    "gpu_type_for_device",
+    "parse_int_list",
+    "profile_model",
+    "resolve_device",
+    "resolve_dtype",
+    "table_summary",
+]

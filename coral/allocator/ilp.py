@@ -1,0 +1,1051 @@
+"""The online allocation ILP, solved with HiGHS.
+
+Variables (index sets after presolve, see `presolve_columns`):
+
+- `x[t,r]` integer in `[0, u[t,r]]`: instances of template `t` in region `r`;
+- `y[t,r] >= 0`: instances of `t` started in `r` beyond the current deployment (only where some
+  run now; elsewhere every instance is new and its start-up penalty is folded into `x`'s cost);
+- `d[m,r] >= 0`: requests/s of PD-mode model `m` served in region `r`;
+- `s[m]`: requests/s of model `m` served, in `[demand_m, demand_m]` when demand must be met and
+  in `[0, demand_m]` under scarcity.
+
+Cost problem::
+
+    minimise   sum_{t,r} price[t,r] x[t,r] + sum_{t,r} penalty[t,r] y[t,r]
+    subject to capacity, PD pairing, availability and start-up rows (one function each below)
+
+When it is infeasible, the scarcity problem runs in two phases on the same rows:
+phase 1 maximises goodput `G = sum_m w_m s[m]` with `s[m]` free in `[0, demand_m]`; phase 2 adds
+`G >= G1 (1 - 1e-9)` (G1: phase 1's best) and minimises the cost again. So the plan is the
+cheapest among the plans of most priority-weighted goodput, and it names each model's
+shortfall.
+
+Bounds that lose nothing: `u[t,r]` is the fewest of (a) nodes available over nodes needed, for
+each of `t`'s node types, and (b) `ceil(demand / capacity)` instances, more of which would only
+add cost (every price is positive) without serving more.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Sequence
+
+import highspy
+import numpy as np
+
+from coral.allocator.problem import (
+    MODES,
+    AllocationPlan,
+    AllocationProblem,
+    PlanStatus,
+    TemplateColumn,
+    make_plan,
+)
+
+log = logging.getLogger(__name__)
+
+#: Phase 2 keeps goodput within this relative distance of phase 1's.
+GOODPUT_REL_TOL = 1e-9
+#: Least time given to a scarcity phase even when the budget is spent (seconds).
+MIN_PHASE_S = 0.05
+_INF = highspy.kHighsInf
+_MODE_INDEX = {mode: i for i, mode in enumerate(MODES)}
+_AGG, _PREFILL, _DECODE = (_MODE_INDEX[m] for m in MODES)
+
+
+class InfeasiblePlanError(RuntimeError):
+    """Strict mode: the demand cannot be met; `plan` is the best scarcity plan found."""
+
+    def __init__(self, message: str, plan: AllocationPlan) -> None:
+        super().__init__(message)
+        self.plan = plan
+
+
+# ---------------------------------------------------------------------------------------------
+# Dominance and presolve
+# ---------------------------------------------------------------------------------------------
+
+
+Multiset = tuple[tuple[str, int], ...]
+"""A node multiset as sorted (node type, count) pairs."""
+
+
+def _multiset(t: TemplateColumn) -> Multiset:
+    return tuple(sorted(t.node_counts.items()))
+
+
+def _sub_multisets(key: Multiset) -> Iterator[Multiset]:
+    names = [g for g, _ in key]
+    for combo in itertools.product(*[range(n + 1) for _, n in key]):
+        yield tuple((g, k) for g, k in zip(names, combo) if k)
+
+
+def _minus(a: Multiset, b: Multiset) -> Multiset:
+    take = dict(b)
+    return tuple((g, n - take.get(g, 0)) for g, n in a if n > take.get(g, 0))
+
+
+def dominated_templates(templates: Sequence[TemplateColumn]) -> dict[str, tuple[str, ...]]:
+    """Templates that others dominate: template id -> ids of a collection that dominates it.
+
+    A collection of templates (repeats allowed) dominates template `t` when all serve the same
+    model in the same mode, their nodes together form a sub-multiset of `t`'s nodes, their
+    capacities sum to at least `t`'s and their prices to at most `t`'s in every region `t` runs
+    in (always so when prices are sums of node prices). The collection then needs no more of
+    any node type, costs no more, and its start-up penalty (proportional to price) is no
+    larger: replacing each `t` by it keeps a plan feasible and costs no more, so dropping `t`
+    loses nothing — as long as `t` is not running now (see `presolve_columns`).
+
+    This covers one template on a sub-multiset of the nodes (the library's own rule) and also
+    a multi-node template that does no better than data parallelism over its parts, e.g.
+    `2x(1x-l4)` at exactly twice one `1x-l4` replica. Of identical templates the one of highest
+    capacity, then first by id, is kept.
+
+    Price per unit of capacity is *not* a dominance rule: with whole instances the cheaper
+    per-unit template can overshoot demand.
+    """
+    out: dict[str, tuple[str, ...]] = {}
+    groups: dict[tuple[str, str], list[TemplateColumn]] = {}
+    for t in templates:
+        groups.setdefault((t.model, t.mode), []).append(t)
+    for group in groups.values():
+        first: dict[Multiset, TemplateColumn] = {}
+        for t in sorted(group, key=lambda t: (-t.capacity, t.id)):
+            key = _multiset(t)
+            if key not in first:
+                first[key] = t
+            elif _no_dearer(t, [first[key]]):
+                out[t.id] = (first[key].id,)
+        cap = {key: t.capacity for key, t in first.items()}
+        memo: dict[Multiset, tuple[float, tuple[Multiset, ...]]] = {(): (0.0, ())}
+
+        def best(q: Multiset, *, proper: bool = False) -> tuple[float, tuple[Multiset, ...]]:
+            """Most capacity a collection of templates fits in `q` (excluding `q` itself
+            when `proper`)."""
+            if not proper and q in memo:
+                return memo[q]
+            value, parts = (0.0, ())
+            if not proper and q in cap:
+                value, parts = cap[q], (q,)
+            for p in _sub_multisets(q):
+                if p and p != q and p in cap:
+                    rest_value, rest_parts = best(_minus(q, p))
+                    if cap[p] + rest_value > value:
+                        value, parts = cap[p] + rest_value, (p,) + rest_parts
+            if not proper:
+                memo[q] = (value, parts)
+            return value, parts
+
+        for key, t in first.items():
+            if len(key) == 1 and key[0][1] == 1:
+                continue  # one node: nothing smaller to dominate it
+            value, parts = best(key, proper=True)
+            if parts and value >= t.capacity and _no_dearer(t, [first[p] for p in parts]):
+                out[t.id] = tuple(first[p].id for p in parts)
+    return out
+
+
+def _no_dearer(t: TemplateColumn, parts: Sequence[TemplateColumn]) -> bool:
+    """The parts together cost no more than `t` in every region `t` is priced in. Always true
+    when prices are sums of node prices; checked because a column's prices may be anything."""
+    for region, usd in t.price_usd_per_hour.items():
+        total = sum(p.price_usd_per_hour.get(region, math.inf) for p in parts)
+        if total > usd * (1.0 + 1e-12):
+            return False
+    return True
+
+
+_DOMINANCE_CACHE: OrderedDict[tuple[int, ...], tuple[tuple[TemplateColumn, ...],
+                                                       dict[str, tuple[str, ...]]]]
+_DOMINANCE_CACHE = OrderedDict()
+_DOMINANCE_CACHE_SIZE = 4
+
+
+def _cached_dominance(templates: tuple[TemplateColumn, ...]) -> dict[str, tuple[str, ...]]:
+    """`dominated_templates`, remembered for the last few template sets: re-planning with new
+    demand, prices or availability reuses the same templates, and dominance depends on
+    nothing else. Keyed by the templates' identities (the entry holds them, so no id is
+    reused while it is cached)."""
+    key = tuple(map(id, templates))
+    hit = _DOMINANCE_CACHE.get(key)
+    if hit is not None:
+        _DOMINANCE_CACHE.move_to_end(key)
+        return hit[1]
+    result = dominated_templates(templates)
+    _DOMINANCE_CACHE[key] = (templates, result)
+    while len(_DOMINANCE_CACHE) > _DOMINANCE_CACHE_SIZE:
+        _DOMINANCE_CACHE.popitem(last=False)
+    return result
+
+
+@dataclass(frozen=True)
+class PresolveReport:
+    """What presolve dropped, in (template, region) pairs."""
+
+    priced: int  # pairs where every node type of the template is priced
+    unavailable: int  # dropped: some node type has too few nodes available for one instance
+    unneeded: int  # dropped: no demand for the model, or a PD half with no other half there
+    dominated: int  # dropped: a dominating template is available in the same region
+    columns: int  # pairs left: the ILP's x variables
+    dominated_by: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return (
+            f"{self.columns} template-region columns of {self.priced} priced "
+            f"({self.dominated} dominated, {self.unavailable} unavailable, "
+            f"{self.unneeded} unneeded)"
+        )
+
+
+@dataclass
+class _Index:
+    """The problem as arrays: templates x node types x regions."""
+
+    models: list[str]  # models with demand > 0
+    demand: np.ndarray  # (M,) requests/s
+    tokens: np.ndarray  # (M, 3) capacity units per request/s, by mode
+    priority: np.ndarray  # (M,)
+    regions: list[str]
+    templates: tuple[TemplateColumn, ...]
+    t_model: np.ndarray  # (T,) model index, -1 when the model has no demand
+    t_mode: np.ndarray  # (T,)
+    cap: np.ndarray  # (T,)
+    counts: np.ndarray  # (T, G) nodes per instance
+    price: np.ndarray  # (T, R) $/hour, nan where not priced
+    avail: np.ndarray  # (G, R)
+    current: np.ndarray  # (T, R)
+
+    @classmethod
+    def build(cls, p: AllocationProblem) -> "_Index":
+        live = [d for d in p.demands if d.requests_per_s > 0]
+        models = [d.model for d in live]
+        m_of = {m: i for i, m in enumerate(models)}
+        node_types = sorted(
+            {g for t in p.templates for g in t.node_counts} | {g for g, _ in p.availability}
+        )
+        g_of = {g: i for i, g in enumerate(node_types)}
+        r_of = {r: i for i, r in enumerate(p.regions)}
+        n_t, n_g, n_r = len(p.templates), len(node_types), len(p.regions)
+        counts = np.zeros((n_t, n_g), dtype=np.int64)
+        price = np.full((n_t, n_r), np.nan)
+        t_of: dict[str, int] = {}
+        for i, t in enumerate(p.templates):
+            t_of[t.id] = i
+            for g, n in t.node_counts.items():
+                counts[i, g_of[g]] = n
+            for r, usd in t.price_usd_per_hour.items():
+                if r in r_of:
+                    price[i, r_of[r]] = usd
+        avail = np.zeros((n_g, n_r), dtype=np.int64)
+        for (g, r), n in p.availability.items():
+            if r in r_of:
+                avail[g_of[g], r_of[r]] = n
+        current = np.zeros((n_t, n_r), dtype=np.int64)
+        for (tid, r), n in p.current.items():
+            if tid in t_of and r in r_of:
+                current[t_of[tid], r_of[r]] = n
+        return cls(
+            models=models,
+            demand=np.array([d.requests_per_s for d in live], dtype=float),
+            tokens=np.array(
+                [[d.tokens_per_request(mode) for mode in MODES] for d in live], dtype=float
+            ).reshape(len(live), len(MODES)),
+            priority=np.array([d.priority for d in live], dtype=float),
+            regions=list(p.regions),
+            templates=p.templates,
+            t_model=np.array([m_of.get(t.model, -1) for t in p.templates], dtype=np.int64),
+            t_mode=np.array([_MODE_INDEX[t.mode] for t in p.templates], dtype=np.int64),
+            cap=np.array([t.capacity for t in p.templates], dtype=float),
+            counts=counts,
+            price=price,
+            avail=avail,
+            current=current,
+        )
+
+
+@dataclass
+class _Columns:
+    """The x variables kept by presolve: template index, region index, upper bound."""
+
+    t: np.ndarray
+    r: np.ndarray
+    ub: np.ndarray
+    report: PresolveReport
+
+
+def presolve_columns(problem: AllocationProblem, *, dominance: bool = True) -> PresolveReport:
+    """Which (template, region) pairs the ILP keeps, and why the others go."""
+    return _presolve(problem, _Index.build(problem), dominance=dominance).report
+
+
+def _presolve(problem: AllocationProblem, ix: _Index, *, dominance: bool) -> _Columns:
+    n_t, n_r = ix.price.shape
+    priced = ~np.isnan(ix.price)
+    # (a) whole instances the region's availability allows, per node type
+    ub = np.full((n_t, n_r), np.iinfo(np.int64).max // 4, dtype=np.int64)
+    for g in range(ix.counts.shape[1]):
+        need = ix.counts[:, g]
+        on = need > 0
+        if on.any():
+            ub[on] = np.minimum(ub[on], ix.avail[g][None, :] // need[on, None])
+    # (b) instances beyond what the model's demand alone calls for
+    has_model = ix.t_model >= 0
+    ub_demand = np.zeros(n_t, dtype=np.int64)
+    if has_model.any():
+        m = ix.t_model[has_model]
+        units = ix.demand[m] * ix.tokens[m, ix.t_mode[has_model]]
+        need = np.ceil(units / ix.cap[has_model] - 1e-9)
+        ub_demand[has_model] = np.maximum(need, 1).astype(np.int64)
+    available = priced & (ub > 0)
+    ub = np.minimum(ub, ub_demand[:, None])
+    useful = available & has_model[:, None]
+
+    dominated_by: dict[str, tuple[str, ...]] = {}
+    keep = useful.copy()
+    if dominance:
+        dominated_by = _cached_dominance(ix.templates)
+        if dominated_by:
+            dom = np.array([t.id in dominated_by for t in ix.templates], dtype=bool)
+            protected = (ix.current > 0) & (problem.startup_s > 0)  # running now: kept
+            keep &= ~(dom[:, None] & ~protected)
+    n_dominated = int((useful & ~keep).sum())
+
+    # A PD half is useless in a region where the model's other half has no column.
+    if ix.models:
+        n_m = len(ix.models)
+        half = np.zeros((n_m, len(MODES), n_r), dtype=bool)
+        tt, rr = np.nonzero(keep)
+        half[ix.t_model[tt], ix.t_mode[tt], rr] = True
+        paired = half[:, _PREFILL, :] & half[:, _DECODE, :]
+        is_pd = ix.t_mode != _AGG
+        pd_mask = np.zeros_like(keep)
+        pd_mask[is_pd & has_model] = paired[ix.t_model[is_pd & has_model]]
+        unpaired = keep & is_pd[:, None] & ~pd_mask
+        keep &= ~unpaired
+    else:
+        unpaired = np.zeros_like(keep)
+    n_unneeded = int((available & ~has_model[:, None]).sum()) + int(unpaired.sum())
+    tt, rr = np.nonzero(keep)
+    report = PresolveReport(
+        priced=int(priced.sum()),
+        unavailable=int((priced & ~available).sum()),
+        unneeded=n_unneeded,
+        dominated=n_dominated,
+        columns=int(tt.size),
+        dominated_by=dominated_by,
+    )
+    return _Columns(t=tt, r=rr, ub=ub[tt, rr], report=report)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model building: variables, then one function per constraint family
+# ---------------------------------------------------------------------------------------------
+
+
+class _LpBuilder:
+    """Columns and rows in blocks of numpy arrays, assembled column-wise for HiGHS once."""
+
+    def __init__(self) -> None:
+        self.n_col = 0
+        self.n_row = 0
+        self.col_blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray, bool]] = []
+        self.row_blocks: list[tuple[np.ndarray, np.ndarray]] = []
+        self.entries: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.availability_rows: tuple[np.ndarray, np.ndarray, np.ndarray] = (
+            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))  # rows, g, r
+
+    def add_cols(self, lb: np.ndarray, ub: np.ndarray, cost: np.ndarray, integer: bool
+                 ) -> np.ndarray:
+        n = len(lb)
+        self.col_blocks.append((np.asarray(lb, float), np.asarray(ub, float),
+                                np.asarray(cost, float), integer))
+        idx = np.arange(self.n_col, self.n_col + n)
+        self.n_col += n
+        return idx
+
+    def add_rows(self, lb: np.ndarray, ub: np.ndarray) -> np.ndarray:
+        n = len(lb)
+        self.row_blocks.append((np.asarray(lb, float), np.asarray(ub, float)))
+        idx = np.arange(self.n_row, self.n_row + n)
+        self.n_row += n
+        return idx
+
+    def add_entries(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray) -> None:
+        self.entries.append((np.asarray(rows, np.int64), np.asarray(cols, np.int64),
+                             np.asarray(vals, float)))
+
+    def arrays(self) -> "_LpArrays":
+        def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+        rows = cat([e[0] for e in self.entries], np.int64)
+        cols = cat([e[1] for e in self.entries], np.int64)
+        vals = cat([e[2] for e in self.entries], float)
+        order = np.lexsort((rows, cols))
+        start = np.zeros(self.n_col + 1, dtype=np.int32)
+        np.cumsum(np.bincount(cols, minlength=self.n_col), out=start[1:])
+        return _LpArrays(
+            col_lb=cat([b[0] for b in self.col_blocks], float),
+            col_ub=cat([b[1] for b in self.col_blocks], float),
+            cost=cat([b[2] for b in self.col_blocks], float),
+            integer=cat([np.full(len(b[0]), b[3]) for b in self.col_blocks], bool),
+            row_lb=cat([b[0] for b in self.row_blocks], float),
+            row_ub=cat([b[1] for b in self.row_blocks], float),
+            start=start,
+            index=rows[order].astype(np.int32),
+            value=vals[order],
+        )
+
+
+@dataclass
+class _LpArrays:
+    col_lb: np.ndarray
+    col_ub: np.ndarray
+    cost: np.ndarray
+    integer: np.ndarray
+    row_lb: np.ndarray
+    row_ub: np.ndarray
+    start: np.ndarray
+    index: np.ndarray
+    value: np.ndarray
+
+    def highs_lp(self, cost: np.ndarray, col_lb: np.ndarray, row_lb: np.ndarray,
+                 maximise: bool) -> highspy.HighsLp:
+        lp = highspy.HighsLp()
+        lp.num_col_ = len(cost)
+        lp.num_row_ = len(self.row_lb)
+        lp.col_cost_ = cost
+        lp.col_lower_ = col_lb
+        lp.col_upper_ = self.col_ub
+        lp.row_lower_ = row_lb
+        lp.row_upper_ = self.row_ub
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = self.start
+        lp.a_matrix_.index_ = self.index
+        lp.a_matrix_.value_ = self.value
+        lp.integrality_ = [
+            highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
+            for b in self.integer
+        ]
+        lp.sense_ = highspy.ObjSense.kMaximize if maximise else highspy.ObjSense.kMinimize
+        return lp
+
+
+@dataclass
+class _Vars:
+    """Column indices of each variable family and what they stand for."""
+
+    x: np.ndarray  # per kept column
+    x_t: np.ndarray
+    x_r: np.ndarray
+    y: np.ndarray  # start-up variables
+    y_of_x: np.ndarray  # position in x of each y
+    d: np.ndarray  # PD served requests/s
+    d_m: np.ndarray
+    d_r: np.ndarray
+    s: np.ndarray  # per model in `_Index.models`
+    price: np.ndarray  # $/hour per x
+    penalty: np.ndarray  # $ per new instance per x
+    x_ub: np.ndarray  # upper bound per x
+
+
+def _add_variables(lp: _LpBuilder, problem: AllocationProblem, ix: _Index, cols: _Columns
+                   ) -> _Vars:
+    """x (integer), y (start-ups beyond the running ones), d (PD share per region), s (served)."""
+    price = ix.price[cols.t, cols.r]
+    penalty = price * problem.startup_s / 3600.0
+    current = ix.current[cols.t, cols.r]
+    # Where nothing runs now, y = x: fold the penalty into x's cost.
+    x_cost = price + np.where(current == 0, penalty, 0.0)
+    x = lp.add_cols(np.zeros(len(cols.t)), cols.ub, x_cost, integer=True)
+    with_y = np.flatnonzero((current > 0) & (penalty > 0) & (cols.ub > current))
+    y = lp.add_cols(np.zeros(len(with_y)), (cols.ub - current)[with_y], penalty[with_y],
+                    integer=False)
+    n_m, n_r = len(ix.models), len(ix.regions)
+    half = np.zeros((n_m, len(MODES), n_r), dtype=bool)
+    half[ix.t_model[cols.t], ix.t_mode[cols.t], cols.r] = True
+    d_m, d_r = np.nonzero(half[:, _PREFILL, :] & half[:, _DECODE, :])
+    d = lp.add_cols(np.zeros(len(d_m)), ix.demand[d_m], np.zeros(len(d_m)), integer=False)
+    s = lp.add_cols(ix.demand.copy(), ix.demand.copy(), np.zeros(n_m), integer=False)
+    return _Vars(x=x, x_t=cols.t, x_r=cols.r, y=y, y_of_x=with_y, d=d, d_m=d_m, d_r=d_r, s=s,
+                 price=price, penalty=penalty, x_ub=cols.ub)
+
+
+def add_capacity_rows(lp: _LpBuilder, ix: _Index, v: _Vars) -> int:
+    """Served requests/s are within capacity, for every model `m` with demand::
+
+        sum_{t in T_m^agg, r} cap_t x[t,r] + sum_r d[m,r] - s[m] >= 0
+
+    With `s[m]` fixed at the demand this is the demand row of the design; under scarcity it
+    bounds what can count as served.
+    """
+    n_m = len(ix.models)
+    rows = lp.add_rows(np.zeros(n_m), np.full(n_m, _INF))
+    agg = np.flatnonzero(ix.t_mode[v.x_t] == _AGG)
+    lp.add_entries(rows[ix.t_model[v.x_t[agg]]], v.x[agg], ix.cap[v.x_t[agg]])
+    lp.add_entries(rows[v.d_m], v.d, np.ones(len(v.d)))
+    lp.add_entries(rows, v.s, -np.ones(n_m))
+    return n_m
+
+
+def add_pd_pairing_rows(lp: _LpBuilder, ix: _Index, v: _Vars) -> int:
+    """Prefill and decode capacity in one region carry that region's share, for every PD
+    model `m` and region `r` where both halves can run::
+
+        sum_{t in T_m^prefill} cap_t x[t,r] - input_tokens_m  d[m,r] >= 0
+        sum_{t in T_m^decode}  cap_t x[t,r] - output_tokens_m d[m,r] >= 0
+    """
+    n_pairs = len(v.d)
+    if not n_pairs:
+        return 0
+    rows = lp.add_rows(np.zeros(2 * n_pairs), np.full(2 * n_pairs, _INF))
+    n_r = len(ix.regions)
+    row_of = np.full((len(ix.models), 2, n_r), -1, dtype=np.int64)
+    row_of[v.d_m, 0, v.d_r] = rows[:n_pairs]
+    row_of[v.d_m, 1, v.d_r] = rows[n_pairs:]
+    for half, mode in ((0, _PREFILL), (1, _DECODE)):
+        sel = np.flatnonzero(ix.t_mode[v.x_t] == mode)
+        target = row_of[ix.t_model[v.x_t[sel]], half, v.x_r[sel]]
+        assert (target >= 0).all(), "presolve left a PD half without its pair"
+        lp.add_entries(target, v.x[sel], ix.cap[v.x_t[sel]])
+        lp.add_entries(row_of[v.d_m, half, v.d_r], v.d, -ix.tokens[v.d_m, mode])
+    return 2 * n_pairs
+
+
+def add_availability_rows(lp: _LpBuilder, ix: _Index, v: _Vars) -> int:
+    """Nodes used stay within availability, for every node type `g` and region `r` that
+    some column uses and whose bound is not implied by the columns' own bounds::
+
+        sum_t nodes[t,g] x[t,r] <= avail[g,r]
+    """
+    n_g, n_r = ix.avail.shape
+    tt, gg = np.nonzero(ix.counts)  # node types of each template
+    per_t = np.bincount(tt, minlength=len(ix.templates))
+    first = np.concatenate([[0], np.cumsum(per_t)[:-1]])
+    reps = per_t[v.x_t]
+    col_pos = np.repeat(np.arange(len(v.x)), reps)
+    offset = np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
+    k = np.repeat(first[v.x_t], reps) + offset
+    g_of = gg[k]
+    r_of = v.x_r[col_pos]
+    n_of = ix.counts[v.x_t[col_pos], g_of]
+    ub = v.x_ub[col_pos]
+    most = np.zeros((n_g, n_r))
+    np.add.at(most, (g_of, r_of), n_of * ub)
+    binding = most > ix.avail
+    row_of = np.full((n_g, n_r), -1, dtype=np.int64)
+    gs, rs = np.nonzero(binding)
+    rows = lp.add_rows(np.full(len(gs), -_INF), ix.avail[gs, rs].astype(float))
+    row_of[gs, rs] = rows
+    lp.availability_rows = (rows, gs, rs)
+    on = binding[g_of, r_of]
+    lp.add_entries(row_of[g_of[on], r_of[on]], v.x[col_pos[on]], n_of[on])
+    return len(rows)
+
+
+def add_startup_rows(lp: _LpBuilder, ix: _Index, v: _Vars) -> int:
+    """Instances beyond the running ones are started, for every (t, r) that runs now::
+
+        y[t,r] - x[t,r] >= -current[t,r],   y[t,r] >= 0
+    """
+    n = len(v.y)
+    if not n:
+        return 0
+    xs = v.y_of_x
+    current = ix.current[v.x_t[xs], v.x_r[xs]].astype(float)
+    rows = lp.add_rows(-current, np.full(n, _INF))
+    lp.add_entries(rows, v.y, np.ones(n))
+    lp.add_entries(rows, v.x[xs], -np.ones(n))
+    return n
+
+
+def add_goodput_floor_row(lp: _LpBuilder, ix: _Index, v: _Vars) -> int:
+    """Scarcity phase 2 keeps phase 1's goodput (the bound is set per phase)::
+
+        sum_m w_m s[m] >= G1 (1 - 1e-9)
+    """
+    rows = lp.add_rows(np.array([-_INF]), np.array([_INF]))
+    lp.add_entries(np.full(len(v.s), rows[0]), v.s, ix.priority)
+    return 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast path: one model at a time
+# ---------------------------------------------------------------------------------------------
+
+#: Branch-and-bound nodes one model's covering problem may take before the full ILP is used.
+COVER_NODE_LIMIT = 100_000
+
+
+@dataclass(frozen=True)
+class CoverResult:
+    x: np.ndarray | None  # best counts found (None: the demand cannot be covered)
+    cost: float
+    complete: bool  # False: the node limit stopped the search
+
+
+def cover_knapsack(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float, *,
+                   rel_gap: float = 0.0, node_limit: int = COVER_NODE_LIMIT) -> CoverResult:
+    """Cheapest cover of one demand row, exactly (within `rel_gap`)::
+
+        minimise sum_i cost_i x_i  subject to  sum_i cap_i x_i >= demand,  x_i in {0..ub_i}
+
+    Depth-first branch and bound over the items in order of cost per unit of capacity: a node
+    picks the next item to use and how many (most first), and is cut off when its cost plus
+    the LP bound of the rest (items filled greedily, the last one fractionally) cannot beat the
+    best cover found by more than `rel_gap`. Costs and capacities must be positive.
+    """
+    order = np.lexsort((-cap, cost / cap))
+    c, a = cost[order].tolist(), cap[order].tolist()
+    u = ub[order].astype(np.int64).tolist()
+    n = len(c)
+    ratio = [ci / ai for ci, ai in zip(c, a)]
+    cum_a, cum_c = [0.0], [0.0]
+    for i in range(n):
+        cum_a.append(cum_a[-1] + a[i] * u[i])
+        cum_c.append(cum_c[-1] + c[i] * u[i])
+    tol = 1e-9 * max(1.0, demand)
+    if cum_a[-1] < demand - tol:
+        return CoverResult(None, math.inf, True)
+
+    def lp_bound(k: int, rest: float) -> float:
+        """Cheapest fractional cover of `rest` with items k.. (inf when they cannot)."""
+        target = cum_a[k] + rest
+        b = bisect.bisect_left(cum_a, target - tol, lo=k + 1) - 1
+        if b >= n:
+            return math.inf
+        return cum_c[b] - cum_c[k] + max(0.0, target - cum_a[b]) * ratio[b]
+
+    best, best_x = math.inf, {}
+    for i in range(n):  # incumbent: the best single item
+        k = math.ceil(demand / a[i] - 1e-12)
+        if k <= u[i] and k * c[i] < best:
+            best, best_x = k * c[i], {i: k}
+    keep = 1.0 - rel_gap
+    chosen: dict[int, int] = {}
+    nodes = 0
+
+    def search(start: int, rest: float, spent: float) -> bool:
+        nonlocal best, best_x, nodes
+        for j in range(start, n):
+            if spent + lp_bound(j, rest) >= best * keep:
+                return True  # later items only have worse ratios
+            for xj in range(min(u[j], math.ceil(rest / a[j] - 1e-12)), 0, -1):
+                nodes += 1
+                if nodes > node_limit:
+                    return False
+                left, paid = rest - xj * a[j], spent + xj * c[j]
+                if left <= tol:
+                    if paid < best:
+                        best, best_x = paid, {**chosen, j: xj}
+                    continue
+                if paid + lp_bound(j + 1, left) >= best * keep:
+                    break  # fewer of item j leaves more to worse items
+                chosen[j] = xj
+                done = search(j + 1, left, paid)
+                del chosen[j]
+                if not done:
+                    return False
+        return True
+
+    complete = search(0, demand, 0.0)
+    x = np.zeros(n, dtype=np.int64)
+    for i, k in best_x.items():
+        x[order[i]] = k
+    return CoverResult(x if best_x else None, best, complete)
+
+
+def _model_cover(problem: AllocationProblem, ix: _Index, v: _Vars, m: int, demand: float,
+                 ub: np.ndarray, extra_cost: np.ndarray | None = None,
+                 node_limit: int = COVER_NODE_LIMIT) -> tuple[np.ndarray | None, bool]:
+    """Cheapest cover of model `m`'s `demand` with its x columns within `ub`, costs being
+    price, start-up penalty and `extra_cost` per instance. Returns (counts per x column or
+    None when the demand cannot be covered, whether the search completed)."""
+    cols = np.flatnonzero(ix.t_model[v.x_t] == m)
+    current = ix.current[v.x_t[cols], v.x_r[cols]]
+    extra = np.zeros(len(cols)) if extra_cost is None else extra_cost[cols]
+    # a running (t, r) pays no start-up for its first `current` instances: two items
+    split = (current > 0) & (v.penalty[cols] > 0)
+    kept = np.minimum(current, ub[cols])
+    base = v.price[cols] + extra
+    items = np.concatenate([cols, cols[split]])
+    item_cost = np.concatenate([
+        base + np.where(current == 0, v.penalty[cols], 0.0),
+        base[split] + v.penalty[cols][split]])
+    item_ub = np.concatenate([np.where(split, kept, ub[cols]), (ub[cols] - kept)[split]])
+    on = item_ub > 0
+    res = cover_knapsack(item_cost[on], ix.cap[v.x_t[items[on]]], item_ub[on], demand,
+                         rel_gap=problem.mip_gap, node_limit=node_limit)
+    if res.x is None:
+        return None, res.complete
+    counts = np.zeros(len(v.x), dtype=np.int64)
+    np.add.at(counts, items[on], res.x)
+    return counts, res.complete
+
+
+def _nodes_used(ix: _Index, v: _Vars, counts: np.ndarray) -> np.ndarray:
+    """Nodes per (node type, region) that `counts` of the x columns take."""
+    used = np.zeros_like(ix.avail)
+    t_nodes = ix.counts[v.x_t] * counts[:, None]  # (columns, node types)
+    for g in np.flatnonzero(t_nodes.any(axis=0)):
+        np.add.at(used[g], v.x_r, t_nodes[:, g])
+    return used
+
+
+def _objective(ix: _Index, v: _Vars, counts: np.ndarray) -> float:
+    current = ix.current[v.x_t, v.x_r]
+    return float(v.price @ counts + v.penalty @ np.maximum(counts - current, 0))
+
+
+def _solve_by_model(problem: AllocationProblem, ix: _Index, v: _Vars) -> tuple[str, np.ndarray]:
+    """Solve each model's demand on its own (exact per model, within the gap target).
+
+    Without PD models the models share only the availability rows, so when the union of the
+    per-model optima fits within availability it is optimal for the whole problem. Returns
+    ("optimal", counts per x column), ("short", _) when some model cannot be served even
+    alone, ("coupled", the union) when it does not fit, or ("gave_up", _) at the node limit.
+    """
+    counts = np.zeros(len(v.x), dtype=np.int64)
+    for m in range(len(ix.models)):
+        got, complete = _model_cover(problem, ix, v, m, float(ix.demand[m]), v.x_ub)
+        if got is None:
+            return ("short" if complete else "gave_up"), counts
+        if not complete:
+            return "gave_up", counts
+        counts += got
+    fits = (_nodes_used(ix, v, counts) <= ix.avail).all()
+    return ("optimal" if fits else "coupled"), counts
+
+
+def _sequential_covers(problem: AllocationProblem, ix: _Index, v: _Vars, order: Sequence[int],
+                       node_price: np.ndarray) -> np.ndarray | None:
+    """A feasible plan, model by model in `order`, each covered cheaply (nodes priced extra at
+    `node_price[g, r]`) within what the models before it left available.
+
+    One model's cover bounds each column by the nodes left, not the columns together, so a
+    cover that overdraws is trimmed (columns in order of cost per capacity, as many instances
+    as still fit) and the rest of the demand covered again, a few rounds at most.
+    """
+    left = ix.avail.astype(np.int64).copy()
+    need = ix.counts[v.x_t]  # (columns, node types)
+    extra = (need * node_price[:, v.x_r].T).sum(axis=1)
+    ratio = (v.price + extra) / ix.cap[v.x_t]
+    counts = np.zeros(len(v.x), dtype=np.int64)
+    big = np.iinfo(np.int64).max
+
+    def fit(cols: np.ndarray) -> np.ndarray:
+        room = left[:, v.x_r[cols]].T
+        return np.where(need[cols] > 0, room // np.maximum(need[cols], 1), big).min(axis=1)
+
+    for m in order:
+        rest = float(ix.demand[m])
+        for _ in range(8):
+            got, _ = _model_cover(problem, ix, v, m, rest, np.minimum(v.x_ub, fit(
+                np.arange(len(v.x)))), extra, node_limit=COVER_NODE_LIMIT // 10)
+            if got is None:
+                return None
+            used = _nodes_used(ix, v, got)
+            if (used <= left).all():
+                counts += got
+                left -= used
+                break
+            for j in sorted(np.flatnonzero(got), key=lambda j: ratio[j]):
+                take = min(int(got[j]), int(fit(np.array([j]))[0]))
+                if take > 0:
+                    counts[j] += take
+                    left[:, v.x_r[j]] -= need[j] * take
+                    rest -= take * ix.cap[v.x_t[j]]
+            if rest <= 1e-9 * max(1.0, float(ix.demand[m])):
+                break
+        else:
+            return None
+    return counts
+
+
+def _incumbent(problem: AllocationProblem, ix: _Index, v: _Vars, node_price: np.ndarray
+               ) -> np.ndarray | None:
+    """The best of a few sequential-cover plans: models in order of how much contested
+    capacity they lean on (and the reverse), with nodes priced by the LP's availability duals
+    and at zero. A good incumbent lets HiGHS stop as soon as its bound is close enough."""
+    pressure = np.zeros(len(ix.models))
+    cheapest = np.full(len(ix.models), np.inf)
+    need = ix.counts[v.x_t]
+    per_cap = (need * node_price[:, v.x_r].T).sum(axis=1) / ix.cap[v.x_t]
+    np.minimum.at(cheapest, ix.t_model[v.x_t], per_cap)
+    pressure = cheapest * ix.demand
+    by_pressure = list(np.argsort(-pressure))
+    best, best_cost = None, math.inf
+    for prices in (node_price, np.zeros_like(node_price)):
+        for order in (by_pressure, by_pressure[::-1]):
+            counts = _sequential_covers(problem, ix, v, order, prices)
+            if counts is not None and _objective(ix, v, counts) < best_cost:
+                best, best_cost = counts, _objective(ix, v, counts)
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# Solving
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    ok: bool  # a primal solution exists
+    infeasible: bool  # proven infeasible
+    optimal: bool
+    values: np.ndarray | None
+    objective: float
+    bound: float  # proven dual bound (nan when none)
+    gap: float
+    detail: str
+
+
+def _run_highs(lp_in: highspy.HighsLp, *, time_limit_s: float, mip_gap: float,
+               threads: int | None) -> _Run:
+    """One HiGHS run. No start solution is passed: HiGHS 1.16, given one with presolve on,
+    has returned "optimal" plans dearer than the true optimum on core-size problems."""
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(max(time_limit_s, 1e-3)))
+    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    # Feasibility jump costs more than it finds on these covering problems (measured with
+    # benchmarks/allocator.py: 0.9 s -> 0.3 s on a core-size problem, same optimum).
+    h.setOptionValue("mip_heuristic_run_feasibility_jump", False)
+    if threads is not None:
+        h.setOptionValue("threads", int(threads))
+    h.passModel(lp_in)
+    h.run()
+    status = h.getModelStatus()
+    info = h.getInfo()
+    has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    infeasible = status in (highspy.HighsModelStatus.kInfeasible,
+                            highspy.HighsModelStatus.kUnboundedOrInfeasible)
+    values = np.array(h.getSolution().col_value) if has_sol and not infeasible else None
+    gap = float(info.mip_gap) if values is not None else math.inf
+    if not math.isfinite(gap) or gap < 0:
+        gap = 0.0 if status == highspy.HighsModelStatus.kOptimal else math.inf
+    bound = float(info.mip_dual_bound)
+    return _Run(
+        ok=values is not None,
+        infeasible=infeasible,
+        optimal=status == highspy.HighsModelStatus.kOptimal,
+        values=values,
+        objective=float(info.objective_function_value) if values is not None else math.nan,
+        bound=bound if math.isfinite(bound) else math.nan,
+        gap=gap,
+        detail=h.modelStatusToString(status),
+    )
+
+
+def solve_allocation(
+    problem: AllocationProblem,
+    *,
+    strict: bool = False,
+    presolve: bool = True,
+    decompose: bool = True,
+    threads: int | None = None,
+) -> AllocationPlan:
+    """Cheapest deployment meeting every model's demand; under scarcity, the most goodput.
+
+    Honours `problem.time_limit_s` over all phases (each scarcity phase gets at least
+    `MIN_PHASE_S`) and returns the best plan found with its proven gap. With `strict`, a plan
+    that does not meet every demand raises `InfeasiblePlanError` naming the models short.
+    """
+    t0 = time.perf_counter()
+    ix = _Index.build(problem)
+    cols = _presolve(problem, ix, dominance=presolve)
+    notes = [cols.report.describe()]
+    if not ix.models:
+        plan = make_plan(problem, {}, status=PlanStatus.OPTIMAL, gap=0.0,
+                         solve_s=time.perf_counter() - t0, notes=notes + ["no demand"])
+        return plan
+
+    lp = _LpBuilder()
+    v = _add_variables(lp, problem, ix, cols)
+    rows = {
+        "capacity": add_capacity_rows(lp, ix, v),
+        "pd_pairing": add_pd_pairing_rows(lp, ix, v),
+        "availability": add_availability_rows(lp, ix, v),
+        "startup": add_startup_rows(lp, ix, v),
+        "goodput_floor": add_goodput_floor_row(lp, ix, v),
+    }
+    arr = lp.arrays()
+    floor_row = lp.n_row - 1
+    notes.append(
+        f"ilp: {len(v.x)} integer + {lp.n_col - len(v.x)} continuous columns, rows "
+        + ", ".join(f"{k} {n}" for k, n in rows.items() if n)
+    )
+    log.debug("allocation %s", "; ".join(notes))
+
+    def remaining() -> float:
+        return problem.time_limit_s - (time.perf_counter() - t0)
+
+    def to_instances(counts: np.ndarray) -> dict[tuple[str, str], int]:
+        on = np.flatnonzero(counts > 0)
+        return {
+            (ix.templates[v.x_t[i]].id, ix.regions[v.x_r[i]]): int(counts[i]) for i in on
+        }
+
+    def x_of(values: np.ndarray) -> np.ndarray:
+        return np.rint(values[v.x]).astype(np.int64)
+
+    # ---- cost problem: every demand met
+    proven_short = _capacity_bound_short(ix, v)
+    if not proven_short and decompose and not len(v.d):
+        outcome, counts = _solve_by_model(problem, ix, v)
+        notes.append(f"per-model covers: {outcome}")
+        if outcome == "optimal":
+            return make_plan(problem, to_instances(counts), status=PlanStatus.OPTIMAL,
+                             gap=problem.mip_gap, solve_s=time.perf_counter() - t0, notes=notes)
+        proven_short = outcome == "short"
+    if not proven_short:
+        run = _run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
+                         time_limit_s=remaining(), mip_gap=problem.mip_gap, threads=threads)
+        if run.ok and run.optimal:
+            assert run.values is not None
+            return make_plan(problem, to_instances(x_of(run.values)),
+                             status=PlanStatus.OPTIMAL, gap=run.gap,
+                             solve_s=time.perf_counter() - t0, notes=notes)
+        if not run.infeasible:
+            # Stopped by the time limit: the sequential-cover plan may beat HiGHS's best.
+            best = x_of(run.values) if run.values is not None else None
+            cost = run.objective if best is not None else math.inf
+            fallback = _fallback_plan(problem, arr, lp, ix, v) if not len(v.d) else None
+            if fallback is not None and _objective(ix, v, fallback) < cost:
+                best, cost = fallback, _objective(ix, v, fallback)
+                notes.append("plan from sequential covers")
+            if best is not None:
+                notes.append(f"HiGHS: {run.detail}")
+                gap = (cost - run.bound) / cost if cost > 0 and math.isfinite(run.bound) \
+                    else math.inf
+                return make_plan(problem, to_instances(best), status=PlanStatus.TIME_LIMIT,
+                                 gap=max(gap, 0.0), solve_s=time.perf_counter() - t0,
+                                 notes=notes)
+        proven_short = run.infeasible
+        notes.append(f"demand cannot be met in full (HiGHS: {run.detail})" if run.infeasible
+                     else f"no plan meeting every demand found in time (HiGHS: {run.detail})")
+    else:
+        notes.append("demand cannot be met in full (capacity or per-model bound)")
+
+    # ---- scarcity phase 1: most goodput
+    col_lb = arr.col_lb.copy()
+    col_lb[v.s] = 0.0
+    goodput_cost = np.zeros(lp.n_col)
+    goodput_cost[v.s] = ix.priority
+    run1 = _run_highs(arr.highs_lp(goodput_cost, col_lb, arr.row_lb, maximise=True),
+                      time_limit_s=max(remaining(), MIN_PHASE_S), mip_gap=problem.mip_gap,
+                      threads=threads)
+    final_status = PlanStatus.INFEASIBLE if proven_short else PlanStatus.TIME_LIMIT
+    if not run1.ok:
+        notes.append(f"scarcity phase 1 found no plan (HiGHS: {run1.detail})")
+        plan = make_plan(problem, {}, status=final_status, gap=math.inf,
+                         solve_s=time.perf_counter() - t0, goodput_gap=math.inf, notes=notes)
+        return _finish(problem, plan, strict)
+    assert run1.values is not None
+    g1 = float(np.dot(ix.priority, run1.values[v.s]))
+    if not run1.optimal:
+        notes.append(f"scarcity phase 1: HiGHS {run1.detail}")
+
+    # ---- scarcity phase 2: cheapest at that goodput
+    row_lb = arr.row_lb.copy()
+    row_lb[floor_row] = g1 * (1.0 - GOODPUT_REL_TOL)
+    run2 = _run_highs(arr.highs_lp(arr.cost, col_lb, row_lb, maximise=False),
+                      time_limit_s=max(remaining(), MIN_PHASE_S), mip_gap=problem.mip_gap,
+                      threads=threads)
+    best, gap = (run2.values, run2.gap) if run2.ok else (run1.values, math.inf)
+    assert best is not None
+    if not run2.optimal:
+        notes.append(f"scarcity phase 2: HiGHS {run2.detail}")
+    plan = make_plan(problem, to_instances(x_of(best)), status=final_status, gap=gap,
+                     solve_s=time.perf_counter() - t0, goodput_gap=run1.gap, notes=notes)
+    if plan.meets_demand and not proven_short:
+        # The cost phase timed out without a plan; the goodput phases found one.
+        plan = make_plan(problem, plan.instances, status=PlanStatus.TIME_LIMIT, gap=gap,
+                         solve_s=plan.solve_s, goodput_gap=run1.gap, notes=notes)
+    return _finish(problem, plan, strict)
+
+
+def _lp_node_prices(arr: _LpArrays, lp: _LpBuilder, ix: _Index) -> np.ndarray | None:
+    """Shadow price of one node per (node type, region) in the cost problem's LP relaxation
+    (None when even the relaxation cannot meet demand)."""
+    relaxed = arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False)
+    relaxed.integrality_ = [highspy.HighsVarType.kContinuous] * len(arr.cost)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.passModel(relaxed)
+    h.run()
+    status = h.getModelStatus()
+    if status != highspy.HighsModelStatus.kOptimal:
+        return None
+    duals = np.array(h.getSolution().row_dual)
+    rows, gs, rs = lp.availability_rows
+    price = np.zeros(ix.avail.shape)
+    price[gs, rs] = np.maximum(0.0, -duals[rows])  # a <= row's dual is <= 0 when minimising
+    return price
+
+
+def _fallback_plan(problem: AllocationProblem, arr: _LpArrays, lp: _LpBuilder, ix: _Index,
+                   v: _Vars) -> np.ndarray | None:
+    """Instance counts of the best sequential-cover plan (aggregated models only)."""
+    node_price = _lp_node_prices(arr, lp, ix)
+    return None if node_price is None else _incumbent(problem, ix, v, node_price)
+
+
+def _capacity_bound_short(ix: _Index, v: _Vars) -> bool:
+    """True when some model's demand exceeds what all its columns at their bounds could serve,
+    each model on its own (a quick, sure sign of scarcity)."""
+    n_m, n_r = len(ix.models), len(ix.regions)
+    cap = ix.cap[v.x_t] * v.x_ub
+    by_mode = np.zeros((n_m, len(MODES), n_r))
+    np.add.at(by_mode, (ix.t_model[v.x_t], ix.t_mode[v.x_t], v.x_r), cap)
+    paired = np.minimum(by_mode[:, _PREFILL, :] / ix.tokens[:, _PREFILL, None],
+                        by_mode[:, _DECODE, :] / ix.tokens[:, _DECODE, None])
+    most = by_mode[:, _AGG, :].sum(axis=1) + paired.sum(axis=1)
+    return bool((most < ix.demand * (1.0 - 1e-9)).any())
+
+
+def _finish(problem: AllocationProblem, plan: AllocationPlan, strict: bool) -> AllocationPlan:
+    if plan.meets_demand:
+        return plan
+    log.info("allocation short on %s", ", ".join(plan.short_models))
+    if strict:
+        raise InfeasiblePlanError(infeasibility_message(problem, plan), plan)
+    return plan
+
+
+def infeasibility_message(problem: AllocationProblem, plan: AllocationPlan) -> str:
+    """Which models' demand cannot be met, and why, in words."""
+    lines = []
+    if plan.status is PlanStatus.INFEASIBLE:
+        lines.append("the demand cannot be met with the availability given; the plan of most "
+                     "priority-weighted goodput leaves these models short:")
+    else:
+        lines.append(f"no plan meeting every demand was found within the time limit "
+                     f"({problem.time_limit_s:g} s); the best plan found leaves these models "
+                     "short:")
+    for model in plan.short_models:
+        demand = plan.demand_rps[model]
+        served = plan.served_rps[model]
+        templates = [t for t in problem.templates if t.model == model]
+        reason = ""
+        if not templates:
+            reason = " (no template serves it)"
+        elif not any(
+            all(problem.availability.get((g, r), 0) >= n for g, n in t.node_counts.items())
+            for t in templates
+            for r in t.price_usd_per_hour
+            if r in problem.regions
+        ):
+            reason = (f" (none of its {len(templates)} templates can run: their node types "
+                      "are not priced or not available together in any region)")
+        lines.append(f"  {model}: {served:.4g} of {demand:.4g} req/s served, short by "
+                     f"{demand - served:.4g}{reason}")
+    lines.append("To fix: add availability of these models' node types or regions, lower their "
+                 "demand, or raise their priority over the others.")
+    return "\n".join(lines)

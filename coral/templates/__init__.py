@@ -1,0 +1,57 @@
+"""Serving templates: the best SLO-feasible placement of a model on each node combination.
+
+- `slo`: the latency targets and workload mix a template is built for (`SloSpec`).
+- `operating_points`: what one node can do at each (layers, batch) — the solver's input.
+- `enumerate`: the node combinations worth solving.
+- `placement` / `verify`: the exact placement solver and its independent checker.
+- `build`: one template (`build_template`) or a whole library (`build_library`).
+- `library`: the on-disk, resumable library; `parallel`: process-pool and Ray backends.
+"""
+
+from coral.templates.build import (
+    BuildReport,
+    Template,
+    TemplateNode,
+    build_library,
+    build_template,
+)
+from coral.templates.enumerate import Enumeration, enumerate_combinations, parse_combo
+from coral.templates.library import LibraryInputs, TemplateLibrary
+from coral.templates.operating_points import OperatingPointTables
+from coral.templates.slo import SloSpec, Workload, default_slo, resolve_slo
+from coral.templates.types import (
+    Mode,
+    NodePlacement,
+    NodeSpec,
+    OperatingPoint,
+    Placement,
+    PlacementProblem,
+    SolveStatus,
+    Topology,
+)
+
+__all__ = [
+    "BuildReport",
+    "Enumeration",
+    "LibraryInputs",
+    "Mode",
+    "NodePlacement",
+    "NodeSpec",
+    "OperatingPoint",
+    "OperatingPointTables",
+    "Placement",
+    "PlacementProblem",
+    "SloSpec",
+    "SolveStatus",
+    "Template",
+    "TemplateLibrary",
+    "TemplateNode",
+    "Topology",
+    "Workload",
+    "build_library",
+    "build_template",
+    "default_slo",
+    "enumerate_combinations",
+    "parse_combo",
+    "resolve_slo",
+]

@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pytest
 
-from coral.templates.exhaustive import exhaustive_placement
-from coral.templates.placement import solve_placement
+from coral.templates.exhaustive import exhaustive_placement, staged_pipeline
+from coral.templates.placement import BELOW_FLOOR_NOTE, solve_placement
 from coral.templates.placement_chain import best_replicas, path_lp_bound, solve_chain
 from coral.templates.placement_ilp import flow_upper_bound, prepare, solve_ilp
 from coral.templates.types import (
@@ -23,6 +23,7 @@ from coral.templates.types import (
     OperatingPoint,
     Placement,
     PlacementProblem,
+    SOURCE,
     SolveStatus,
 )
 from coral.templates.verify import verify_placement
@@ -101,10 +102,49 @@ def assert_matches(problem: PlacementProblem, got: Placement, want: Placement, w
 
 @pytest.mark.parametrize("seed", range(N_RANDOM))
 def test_flow_matches_oracle(seed):
+    """The staged DP against brute force over replicas of data-parallel stages."""
     problem, want = oracle(seed, "flow")
+    assert not verify_placement(problem, want)
+    assert_matches(problem, solve_placement(problem), want, "staged DP")
+
+
+@pytest.mark.parametrize("seed", range(N_RANDOM))
+def test_dag_matches_oracle(seed):
+    problem, want = oracle(seed, "dag")
     assert not verify_placement(problem, want)
     assert_matches(problem, solve_placement(problem), want, "front door")
     assert_matches(problem, solve_ilp(problem), want, "tightened MILP alone")
+
+
+@pytest.mark.parametrize("seed", range(N_RANDOM))
+def test_flow_is_a_restriction_of_dag(seed):
+    """Every staged placement is a DAG placement: the DAG optimum is never lower."""
+    _, staged = oracle(seed, "flow")
+    _, dag = oracle(seed, "dag")
+    assert staged.throughput <= dag.throughput * (1 + RTOL) + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(N_RANDOM))
+@pytest.mark.parametrize("topology", ["flow", "chain"])
+def test_floor_finds_the_best_full_pipeline(seed, topology):
+    """Library mode: the best pipeline over every node, and nothing when the floor is higher."""
+    problem = dataclasses.replace(random_problem(seed), topology=topology)
+    n = len(problem.nodes)
+    if topology == "flow":
+        full = staged_pipeline(problem, tuple(range(n)))
+        want = full[0] if full is not None else 0.0
+    else:
+        want = oracle(seed, "chain")[1].throughput
+    got = solve_placement(problem, floor=0.0)
+    assert got.throughput == pytest.approx(want, rel=RTOL, abs=1e-12)
+    if want > 0:
+        assert not verify_placement(problem, got)
+        assert all(n_.layers > 0 for n_ in got.nodes)
+        assert sum(f for u, v, f in got.edges if u == SOURCE) == pytest.approx(want, rel=RTOL)
+        above = solve_placement(problem, floor=want * (1 + 1e-9))
+        assert above.throughput == 0 and BELOW_FLOOR_NOTE in above.notes[0]
+        below = solve_placement(problem, floor=want * (1 - 1e-6))
+        assert below.throughput == pytest.approx(want, rel=RTOL)
 
 
 @pytest.mark.parametrize("seed", range(N_RANDOM))
@@ -117,7 +157,7 @@ def test_chain_matches_oracle(seed):
 
 
 @pytest.mark.parametrize("seed", range(0, N_RANDOM, 5))
-@pytest.mark.parametrize("topology", ["flow", "chain"])
+@pytest.mark.parametrize("topology", ["dag", "chain"])
 def test_naive_milp_matches_oracle(seed, topology):
     problem, want = oracle(seed, topology)
     got = solve_placement(problem, method="naive")
@@ -126,8 +166,8 @@ def test_naive_milp_matches_oracle(seed, topology):
 
 
 @pytest.mark.parametrize("seed", range(N_RANDOM))
-def test_flow_bounds_bracket_the_optimum(seed):
-    problem, want = oracle(seed, "flow")
+def test_dag_bounds_bracket_the_optimum(seed):
+    problem, want = oracle(seed, "dag")
     prep = prepare(problem)
     if prep.infeasible:
         assert want.status is SolveStatus.INFEASIBLE
@@ -204,7 +244,15 @@ def _problem(nodes, L, *, tpot=None, ttft=None, extra=0.0, topology="flow", edge
                             topology=topology)
 
 
-ALL_METHODS = ("auto", "ilp", "naive")
+ALL_METHODS = ("auto", "auto-dag", "ilp", "naive")
+
+
+def solve(p: PlacementProblem, method: str) -> Placement:
+    """`auto` on the problem as given; the MILPs (and `auto-dag`) on its DAG version when the
+    problem is a flow problem (the MILP models the DAG; flow is its staged restriction)."""
+    if method != "auto" and p.topology == "flow":
+        p = dataclasses.replace(p, topology="dag")
+    return solve_placement(p, method="auto" if method == "auto-dag" else method)
 
 
 @pytest.mark.parametrize("topology", ["flow", "chain"])
@@ -213,7 +261,7 @@ def test_memory_forces_a_two_stage_pipeline(topology, method):
     # each node holds at most 2 of the 4 layers: the only placement is [0,2) -> [2,4)
     node = _linear_node("half", 4, mem=2.5)
     p = _problem([node, node], 4, topology=topology)
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert not verify_placement(p, got)
     assert got.status is SolveStatus.OPTIMAL
     assert got.throughput == pytest.approx(4 / 2.5)  # min capacity of two 2-layer stages
@@ -227,7 +275,7 @@ def test_whole_model_on_each_node_is_data_parallel(method):
     # with a fixed per-iteration cost, two full replicas (2 * 4/4.5) beat a pipeline (4/2.5)
     node = _linear_node("big", 4, mem=10)
     p = _problem([node, node], 4)
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert not verify_placement(p, got)
     assert got.status is SolveStatus.OPTIMAL
     assert got.throughput == pytest.approx(2 * 4 / 4.5)
@@ -238,7 +286,7 @@ def test_whole_model_on_each_node_is_data_parallel(method):
 def test_nic_limits_a_pipeline(method):
     node = _linear_node("half", 4, mem=2.5, nic=0.5)
     p = _problem([node, node], 4, edge_bytes=1.0)
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert not verify_placement(p, got)
     assert got.throughput == pytest.approx(0.5)
 
@@ -248,10 +296,10 @@ def test_tpot_forbids_the_pipeline(method):
     # the pipeline takes 2 * (2 + 0.5) = 5 s per token; a 4 s TPOT leaves no feasible path
     node = _linear_node("half", 4, mem=2.5)
     p = _problem([node, node], 4, tpot=4.0)
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert not verify_placement(p, got)
     assert got.status is SolveStatus.OPTIMAL and got.throughput == 0.0
-    chain = solve_placement(dataclasses.replace(p, topology="chain"), method=method)
+    chain = solve(dataclasses.replace(p, topology="chain"), method)
     assert chain.status is SolveStatus.INFEASIBLE and chain.throughput == 0.0
 
 
@@ -260,7 +308,7 @@ def test_tpot_leaves_the_single_node_option(method):
     # a small node must pipeline (5 s per token), a big one serves alone in 4.5 s
     p = _problem([_linear_node("half", 4, mem=2.5), _linear_node("big", 4, mem=10)], 4,
                  tpot=4.6)
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert not verify_placement(p, got)
     assert got.status is SolveStatus.OPTIMAL
     assert got.throughput == pytest.approx(4 / 4.5)
@@ -273,10 +321,10 @@ def test_tpot_leaves_the_single_node_option(method):
 def test_ttft_binds_like_tpot(method):
     node = _linear_node("half", 4, mem=2.5, pre=1.0)
     p = _problem([node, node], 4, ttft=3.9)  # the pipeline's prefill takes 4 s
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert got.status is SolveStatus.OPTIMAL and got.throughput == 0.0
     p = _problem([node, node], 4, ttft=4.0)
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert got.throughput == pytest.approx(4 / 2.5)
     assert got.path_prefill_s == pytest.approx(4.0)
 
@@ -286,7 +334,7 @@ def test_ttft_binds_like_tpot(method):
 def test_memory_too_small_is_infeasible(topology, method):
     p = _problem([_linear_node("tiny", 4, mem=0.5), _linear_node("big", 4, mem=10)], 4,
                  topology=topology)
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert got.status is SolveStatus.INFEASIBLE
     assert got.throughput == 0.0 and not got.edges
 
@@ -297,11 +345,11 @@ def test_first_stage_memory_is_charged(method):
     # with two nodes of 2 layers each no split works, so the chain is infeasible
     node = _linear_node("half", 4, mem=2.5)
     p = _problem([node, node], 4, extra=1.0, topology="chain")
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert got.status is SolveStatus.INFEASIBLE
     # three such nodes: [0,1) (1 + 1 extra), then [1,3) and [3,4)
     p = _problem([node, node, node], 4, extra=1.0, topology="chain")
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert not verify_placement(p, got)
     assert got.status is SolveStatus.OPTIMAL
     assert got.throughput == pytest.approx(4 / 2.5)
@@ -314,7 +362,7 @@ def test_idle_node_that_fits_nowhere_useful(method):
     # it); the others still serve
     slow = _linear_node("slow", 4, mem=10, c=3.0)
     p = _problem([slow, _linear_node("big", 4, mem=10)], 4, tpot=4.6)
-    got = solve_placement(p, method=method)
+    got = solve(p, method)
     assert not verify_placement(p, got)
     assert got.throughput == pytest.approx(4 / 4.5)
     assert not any(u == 0 or v == 0 for u, v, f in got.edges if f > 0)

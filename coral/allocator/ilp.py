@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 import highspy
+
+from coral.solvers import quiet_highs
 import numpy as np
 
 from coral.allocator.problem import (
@@ -810,8 +812,7 @@ def _run_highs(lp_in: highspy.HighsLp, *, time_limit_s: float, mip_gap: float,
                threads: int | None) -> _Run:
     """One HiGHS run. No start solution is passed: HiGHS 1.16, given one with presolve on,
     has returned "optimal" plans dearer than the true optimum on core-size problems."""
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = quiet_highs()
     h.setOptionValue("time_limit", float(max(time_limit_s, 1e-3)))
     h.setOptionValue("mip_rel_gap", float(mip_gap))
     # Feasibility jump costs more than it finds on these covering problems (measured with
@@ -976,8 +977,7 @@ def _lp_node_prices(arr: _LpArrays, lp: _LpBuilder, ix: _Index) -> np.ndarray | 
     (None when even the relaxation cannot meet demand)."""
     relaxed = arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False)
     relaxed.integrality_ = [highspy.HighsVarType.kContinuous] * len(arr.cost)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = quiet_highs()
     h.passModel(relaxed)
     h.run()
     status = h.getModelStatus()

@@ -47,7 +47,7 @@ OutputOpt = Annotated[
 ]
 TopologyOpt = Annotated[
     str,
-    typer.Option("--topology", help="flow (any DAG of layer ranges) or chain (plain pipeline)."),
+    typer.Option("--topology", help="flow (pipelines of data-parallel stages), chain (plain pipeline) or dag (any DAG of layer ranges; slow MILP)."),
 ]
 TimeLimitOpt = Annotated[
     float, typer.Option("--time-limit", help="Time limit of one placement solve, seconds.")

@@ -24,6 +24,7 @@ stopped; `parallel.py` runs the solves on local processes or a Ray cluster.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -51,6 +52,7 @@ from coral.templates.operating_points import (
     shared_tables,
 )
 from coral.templates.slo import SloSpec
+from coral.templates.placement import BELOW_FLOOR_NOTE
 from coral.templates.types import (
     Mode,
     NodePlacement,
@@ -322,8 +324,15 @@ def build_template(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     method: str = "auto",
     solver: Solver | None = None,
+    floor: float | None = None,
 ) -> Template:
-    """Solve one combination: the best SLO-feasible placement of `model` on its nodes."""
+    """Solve one combination: the best SLO-feasible placement of `model` on its nodes.
+
+    With `floor` (library builds, `flow` and `chain` topologies) only a single pipeline over
+    every node that beats `floor` is sought; when there is none the template has throughput 0
+    and `upper_bound` = `floor` (the combination is dominated by its parts). A custom `solver`
+    is never given the floor.
+    """
     arch = catalog.model(model) if isinstance(model, str) else model
     mode = check_mode(mode)
     topology = check_topology(topology)
@@ -337,12 +346,18 @@ def build_template(
         )
     solve = solver or _default_solver()
     start = time.perf_counter()
-    placement = solve(problem, time_limit_s=time_limit_s, method=method)
+    if floor is not None and solver is None and topology in ("flow", "chain") and method == "auto":
+        placement = solve(problem, time_limit_s=time_limit_s, method=method, floor=floor)
+    else:
+        placement = solve(problem, time_limit_s=time_limit_s, method=method)
     wall = time.perf_counter() - start
     # the wall time of the whole call (the solver's own figure may leave out its presolve)
-    return template_from_placement(
+    tpl = template_from_placement(
         arch, names, slo, mode, topology, problem, placement, catalog, solve_s=wall
     )
+    if floor is not None and any(n.startswith(BELOW_FLOOR_NOTE) for n in placement.notes):
+        tpl = replace(tpl, upper_bound=float(floor))
+    return tpl
 
 
 def explain_infeasible(
@@ -387,7 +402,8 @@ def explain_infeasible(
 
 @dataclass(frozen=True)
 class Task:
-    """One combination to solve, with the best throughput its sub-multisets reach."""
+    """One combination to solve, with the best throughput its proper sub-multisets reach,
+    alone or side by side (two disjoint parts whose templates run next to each other)."""
 
     combo: Combo
     best_sub: float
@@ -428,10 +444,31 @@ def solve_task(
     tpl = build_template(
         model, task.combo, slo, mode, topology, perf, catalog, tables=tables,
         time_limit_s=time_limit_s, method=method, solver=solver,
+        floor=task.best_sub if bound_skip else None,
     )
     if math.isfinite(bound) and tpl.upper_bound > bound:
         tpl = replace(tpl, upper_bound=bound)
     return Outcome(task.combo, tpl, bound, time.perf_counter() - start)
+
+
+def split_floor(combo: Combo, best: Mapping[Combo, float]) -> float:
+    """The best throughput of `combo`'s nodes as two disjoint parts served side by side."""
+    names = sorted(set(combo))
+    counts = [combo.count(n) for n in names]
+    out = 0.0
+    for vec in itertools.product(*(range(c + 1) for c in counts)):
+        size = sum(vec)
+        if size == 0 or size == len(combo):
+            continue
+        rest = tuple(c - v for c, v in zip(counts, vec))
+        if rest < vec:  # each split once
+            continue
+        part = tuple(n for n, v in zip(names, vec) for _ in range(v))
+        other = tuple(n for n, v in zip(names, rest) for _ in range(v))
+        a, b = best.get(part, 0.0), best.get(other, 0.0)
+        if a > 0 and b > 0:
+            out = max(out, a + b)
+    return out
 
 
 def classify(outcome: Outcome, best_sub: float) -> str:
@@ -441,10 +478,10 @@ def classify(outcome: Outcome, best_sub: float) -> str:
         return "bound"
     if tpl.status is SolveStatus.INFEASIBLE:
         return "infeasible"
-    if tpl.throughput <= 0:
-        return "zero"
     if best_sub > 0 and best_sub >= tpl.upper_bound * (1 - DOMINANCE_RTOL):
         return "dominated"
+    if tpl.throughput <= 0:
+        return "zero"
     return "kept"
 
 
@@ -598,7 +635,8 @@ def build_library(
                 wave = [c for c in enum.combos if len(c) == size]
                 tasks: list[Task] = []
                 for c in wave:
-                    bs = max((best.get(s, 0.0) for s in sub_combos(c)), default=0.0)
+                    bs = max(max((best.get(s, 0.0) for s in sub_combos(c)), default=0.0),
+                             split_floor(c, best))
                     rec = done.get(c)
                     if rec is not None:
                         report.reused += 1

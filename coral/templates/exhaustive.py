@@ -2,7 +2,11 @@
 
 Written straight from the model, sharing no code with the solvers:
 
-* flow topology — every layout (each node idle or holding a range), every operating point
+* flow topology — every split of the nodes into idle ones and replicas; per replica every
+  ordered split of its nodes into stages of identical nodes, every split of the layers, every
+  operating point per stage (shared by the stage's nodes); throughput is the smallest stage
+  capacity (times its nodes) or link limit (times the node pairs between two stages).
+* dag topology — every layout (each node idle or holding a range), every operating point
   per range, every subset of the node-to-node edges the ranges allow; a subset counts if
   every source→sink path through it meets TPOT/TTFT; its value is a max flow
   (Edmonds–Karp on the node-split graph, node capacities and NIC limits).
@@ -174,6 +178,8 @@ def exhaustive_placement(problem: PlacementProblem) -> Placement:
             return _infeasible(f"node {i} fits no operating point", t0)
     if problem.topology == "chain":
         return _chain(problem, t0)
+    if problem.topology == "flow":
+        return _staged(problem, t0)
 
     # per node: range -> operating points that fit there and meet the SLO on their own
     ranges: list[dict[tuple[int, int], list[int]]] = []
@@ -285,3 +291,102 @@ def _chain(problem: PlacementProblem, t0: float) -> Placement:
     for a, b in zip(order, order[1:]):
         edges[a, b] = thr
     return _placement(problem, chosen, edges, thr, t0)
+
+
+def staged_pipeline(problem: PlacementProblem, nodes: tuple[int, ...]):
+    """The best pipeline of data-parallel stages over exactly `nodes`:
+    (throughput, [(group, option, start), ...]) or None."""
+    L = problem.num_layers
+    kinds: dict = {}
+    for i in nodes:
+        kinds.setdefault(problem.nodes[i], []).append(i)
+    types = list(kinds.values())
+    best: list = [0.0, None]
+
+    def orders(counts):
+        """Sequences of (type, group size) that use `counts` up exactly."""
+        if not any(counts):
+            yield []
+            return
+        for t, c in enumerate(counts):
+            for j in range(1, c + 1):
+                rest = list(counts)
+                rest[t] -= j
+                for tail in orders(rest):
+                    yield [(t, j)] + tail
+
+    for seq in orders([len(g) for g in types]):
+        used = [0] * len(types)
+        groups = []
+        for t, j in seq:
+            groups.append(tuple(types[t][used[t]:used[t] + j]))
+            used[t] += j
+        m = len(groups)
+        for cuts in itertools.combinations(range(1, L), m - 1):
+            bounds = (0,) + cuts + (L,)
+
+            def rec(pos, stages, step, pre, thr):
+                if pos == m:
+                    if thr > best[0]:
+                        best[:] = [thr, list(stages)]
+                    return
+                grp, s = groups[pos], bounds[pos]
+                k, lead = bounds[pos + 1] - s, grp[0]
+                for oi, op in enumerate(problem.nodes[lead].options):
+                    if op.layers != k or not _fits(problem, lead, oi, s):
+                        continue
+                    st, pr = step + op.step_s, pre + op.prefill_s
+                    if not (_ok(st, problem.tpot_s) and _ok(pr, problem.ttft_s)):
+                        continue
+                    t = min(thr, op.capacity * len(grp))
+                    if pos > 0:
+                        prev = groups[pos - 1]
+                        t = min(t, _nic(problem, prev[0], lead) * len(prev) * len(grp))
+                    if t <= best[0]:
+                        continue
+                    stages.append((grp, oi, s))
+                    rec(pos + 1, stages, st, pr, t)
+                    stages.pop()
+
+            rec(0, [], 0.0, 0.0, math.inf)
+    return None if best[1] is None else (best[0], best[1])
+
+
+def _staged(problem: PlacementProblem, t0: float) -> Placement:
+    N = len(problem.nodes)
+    pipe = {}
+    for r in range(1, N + 1):
+        for sub in itertools.combinations(range(N), r):
+            pipe[sub] = staged_pipeline(problem, sub)
+    best: dict[tuple[int, ...], tuple[float, list]] = {(): (0.0, [])}
+    for r in range(1, N + 1):
+        for rest in itertools.combinations(range(N), r):
+            head, tail = rest[0], rest[1:]
+            cand = best[tail]  # `head` idle
+            for q in range(len(tail) + 1):
+                for others in itertools.combinations(tail, q):
+                    sub = (head,) + others
+                    if pipe[sub] is None:
+                        continue
+                    left = tuple(i for i in tail if i not in others)
+                    val = pipe[sub][0] + best[left][0]
+                    if val > cand[0]:
+                        cand = (val, [sub] + best[left][1])
+            best[rest] = cand
+    value, parts = best[tuple(range(N))]
+    chosen, edges = {}, {}
+    for sub in parts:
+        thr, stages = pipe[sub]
+        for grp, oi, s in stages:
+            for i in grp:
+                chosen[i] = (oi, s)
+        first, last = stages[0][0], stages[-1][0]
+        for i in first:
+            edges[SOURCE, i] = thr / len(first)
+        for i in last:
+            edges[i, SINK] = thr / len(last)
+        for (ga, _, _), (gb, _, _) in zip(stages, stages[1:]):
+            for a in ga:
+                for b in gb:
+                    edges[a, b] = thr / (len(ga) * len(gb))
+    return _placement(problem, chosen, edges, value, t0)

@@ -80,7 +80,7 @@ PREFILL_CHUNK_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8, 16)
 MAX_PREFILL_CHUNK_TOKENS = 16384
 
 MODES: tuple[str, ...] = ("aggregated", "prefill", "decode")
-TOPOLOGIES: tuple[str, ...] = ("flow", "chain")
+TOPOLOGIES: tuple[str, ...] = ("flow", "chain", "dag")
 
 
 class PerfLike(Protocol):

@@ -1,18 +1,26 @@
-"""Front door of the placement solvers: the fastest exact method for a problem.
+"""Front door of the placement solvers: the exact method of each topology.
 
-* `chain` topology → the exact chain DP (`placement_chain`).
-* `flow` topology → preprocessing, the replica heuristic (best split of the nodes into
-  pipelines of data-parallel stages) and an upper bound (the smaller of the coverage bound
-  and the path-LP bound); when the heuristic reaches the bound it is optimal and no MILP is
-  built; otherwise the tightened MILP, warm-started with the heuristic and capped by the
-  bound, within the time limit (status `time_limit` with the proven gap if it runs out).
+* `flow` → the staged DP (`placement_chain`): the best split of the nodes into replicas, each
+  a pipeline of data-parallel stages of identical nodes. Exact for that class.
+* `chain` → the exact chain DP (one node per stage).
+* `dag` → preprocessing, the staged DP as a warm start and lower bound, an upper bound (the
+  smaller of the coverage bound and the path-LP bound); when they meet the staged answer is
+  optimal for the DAG too and no MILP is built; otherwise the tightened MILP, warm-started and
+  capped by the bound, within the time limit (status `time_limit` with the proven gap if it
+  runs out).
 
-`method="ilp"` forces the tightened MILP (also for chains), `method="naive"` the naive MILP
-(a benchmark baseline).
+`floor` (library builds): only a placement that uses *every* node as one pipeline and beats
+`floor` is wanted (the best split into smaller replicas is the sum of sub-combinations'
+templates, which the library already has). The answer is then the best such pipeline, or a
+zero-throughput placement whose `upper_bound` note says nothing beats the floor.
+
+`method="ilp"` forces the tightened MILP (`chain` and `dag` only), `method="naive"` the
+naive MILP of the DAG (a benchmark baseline).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Literal
 
@@ -30,18 +38,35 @@ Method = Literal["auto", "ilp", "naive"]
 
 _BOUND_RTOL = 1e-9
 
+#: What `Placement.notes` says when a floor was given and no full pipeline beats it.
+BELOW_FLOOR_NOTE = "no pipeline over all nodes beats the floor"
+
 
 def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
-                    method: Method = "auto") -> Placement:
+                    method: Method = "auto", floor: float | None = None) -> Placement:
     """Best placement of `problem`; `status` says whether it is proven optimal."""
     t0 = time.perf_counter()
     if method == "naive":
+        if problem.topology == "flow":
+            raise ValueError("the naive MILP models the chain and dag topologies")
         return solve_ilp(problem, naive=True, time_limit_s=time_limit_s)
     if method not in ("auto", "ilp"):
         raise ValueError(f"unknown placement method {method!r}")
+    if method == "ilp" and problem.topology == "flow":
+        raise ValueError("the flow topology is solved exactly by the staged DP; "
+                         "the MILP models the chain and dag topologies")
     prep = prepare(problem)
     if prep.infeasible:
         return infeasible_placement(prep.infeasible, time.perf_counter() - t0, method)
+
+    if floor is not None and problem.topology in ("flow", "chain") and method == "auto":
+        return _full_pipeline(problem, prep, floor, t0)
+
+    if problem.topology == "flow":
+        best = best_replicas(prep)  # empty when nothing can serve: every node idle, flow 0
+        return to_placement(prep, best, status=SolveStatus.OPTIMAL, gap=0.0,
+                            solve_s=time.perf_counter() - t0, method="staged-dp")
+
     if problem.topology == "chain":
         if method == "auto":
             return solve_chain(problem, prep=prep)
@@ -59,8 +84,8 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
         ub = min(ub, path_lp_bound(prep, heuristic))
     if method == "auto" and found >= ub * (1 - _BOUND_RTOL):
         return to_placement(prep, heuristic, status=SolveStatus.OPTIMAL, gap=0.0,
-                            solve_s=time.perf_counter() - t0, method="heuristic",
-                            notes=(f"replica heuristic meets the upper bound {ub:.6g}",))
+                            solve_s=time.perf_counter() - t0, method="staged-dp",
+                            notes=(f"the staged DP meets the DAG upper bound {ub:.6g}",))
     left = max(0.01, time_limit_s - (time.perf_counter() - t0))
     p = solve_ilp(problem, prep=prep, warm_start=heuristic, upper_bound=ub, time_limit_s=left)
     if p.status is not SolveStatus.INFEASIBLE and p.throughput < found:
@@ -72,6 +97,24 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
         p = to_placement(prep, heuristic, status=p.status, gap=gap, solve_s=0.0,
                          method=p.method, notes=p.notes)
     return _with_time(p, time.perf_counter() - t0)
+
+
+def _full_pipeline(problem: PlacementProblem, prep, floor: float, t0: float) -> Placement:
+    """The best single pipeline over every node, if it beats `floor` (library builds)."""
+    groups = problem.topology == "flow"
+    if any(u is None for u in prep.usable):
+        ch = None
+    else:
+        ch = best_chain(prep, require_all=True, groups=groups,
+                        at_least=floor if floor > 0 else -math.inf)
+    method = "staged-dp" if groups else "chain-dp"
+    if ch is None or ch.throughput <= 0:
+        return Placement(throughput=0.0, nodes=(), edges=(), status=SolveStatus.OPTIMAL,
+                         gap=0.0, solve_s=time.perf_counter() - t0, method=method,
+                         notes=(f"{BELOW_FLOOR_NOTE} {floor:.6g}",))
+    return to_placement(prep, ch.assignment(), status=SolveStatus.OPTIMAL, gap=0.0,
+                        solve_s=time.perf_counter() - t0, method=method,
+                        keep_empty_edges=not groups)
 
 
 def _with_time(p: Placement, solve_s: float) -> Placement:

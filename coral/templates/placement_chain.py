@@ -509,6 +509,8 @@ def _path_lp_one(prep: Prepared, metric: str | None, seed: Assignment | None,
                  max_iter: int, tol: float) -> float:
     import highspy
 
+    from coral.solvers import quiet_highs
+
     L = prep.problem.num_layers
     types = [prep.usable[g[0]] for g in prep.groups]
     counts = np.array([len(g) for g in prep.groups], dtype=float)
@@ -633,8 +635,7 @@ def _path_lp_one(prep: Prepared, metric: str | None, seed: Assignment | None,
     pi = np.zeros(G)
     for _ in range(max_iter):
         if cols:
-            h = highspy.Highs()
-            h.setOptionValue("output_flag", False)
+            h = quiet_highs()
             h.addVars(G, np.zeros(G), np.full(G, highspy.kHighsInf))
             h.changeColsCost(G, np.arange(G, dtype=np.int32), counts)
             for w in cols:

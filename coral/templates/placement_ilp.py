@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 
 import highspy
+
+from coral.solvers import quiet_highs
 import numpy as np
 
 from coral.templates.types import (
@@ -412,8 +414,7 @@ def max_flow_lp(problem: PlacementProblem, choice: dict[int, tuple[int, int]],
     """Max flow on a fixed edge set with node capacities and NIC limits (a small LP)."""
     if not edges:
         return {}
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = quiet_highs()
     nodes = sorted(choice)
     cap = {i: problem.nodes[i].options[choice[i][0]].capacity for i in nodes}
     scale = max(cap.values()) or 1.0
@@ -581,8 +582,7 @@ class _MilpBase:
                                 notes=("no node can carry flow within the SLO",))
         if not self.built:
             self.build()
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
+        h = quiet_highs()
         h.setOptionValue("time_limit", float(max(time_limit_s - (time.perf_counter() - t0),
                                                  0.01)))
         h.setOptionValue("mip_rel_gap", 1e-9)

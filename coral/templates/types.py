@@ -17,9 +17,16 @@ Mode = Literal["aggregated", "prefill", "decode"]
 `prefill` / `decode`: the two halves of a PD-disaggregated deployment — prefill templates
 have capacity in prompt tokens/s under TTFT, decode templates output tokens/s under TPOT."""
 
-Topology = Literal["flow", "chain"]
-"""`flow`: any DAG of contiguous layer ranges (data + pipeline parallel mixed).
-`chain`: one node per stage, a plain pipeline (what vLLM's pipeline parallelism runs)."""
+Topology = Literal["flow", "chain", "dag"]
+"""How the nodes of a template may be wired (data + pipeline parallel).
+
+- `flow` (default): one or more replicas, each a pipeline of stages, each stage a data-parallel
+  group of identical nodes holding the same layer range at the same operating point; solved
+  exactly by the staged dynamic programme. This is what the runtime serves.
+- `chain`: one node per stage, a plain pipeline (what vLLM's pipeline parallelism runs).
+- `dag`: any DAG of contiguous layer ranges (Helix-style max flow with per-path latency), a
+  superset of `flow`, solved by the placement MILP; slow, for comparison and small cases.
+"""
 
 
 class SolveStatus(str, Enum):

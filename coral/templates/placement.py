@@ -27,6 +27,7 @@ from typing import Literal
 from coral.templates.placement_chain import best_chain, best_replicas, path_lp_bound, solve_chain
 from coral.templates.placement_ilp import (
     flow_upper_bound,
+    within,
     infeasible_placement,
     prepare,
     solve_ilp,
@@ -55,7 +56,10 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
     if method == "ilp" and problem.topology == "flow":
         raise ValueError("the flow topology is solved exactly by the staged DP; "
                          "the MILP models the chain and dag topologies")
-    prep = prepare(problem)
+    if (floor is not None and floor > 0 and problem.topology in ("flow", "chain")
+            and method == "auto" and pipeline_bound(problem) <= floor):
+        return _below_floor(floor, t0, "staged-dp" if problem.topology == "flow" else "chain-dp")
+    prep = prepare(problem, path_filter=problem.topology == "dag" or method != "auto")
     if prep.infeasible:
         return infeasible_placement(prep.infeasible, time.perf_counter() - t0, method)
 
@@ -109,12 +113,31 @@ def _full_pipeline(problem: PlacementProblem, prep, floor: float, t0: float) -> 
                         at_least=floor if floor > 0 else -math.inf)
     method = "staged-dp" if groups else "chain-dp"
     if ch is None or ch.throughput <= 0:
-        return Placement(throughput=0.0, nodes=(), edges=(), status=SolveStatus.OPTIMAL,
-                         gap=0.0, solve_s=time.perf_counter() - t0, method=method,
-                         notes=(f"{BELOW_FLOOR_NOTE} {floor:.6g}",))
+        return _below_floor(floor, t0, method)
     return to_placement(prep, ch.assignment(), status=SolveStatus.OPTIMAL, gap=0.0,
                         solve_s=time.perf_counter() - t0, method=method,
                         keep_empty_edges=not groups)
+
+
+def pipeline_bound(problem: PlacementProblem) -> float:
+    """Upper bound on any pipeline that uses every node: each node type's nodes carry all of
+    the flow through their stages, at most `count x` its best capacity among the points that
+    meet the SLO on their own (a group of identical nodes; `chain`: one node, lower still)."""
+    best: dict = {}
+    count: dict = {}
+    for spec in problem.nodes:
+        count[spec] = count.get(spec, 0) + 1
+        if spec not in best:
+            best[spec] = max((op.capacity for op in spec.options
+                              if within(op.step_s, problem.tpot_s)
+                              and within(op.prefill_s, problem.ttft_s)), default=0.0)
+    return min((best[s] * count[s] for s in best), default=0.0)
+
+
+def _below_floor(floor: float, t0: float, method: str) -> Placement:
+    return Placement(throughput=0.0, nodes=(), edges=(), status=SolveStatus.OPTIMAL, gap=0.0,
+                     solve_s=time.perf_counter() - t0, method=method,
+                     notes=(f"{BELOW_FLOOR_NOTE} {floor:.6g}",))
 
 
 def _with_time(p: Placement, solve_s: float) -> Placement:

@@ -120,6 +120,12 @@ class _ChainDP:
                               for (t, j) in self.kinds]) if K else np.zeros((0, 0))
         xs = [(u.step / P.tpot_s) if self.use_x else np.zeros(len(u)) for u in self.types]
         ys = [(u.pre / P.ttft_s) if self.use_y else np.zeros(len(u)) for u in self.types]
+        if self.use_x and self.use_y and all(np.all(y <= x) for x, y in zip(xs, ys)):
+            # every point's scaled prefill time is at most its scaled step time, so any path
+            # within TPOT is within TTFT: one latency dimension suffices (exact, and the
+            # scalar search is far faster than the Pareto one)
+            self.use_y = False
+            ys = [np.zeros(len(u)) for u in self.types]
         self.x = [xs[t] for t, _ in self.kinds]
         self.y = [ys[t] for t, _ in self.kinds]
         self.cap = [self.types[t].cap * j for t, j in self.kinds]
@@ -327,7 +333,7 @@ class _ChainDP:
 
     def best(self, at_least: float = -math.inf) -> Chain | None:
         """The best chain, or None if none exists (or none beats `at_least`)."""
-        if self.K == 0 or not self.feasible(-math.inf):
+        if self.K == 0:
             return None
         cands = self.candidates()
         if self.require_all:
@@ -335,6 +341,11 @@ class _ChainDP:
             ub = min(float(u.cap.max()) * n for u, n in zip(self.types, self.counts))
             cands = cands[cands <= ub]
         cands = cands[cands > at_least]
+        if at_least > -math.inf:
+            if len(cands) == 0:
+                return None  # nothing can beat the floor: no DP needed
+        elif not self.feasible(-math.inf):
+            return None
         lo, hi = -1, len(cands) - 1  # cands[lo] feasible (lo = -1: below all), find the last
         while lo < hi:
             mid = (lo + hi + 1) // 2

@@ -173,7 +173,8 @@ class Prepared:
         return [i for i, u in enumerate(self.usable) if u is not None]
 
 
-def prepare(problem: PlacementProblem, *, filter_options: bool = True) -> Prepared:
+def prepare(problem: PlacementProblem, *, filter_options: bool = True,
+            path_filter: bool = True) -> Prepared:
     """Drop operating points that can never carry flow, and dominated ones.
 
     Dropped: points that fit at no start (memory, range); points whose own step time exceeds
@@ -184,7 +185,8 @@ def prepare(problem: PlacementProblem, *, filter_options: bool = True) -> Prepar
     with any node's points, reuse allowed, so they are valid lower bounds). Every node keeps
     an idle choice (any memory-feasible point), since a node carrying no flow still holds
     layers; a node with none makes the problem infeasible. With `filter_options=False`
-    only points that fit nowhere are dropped (the naive build).
+    only points that fit nowhere are dropped (the naive build); `path_filter=False` skips the
+    prefix/suffix cut, which only pays off for the MILP (the DPs are exact without it).
     """
     L = problem.num_layers
     usable: list[NodeOptions | None] = []
@@ -229,7 +231,7 @@ def prepare(problem: PlacementProblem, *, filter_options: bool = True) -> Prepar
             starts=starts,
         ))
     prep = Prepared(problem, None, usable, idle, [], stats=stats)
-    if filter_options:
+    if filter_options and path_filter:
         _path_filter(prep)
     stats["kept"] = sum(len(u) for u in prep.usable if u is not None)
     groups: dict[tuple, list[int]] = {}

@@ -1,0 +1,300 @@
+"""Helix-like: one model on a fixed heterogeneous cluster, max-flow placement without the SLO.
+
+Helix places a model's layers over a cluster to maximise throughput (a max flow through the
+layer pipeline) and does not bound the latency of a request's path. We model that with the
+same placement solver and operating points as Coral, with the SLO made as loose as `SloSpec`
+allows (`NO_SLO_TPOT_S`, `NO_SLO_TTFT_S`), then judge the result under the real SLO:
+
+- `slo_share(template, slo)`: of the placement's flow, the most that can be routed over
+  source-to-sink paths whose summed step time meets TPOT and summed prefill time meets TTFT
+  (a path LP over the placement's own edge flows). Requests on the other paths miss the SLO.
+- `helix_placement(model, nodes, ...)`: both placements on one cluster, the no-SLO one judged
+  that way, and Coral's SLO-bound placement on the same nodes for comparison.
+- `helix(...)` (the `run_baselines` entry): per model, the cluster is the combination with
+  the most no-SLO req/s per $/hour among the candidates (Coral's template combinations and the
+  homogeneous ones), found best-first by the operating points' throughput bound; it is
+  replicated to meet the demand by its no-SLO throughput, through the allocation ILP, and the
+  served share is what meets the SLO.
+
+Approximations: the placement is Coral's `flow` topology (replicas of pipelines of
+data-parallel stages) unless the builder uses `dag`, not Helix's own MILP; "meets the SLO" is
+judged on mean-shaped iterations, without queueing (the simulator judges it properly); with
+no TPOT target a node reserves KV memory for a sequence per pipeline stage, so the no-SLO
+placement may run smaller batches than the SLO-bound one where memory binds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import highspy
+import numpy as np
+
+from coral.allocator.ilp import solve_allocation
+from coral.allocator.problem import TemplateColumn
+from coral.allocator.scenario import Scenario
+from coral.baselines.common import (
+    BaselineResult,
+    TemplateBuilder,
+    check_model,
+    check_node_types,
+    combo_key,
+    node_counts,
+    scenario_problem,
+    scenario_slo,
+    template_column,
+)
+from coral.catalog.loader import Catalog
+from coral.templates.build import Template
+from coral.templates.enumerate import Combo
+from coral.templates.operating_points import OperatingPointTables, PerfLike
+from coral.templates.slo import SloSpec
+from coral.templates.types import SINK, SOURCE, Topology
+
+#: The loosest targets `SloSpec` accepts: in effect no latency bound.
+NO_SLO_TPOT_S = 60.0
+NO_SLO_TTFT_S = 3600.0
+#: Most placements solved per model when searching for the best no-SLO cluster.
+MAX_HELIX_SOLVES = 64
+#: Most source-to-sink paths the path LP enumerates (a 6-node placement has a handful).
+MAX_PATHS = 20_000
+_FLOW_EPS = 1e-9
+_LATENCY_RTOL = 1e-9
+
+
+def no_slo(slo: SloSpec) -> SloSpec:
+    """`slo` with its latency targets dropped (request shape kept)."""
+    return slo.with_overrides(tpot_s=NO_SLO_TPOT_S, ttft_s=NO_SLO_TTFT_S)
+
+
+@dataclass(frozen=True)
+class HelixPlacement:
+    """One model on one cluster: the no-SLO placement judged under the SLO, and Coral's."""
+
+    model: str
+    combo: Combo
+    slo: SloSpec  # the real SLO
+    no_slo: Template  # best throughput with no latency target
+    with_slo: Template  # best throughput under `slo` (Coral's template on these nodes)
+    slo_share: float  # share of `no_slo`'s flow on paths that meet `slo`, in [0, 1]
+
+    @property
+    def throughput_no_slo_rps(self) -> float:
+        return self.no_slo.throughput_rps if self.no_slo.feasible else 0.0
+
+    @property
+    def throughput_slo_rps(self) -> float:
+        return self.with_slo.throughput_rps if self.with_slo.feasible else 0.0
+
+    @property
+    def served_under_slo_rps(self) -> float:
+        """Requests/s of the no-SLO placement that meet the SLO."""
+        return self.throughput_no_slo_rps * self.slo_share
+
+    def describe(self) -> str:
+        return (f"{self.model} on {combo_key(self.combo)}: {self.throughput_no_slo_rps:.4g} "
+                f"req/s without SLO, of which {self.served_under_slo_rps:.4g} "
+                f"({self.slo_share:.0%}) meet it; {self.throughput_slo_rps:.4g} req/s placed "
+                "under the SLO")
+
+
+def _paths(template: Template) -> list[tuple[list[int], list[int]]]:
+    """Source-to-sink paths over edges with flow: (node indices, edge indices)."""
+    scale = max((f for _, _, f in template.edges), default=0.0)
+    succ: dict[int, list[tuple[int, int]]] = {}
+    for e, (u, v, f) in enumerate(template.edges):
+        if f > _FLOW_EPS * max(scale, 1.0):
+            succ.setdefault(u, []).append((v, e))
+    out: list[tuple[list[int], list[int]]] = []
+
+    def walk(u: int, nodes: list[int], edges: list[int]) -> None:
+        if len(out) > MAX_PATHS:
+            raise ValueError(f"placement of {template.model} on {combo_key(template.combo)} "
+                             f"has more than {MAX_PATHS} source-to-sink paths")
+        for v, e in succ.get(u, []):
+            if v == SINK:
+                out.append((list(nodes), edges + [e]))
+            elif v not in nodes:  # a DAG; the guard only protects against malformed input
+                walk(v, nodes + [v], edges + [e])
+
+    walk(SOURCE, [], [])
+    return out
+
+
+def slo_share(template: Template, slo: SloSpec) -> float:
+    """Of `template`'s flow, the most that can be routed over paths meeting `slo`, as a share.
+
+    Maximise `sum_p f_p` over paths `p` whose summed `step_s` is at most TPOT and summed
+    `prefill_s` at most TTFT, subject to `sum_{p through e} f_p <= flow_e` on every edge `e`.
+    """
+    if not template.feasible or template.throughput <= 0:
+        return 0.0
+    paths = _paths(template)
+    check_tpot = template.mode in ("aggregated", "decode")
+    check_ttft = template.mode in ("aggregated", "prefill")
+
+    def meets(nodes: list[int]) -> bool:
+        step = sum(template.nodes[i].step_s for i in nodes)
+        prefill = sum(template.nodes[i].prefill_s for i in nodes)
+        return ((not check_tpot or step <= slo.tpot_s * (1 + _LATENCY_RTOL))
+                and (not check_ttft or prefill <= slo.ttft_s * (1 + _LATENCY_RTOL)))
+
+    good = [edges for nodes, edges in paths if meets(nodes)]
+    if not good:
+        return 0.0
+    if len(good) == len(paths):
+        return 1.0
+    flow = np.array([f for _, _, f in template.edges], dtype=float)
+    lp = highspy.HighsLp()
+    lp.num_col_ = len(good)
+    lp.num_row_ = len(flow)
+    lp.col_cost_ = np.ones(len(good))
+    lp.col_lower_ = np.zeros(len(good))
+    lp.col_upper_ = np.full(len(good), highspy.kHighsInf)
+    lp.row_lower_ = np.full(len(flow), -highspy.kHighsInf)
+    lp.row_upper_ = np.maximum(flow, 0.0)
+    start = np.zeros(len(good) + 1, dtype=np.int32)
+    start[1:] = np.cumsum([len(set(p)) for p in good])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = start
+    lp.a_matrix_.index_ = np.array([e for p in good for e in sorted(set(p))], dtype=np.int32)
+    lp.a_matrix_.value_ = np.ones(int(start[-1]))
+    lp.sense_ = highspy.ObjSense.kMaximize
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.passModel(lp)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:  # pragma: no cover
+        raise RuntimeError(f"path LP of {template.model} on {combo_key(template.combo)}: "
+                           f"{h.modelStatusToString(h.getModelStatus())}")
+    routed = float(h.getInfo().objective_function_value)
+    return min(1.0, max(0.0, routed / template.throughput))
+
+
+def helix_placement(
+    model: str,
+    cluster_node_types: Sequence[str],
+    *,
+    slo: SloSpec,
+    catalog: Catalog,
+    perf: PerfLike,
+    tables: OperatingPointTables | None = None,
+    topology: Topology = "flow",
+    builder: TemplateBuilder | None = None,
+) -> HelixPlacement:
+    """`model` on the nodes `cluster_node_types` (one entry per node): the throughput of the
+    best placement without the SLO, how much of it meets `slo`, and Coral's placement under
+    `slo` on the same nodes."""
+    check_model(catalog, model)
+    if not cluster_node_types:
+        raise ValueError("the cluster needs at least one node")
+    check_node_types(catalog, cluster_node_types)
+    if builder is None:
+        builder = TemplateBuilder(catalog, perf, tables, topology=topology)
+    combo = tuple(sorted(cluster_node_types))
+    loose = builder.get(model, combo, no_slo(slo), "aggregated")
+    bound = builder.get(model, combo, slo, "aggregated")
+    return HelixPlacement(model, combo, slo, loose, bound, slo_share(loose, slo))
+
+
+def _cheapest_price(scenario: Scenario, model: str, combo: Combo) -> float | None:
+    col = scenario.column("probe", model, "aggregated", node_counts(combo), 1.0)
+    return min(col.price_usd_per_hour.values()) if col.price_usd_per_hour else None
+
+
+def best_no_slo_cluster(
+    scenario: Scenario,
+    model: str,
+    candidates: Sequence[Combo],
+    builder: TemplateBuilder,
+    *,
+    max_solves: int = MAX_HELIX_SOLVES,
+) -> tuple[HelixPlacement | None, str]:
+    """The candidate with the most no-SLO req/s per $/hour (cheapest region), best-first.
+
+    Candidates are visited in decreasing order of the operating points' throughput bound per
+    $/hour; the search stops when that bound cannot beat the best found (exact), or after
+    `max_solves` placements (said in the returned note).
+    """
+    assert builder.tables is not None
+    slo = scenario_slo(scenario, model)
+    loose = no_slo(slo)
+    ranked: list[tuple[float, float, Combo]] = []
+    for combo in dict.fromkeys(tuple(sorted(c)) for c in candidates):
+        price = _cheapest_price(scenario, model, combo)
+        if price is None:
+            continue
+        bound = builder.tables.throughput_bound(model, combo, loose, "aggregated")
+        if bound > 0:
+            ranked.append((bound / price, price, combo))
+    ranked.sort(key=lambda r: (-r[0], r[1], r[2]))
+    best: tuple[float, Combo] | None = None
+    solves = 0
+    note = f"{model}: searched {len(ranked)} candidate clusters"
+    for bound_ratio, price, combo in ranked:
+        if best is not None and bound_ratio <= best[0]:
+            break
+        if solves >= max_solves:
+            note += f" (stopped after {max_solves} placements: best found, not proven)"
+            break
+        solves += 1
+        t = builder.get(model, combo, loose, "aggregated")
+        if t.feasible and (best is None or t.throughput / price > best[0]):
+            best = (t.throughput / price, combo)
+    if best is None:
+        return None, note + ", none can hold the model"
+    hp = helix_placement(model, list(best[1]), slo=slo, catalog=builder.catalog,
+                         perf=builder.perf, builder=builder)
+    return hp, note + f", {solves} placed without SLO"
+
+
+def helix(
+    scenario: Scenario,
+    candidates: Mapping[str, Sequence[Combo]],
+    builder: TemplateBuilder,
+    *,
+    time_limit_s: float,
+    mip_gap: float,
+    name: str = "helix",
+) -> tuple[BaselineResult, dict[str, HelixPlacement]]:
+    """Each model's best no-SLO cluster, replicated to its demand by its no-SLO throughput;
+    served share = what meets the SLO."""
+    placements: dict[str, HelixPlacement] = {}
+    notes: list[str] = [
+        f"placement without latency targets (TPOT {NO_SLO_TPOT_S:g} s, TTFT "
+        f"{NO_SLO_TTFT_S:g} s), same solver and operating points as Coral ({builder.topology} "
+        "topology); cluster per model = the candidate combination with the most no-SLO req/s "
+        "per $/hour; replicas sized by the no-SLO throughput (the plan's capacity_rps)",
+        "served_fraction counts only the flow on paths meeting TPOT and TTFT with mean-shaped "
+        "iterations, no queueing",
+    ]
+    columns: list[TemplateColumn] = []
+    share: dict[str, float] = {}
+    for m in scenario.models:
+        if m.demand_rps <= 0:
+            continue
+        hp, note = best_no_slo_cluster(scenario, m.name, candidates.get(m.name, ()), builder)
+        notes.append(note)
+        if hp is None:
+            continue
+        placements[m.name] = hp
+        notes.append(hp.describe())
+        col = template_column(scenario, hp.no_slo, prefix=name)
+        if col is not None:
+            columns.append(col)
+            share[col.id] = hp.slo_share
+    plan = solve_allocation(scenario_problem(scenario, columns, time_limit_s=time_limit_s,
+                                             mip_gap=mip_gap))
+    by_id = {c.id: c for c in columns}
+    under_slo: dict[str, float] = {}
+    for (tid, _region), n in plan.instances.items():
+        col = by_id[tid]
+        under_slo[col.model] = under_slo.get(col.model, 0.0) + n * col.capacity * share[tid]
+    served = {}
+    for model, demand in plan.demand_rps.items():
+        served[model] = 1.0 if demand <= 0 else min(1.0, under_slo.get(model, 0.0) / demand)
+    result = BaselineResult(name=name, cost_per_hour=float(plan.cost_usd_per_hour),
+                            served_fraction=served, plan=plan, notes=tuple(notes))
+    return result, placements
+

@@ -46,6 +46,7 @@ from coral.baselines.common import (
     template_column,
 )
 from coral.catalog.loader import Catalog
+from coral.solvers import quiet_highs
 from coral.templates.build import Template
 from coral.templates.enumerate import Combo
 from coral.templates.operating_points import OperatingPointTables, PerfLike
@@ -161,8 +162,7 @@ def slo_share(template: Template, slo: SloSpec) -> float:
     lp.a_matrix_.index_ = np.array([e for p in good for e in sorted(set(p))], dtype=np.int32)
     lp.a_matrix_.value_ = np.ones(int(start[-1]))
     lp.sense_ = highspy.ObjSense.kMaximize
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = quiet_highs()
     h.passModel(lp)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:  # pragma: no cover

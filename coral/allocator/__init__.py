@@ -4,6 +4,10 @@
   `TemplateColumn`, `ModelDemand`, `AllocationPlan`).
 - `ilp`: the HiGHS ILP (`solve_allocation`), its presolve and `InfeasiblePlanError`.
 - `bruteforce`: the exhaustive oracle for tiny problems (`solve_bruteforce`).
+- `scenario`: scenario files (models, demand, regions, availability levels) -> problems.
+- `planning`: scenario -> template libraries -> allocation -> a decoded `PlanResult`, with the
+  baselines (`plan_scenario`).
+- `adapt` / `adapt_report`: replay a timeline, re-planning every period; CSV and plot.
 """
 
 from coral.allocator.bruteforce import solve_bruteforce

@@ -7,7 +7,7 @@ import logging
 import typer
 
 from coral import __version__
-from coral.cli import catalog_cmd, perf_cmd, profile_cmd, templates_cmd
+from coral.cli import catalog_cmd, perf_cmd, plan_cmd, profile_cmd, templates_cmd
 
 app = typer.Typer(
     name="coral",
@@ -20,6 +20,9 @@ app.add_typer(catalog_cmd.app, name="catalog")
 app.add_typer(perf_cmd.app, name="perf")
 app.command("profile")(profile_cmd.profile)
 app.add_typer(templates_cmd.app, name="templates")
+app.command("plan")(plan_cmd.plan)
+app.command("demo")(plan_cmd.demo)
+app.command("adapt")(plan_cmd.adapt)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,525 @@
+"""Planning glue: scenario -> template libraries -> allocation ILP -> a decoded deployment.
+
+This is the whole planner in three calls, each usable alone:
+
+1. `templates_for_scenario`: one template library per (model, template mode) of the scenario,
+   built with the scenario's SLO, node types, `n_max` and `rho`, and reused from disk when its
+   inputs are unchanged (`coral.templates.library`). The libraries live under
+   `OUT_ROOT/MODEL/MODE-nN-KEY`, where `KEY` hashes what the scenario chooses (SLO, request
+   shape, `rho`, node types, regions), so scenarios that ask for different libraries of the
+   same model do not overwrite each other's.
+2. `columns_from_templates`: every kept template as an allocator column priced in the
+   scenario's regions (its price overrides included), with a stable id `model|mode|combo`,
+   so that a deployment planned now can be handed back as `current` to a later plan.
+3. `plan_scenario`: the allocation ILP over those columns (with the start-up penalty against a
+   `current` deployment), decoded into a `PlanResult`: instances per region with each
+   template's node mix and layer placement, $/hour, status, proven gap, solve time, served
+   share and headroom per model, and the baselines run on the same templates.
+
+Baselines come from `coral.baselines.run_baselines`; when that package is missing (or fails)
+the plan is still returned, with `baselines` empty and a note saying why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Mapping as MappingABC
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from coral.allocator.ilp import infeasibility_message, solve_allocation
+from coral.allocator.problem import AllocationPlan, TemplateColumn, TemplateRegion
+from coral.allocator.scenario import Scenario
+from coral.catalog.loader import Catalog
+from coral.templates.build import BuildReport, Template, build_library
+from coral.templates.operating_points import PerfLike, shared_tables
+from coral.templates.slo import SloSpec
+
+log = logging.getLogger(__name__)
+
+#: Where template libraries go unless the caller says otherwise (as `coral templates build`).
+DEFAULT_TEMPLATES_DIR = Path("out/templates")
+#: Default wall-clock budget of one allocation solve, s.
+DEFAULT_TIME_LIMIT_S = 10.0
+#: Default relative gap at which an allocation solve counts as optimal.
+DEFAULT_MIP_GAP = 1e-3
+#: Separator of the parts of a column id (`model|mode|combo`).
+ID_SEP = "|"
+
+
+# ---------------------------------------------------------------------------------------------
+# Templates of a scenario
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScenarioTemplates(MappingABC):
+    """Model -> its kept templates (every template mode of the scenario), plus how they were
+    built. Reads like a `dict[str, tuple[Template, ...]]`.
+
+    `nmax` is the node limit the libraries were built with; `scenario_nmax` the one the
+    scenario asks for. When they differ (`reduced`), the templates are a quick approximation:
+    larger combinations, which may be cheaper per request, were never considered.
+    """
+
+    by_model: Mapping[str, tuple[Template, ...]]
+    nmax: int
+    scenario_nmax: int
+    reports: tuple[BuildReport, ...] = ()
+    library_dirs: Mapping[str, str] = field(default_factory=dict)  # "model/mode" -> directory
+
+    def __getitem__(self, model: str) -> tuple[Template, ...]:
+        return self.by_model[model]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.by_model)
+
+    def __len__(self) -> int:
+        return len(self.by_model)
+
+    @property
+    def reduced(self) -> bool:
+        return self.nmax != self.scenario_nmax
+
+    @property
+    def total(self) -> int:
+        return sum(len(t) for t in self.by_model.values())
+
+    def notes(self) -> tuple[str, ...]:
+        if not self.reduced:
+            return ()
+        return (f"templates built with n_max = {self.nmax} instead of the scenario's "
+                f"{self.scenario_nmax} (quick run): combinations of more than {self.nmax} "
+                "nodes were not considered, so costs may be higher than a full plan's",)
+
+
+def scenario_slo(scenario: Scenario, model: str) -> SloSpec:
+    """The SLO and request shape the scenario asks of `model`."""
+    for m in scenario.models:
+        if m.name == model:
+            return SloSpec.make(**m.slo_values())
+    raise KeyError(f"scenario {scenario.name!r} does not serve model {model!r}")
+
+
+def _build_regions(scenario: Scenario) -> tuple[str, ...] | None:
+    """Regions to restrict enumeration to. None when a price override may price a node type
+    that the catalog does not price there: enumeration reads catalog prices, so restricting
+    it would drop combinations the scenario can run."""
+    if any(r.price_overrides for r in scenario.spec.regions):
+        return None
+    return scenario.regions
+
+
+def library_dir(out_root: str | Path, scenario: Scenario, model: str, mode: str,
+                nmax: int) -> Path:
+    """Directory of the (model, mode) library this scenario asks for at `nmax` nodes."""
+    regions = _build_regions(scenario)
+    key_doc = {
+        "slo": scenario_slo(scenario, model).model_dump(mode="json"),
+        "rho": float(scenario.spec.rho),
+        "node_types": sorted(scenario.node_types),
+        "regions": sorted(regions) if regions is not None else None,
+    }
+    key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:10]
+    return Path(out_root) / model / f"{mode}-n{nmax}-{key}"
+
+
+def templates_for_scenario(
+    scenario: Scenario,
+    catalog: Catalog,
+    perf: PerfLike,
+    *,
+    out_root: str | Path | None = DEFAULT_TEMPLATES_DIR,
+    workers: int | None = 1,
+    nmax: int | None = None,
+    progress: bool = False,
+    on_message: Callable[[str], None] | None = None,
+    **build_options: Any,
+) -> ScenarioTemplates:
+    """Build (or reuse) one library per model and template mode of `scenario`.
+
+    `nmax` overrides the scenario's `n_max` (quick runs); the result says so (`reduced`,
+    `notes()`). With `out_root=None` nothing is written and everything is solved afresh.
+    `build_options` go to `build_library` as they are (e.g. `batches`, `time_limit_s`).
+    """
+    n = int(scenario.spec.n_max if nmax is None else nmax)
+    if n < 1:
+        raise ValueError(f"nmax must be >= 1, got {n}")
+    regions = _build_regions(scenario)
+    by_model: dict[str, tuple[Template, ...]] = {}
+    reports: list[BuildReport] = []
+    dirs: dict[str, str] = {}
+    for m in scenario.models:
+        slo = scenario_slo(scenario, m.name)
+        kept_all: list[Template] = []
+        for mode in scenario.template_modes:
+            out = None if out_root is None else library_dir(out_root, scenario, m.name, mode, n)
+            kept, report = build_library(
+                m.name, catalog, slo=slo, mode=mode, nmax=n, rho=scenario.spec.rho,
+                node_types=scenario.node_types, regions=regions, out=out, workers=workers,
+                perf=perf, progress=progress, on_message=on_message, **build_options,
+            )
+            kept_all.extend(kept)
+            reports.append(report)
+            if out is not None:
+                dirs[f"{m.name}/{mode}"] = str(out)
+            log.info("%s %s: %d templates kept (n_max %d)", m.name, mode, len(kept), n)
+        by_model[m.name] = tuple(kept_all)
+    return ScenarioTemplates(by_model=by_model, nmax=n, scenario_nmax=int(scenario.spec.n_max),
+                             reports=tuple(reports), library_dirs=dirs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Columns
+# ---------------------------------------------------------------------------------------------
+
+
+def combo_key(combo: Sequence[str]) -> str:
+    """`("1x-l4", "1x-l4", "1x-t4")` -> `"1x-l4*2+1x-t4"`."""
+    counts = node_counts(combo)
+    return "+".join(g if k == 1 else f"{g}*{k}" for g, k in counts.items())
+
+
+def node_counts(combo: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for g in sorted(combo):
+        out[g] = out.get(g, 0) + 1
+    return out
+
+
+def column_id(template: Template) -> str:
+    """Stable column id of a template: `model|mode|combo` (e.g. `llama-3.1-8b|aggregated|1x-l4*2`).
+    The same combination always gets the same id, so a deployment can be carried from one
+    plan to the next."""
+    return ID_SEP.join((template.model, template.mode, combo_key(template.combo)))
+
+
+def columns_from_templates(
+    scenario: Scenario, templates: Mapping[str, Sequence[Template]]
+) -> list[TemplateColumn]:
+    """Every usable template as a column priced in the scenario's regions, sorted by id.
+
+    Left out: templates with no throughput, of models or modes the scenario does not serve,
+    or whose node types no scenario region prices together. Of two templates with the same
+    id (same model, mode and combination) the one of higher throughput is kept.
+    """
+    served = {m.name for m in scenario.models}
+    modes = set(scenario.template_modes)
+    best: dict[str, tuple[TemplateColumn, Template]] = {}
+    for model, tpls in templates.items():
+        if model not in served:
+            continue
+        for t in tpls:
+            if t.model != model or t.mode not in modes or not t.feasible or t.throughput <= 0:
+                continue
+            col = scenario.column(column_id(t), t.model, t.mode, node_counts(t.combo),
+                                  float(t.throughput))
+            if not col.price_usd_per_hour:
+                continue
+            if col.id not in best or col.capacity > best[col.id][0].capacity:
+                best[col.id] = (col, t)
+    return [best[k][0] for k in sorted(best)]
+
+
+def templates_by_id(templates: Mapping[str, Sequence[Template]]) -> dict[str, Template]:
+    """Column id -> template (the one of highest throughput per id)."""
+    out: dict[str, Template] = {}
+    for tpls in templates.values():
+        for t in tpls:
+            cid = column_id(t)
+            if cid not in out or t.throughput > out[cid].throughput:
+                out[cid] = t
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The decoded plan
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StagePlacement:
+    """One node of a template instance and the layers it holds."""
+
+    node_type: str
+    first_layer: int
+    layers: int  # 0: the node holds nothing (idle in this template)
+    batch: int
+    tp_degree: int
+
+    @property
+    def layer_range(self) -> str:
+        return f"[{self.first_layer}, {self.first_layer + self.layers})" if self.layers else "-"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node_type": self.node_type, "first_layer": self.first_layer,
+                "layers": self.layers, "batch": self.batch, "tp_degree": self.tp_degree}
+
+
+@dataclass(frozen=True)
+class PlannedInstances:
+    """`count` instances of one template in one region."""
+
+    region: str
+    template_id: str
+    model: str
+    mode: str
+    count: int
+    node_counts: Mapping[str, int]  # node type -> nodes in one instance
+    placement: tuple[StagePlacement, ...]  # per node of one instance
+    capacity: float  # one instance, in `unit`
+    unit: str
+    capacity_rps: float  # one instance, requests/s of the model's workload mix
+    usd_per_hour: float  # one instance, in this region
+    started: int  # of `count`, started against the current deployment
+
+    @property
+    def node_mix(self) -> str:
+        return ", ".join(f"{k}x {g}" for g, k in self.node_counts.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "region": self.region,
+            "template_id": self.template_id,
+            "model": self.model,
+            "mode": self.mode,
+            "count": self.count,
+            "nodes": dict(self.node_counts),
+            "placement": [s.to_dict() for s in self.placement],
+            "capacity": self.capacity,
+            "unit": self.unit,
+            "capacity_rps": self.capacity_rps,
+            "usd_per_hour": self.usd_per_hour,
+            "usd_per_hour_total": self.usd_per_hour * self.count,
+            "started": self.started,
+        }
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A planned deployment of a scenario, decoded for people and files.
+
+    `cost_per_hour` is $/hour of every node rented; `headroom_rps` per model is capacity
+    beyond demand (negative: shortfall). `baselines` maps a baseline's name to its result
+    (`coral.baselines.BaselineResult`: `cost_per_hour`, `served_fraction`, `notes`).
+    """
+
+    scenario: str
+    level: str | None
+    plan: AllocationPlan
+    instances: tuple[PlannedInstances, ...]  # by region, then template id
+    nmax: int  # node limit the templates were built with
+    scenario_nmax: int
+    templates: int  # templates kept over all libraries
+    columns: int  # priced template columns handed to the allocator
+    baselines: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # for people: quick-run templates, shortfall, baselines
+
+    @property
+    def cost_per_hour(self) -> float:
+        return float(self.plan.cost_usd_per_hour)
+
+    @property
+    def solve_seconds(self) -> float:
+        return float(self.plan.solve_s)
+
+    @property
+    def status(self) -> str:
+        return self.plan.status.value
+
+    @property
+    def gap(self) -> float:
+        return float(self.plan.gap)
+
+    @property
+    def served_fraction(self) -> dict[str, float]:
+        return self.plan.served_fraction
+
+    @property
+    def headroom_rps(self) -> dict[str, float]:
+        return self.plan.headroom_rps
+
+    @property
+    def shortfall_rps(self) -> dict[str, float]:
+        return {m: s for m, s in self.plan.shortfall_rps.items() if m in self.plan.short_models}
+
+    @property
+    def reduced(self) -> bool:
+        return self.nmax != self.scenario_nmax
+
+    def by_region(self) -> dict[str, list[PlannedInstances]]:
+        out: dict[str, list[PlannedInstances]] = {}
+        for inst in self.instances:
+            out.setdefault(inst.region, []).append(inst)
+        return out
+
+    def current(self) -> dict[TemplateRegion, int]:
+        """This deployment as the `current` of a later plan."""
+        return dict(self.plan.instances)
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.plan
+        nodes: dict[str, dict[str, int]] = {}
+        for (g, r), k in sorted(p.nodes_used.items()):
+            nodes.setdefault(r, {})[g] = k
+        return {
+            "scenario": self.scenario,
+            "level": self.level,
+            "cost_per_hour": self.cost_per_hour,
+            "solve_seconds": self.solve_seconds,
+            "status": self.status,
+            "gap": _finite(self.gap),
+            "meets_demand": p.meets_demand,
+            "served_fraction": dict(self.served_fraction),
+            "demand_rps": dict(p.demand_rps),
+            "capacity_rps": dict(p.capacity_rps),
+            "served_rps": dict(p.served_rps),
+            "headroom_rps": dict(self.headroom_rps),
+            "shortfall_rps": self.shortfall_rps,
+            "startup_penalty_usd": p.penalty_usd,
+            "instances": [i.to_dict() for i in self.instances],
+            "nodes_per_region": nodes,
+            "started": [{"template_id": t, "region": r, "count": n}
+                        for (t, r), n in sorted(p.started.items())],
+            "stopped": [{"template_id": t, "region": r, "count": n}
+                        for (t, r), n in sorted(p.stopped.items())],
+            "nmax": self.nmax,
+            "scenario_nmax": self.scenario_nmax,
+            "nmax_reduced": self.reduced,
+            "templates": self.templates,
+            "columns": self.columns,
+            "baselines": {name: baseline_summary(b) for name, b in self.baselines.items()},
+            "notes": list(self.notes),
+            "solver_notes": list(self.plan.notes),
+        }
+
+
+def baseline_summary(result: Any) -> dict[str, Any]:
+    """A baseline result's figures as plain JSON values."""
+    return {
+        "cost_per_hour": float(result.cost_per_hour),
+        "served_fraction": {m: float(f) for m, f in dict(result.served_fraction).items()},
+        "notes": [str(n) for n in getattr(result, "notes", ())],
+    }
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def decode_instances(plan: AllocationPlan, columns: Sequence[TemplateColumn],
+                     templates: Mapping[str, Template]) -> tuple[PlannedInstances, ...]:
+    """The plan's instance counts with each template's nodes and layer placement."""
+    col_by_id = {c.id: c for c in columns}
+    out: list[PlannedInstances] = []
+    for (tid, region), count in sorted(plan.instances.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        col = col_by_id[tid]
+        tpl = templates.get(tid)
+        placement = tuple(
+            StagePlacement(n.node_type, n.first_layer, n.layers, n.batch, n.tp_degree)
+            for n in (tpl.nodes if tpl is not None else ())
+        )
+        if tpl is not None and tpl.throughput > 0:
+            rps = col.capacity * tpl.throughput_rps / tpl.throughput
+        else:
+            rps = col.capacity if col.mode == "aggregated" else 0.0
+        out.append(PlannedInstances(
+            region=region, template_id=tid, model=col.model, mode=col.mode, count=int(count),
+            node_counts=dict(col.node_counts), placement=placement, capacity=col.capacity,
+            unit=tpl.unit if tpl is not None else "req/s", capacity_rps=rps,
+            usd_per_hour=col.price_usd_per_hour[region],
+            started=int(plan.started.get((tid, region), 0)),
+        ))
+    return tuple(out)
+
+
+def plan_scenario(
+    scenario: Scenario,
+    *,
+    catalog: Catalog,
+    perf: PerfLike | None = None,
+    templates: Mapping[str, Sequence[Template]] | None = None,
+    out_root: str | Path | None = DEFAULT_TEMPLATES_DIR,
+    workers: int | None = 1,
+    nmax: int | None = None,
+    progress: bool = False,
+    current: Mapping[TemplateRegion, int] | None = None,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    mip_gap: float = DEFAULT_MIP_GAP,
+    baselines: bool = True,
+    on_message: Callable[[str], None] | None = None,
+) -> PlanResult:
+    """Plan `scenario`: templates (built or reused unless given), allocation, baselines.
+
+    `current` is the deployment running now (column id, region) -> instances; instances
+    beyond it pay the scenario's start-up penalty. `nmax` overrides the scenario's `n_max` for
+    template building (and the baselines), and the result says so.
+    """
+    if perf is None:
+        from coral.templates.parallel import default_perf_factory
+
+        perf = default_perf_factory(catalog)
+    if templates is None:
+        templates = templates_for_scenario(
+            scenario, catalog, perf, out_root=out_root, workers=workers, nmax=nmax,
+            progress=progress, on_message=on_message,
+        )
+    if isinstance(templates, ScenarioTemplates):
+        n_used, n_scenario = templates.nmax, templates.scenario_nmax
+        notes = list(templates.notes())
+    else:
+        n_used = int(scenario.spec.n_max if nmax is None else nmax)
+        n_scenario = int(scenario.spec.n_max)
+        notes = list(ScenarioTemplates({}, n_used, n_scenario).notes())
+    columns = columns_from_templates(scenario, templates)
+    problem = scenario.problem(columns, current=current, time_limit_s=time_limit_s,
+                               mip_gap=mip_gap)
+    plan = solve_allocation(problem)
+    if not plan.meets_demand:
+        notes.append(infeasibility_message(problem, plan))
+
+    results: dict[str, Any] = {}
+    if baselines:
+        results, why = _run_baselines(scenario, templates, catalog, perf, n_used,
+                                      time_limit_s=time_limit_s, mip_gap=mip_gap)
+        if why:
+            notes.append(why)
+    return PlanResult(
+        scenario=scenario.name,
+        level=scenario.level,
+        plan=plan,
+        instances=decode_instances(plan, columns, templates_by_id(templates)),
+        nmax=n_used,
+        scenario_nmax=n_scenario,
+        templates=sum(len(t) for t in templates.values()),
+        columns=len(columns),
+        baselines=results,
+        notes=tuple(notes),
+    )
+
+
+def _run_baselines(scenario: Scenario, templates: Mapping[str, Sequence[Template]],
+                   catalog: Catalog, perf: PerfLike, nmax: int, *, time_limit_s: float,
+                   mip_gap: float) -> tuple[dict[str, Any], str | None]:
+    """Every baseline but Coral's own allocation (that is the plan), or ({}, why not)."""
+    try:
+        from coral.baselines import BASELINES, run_baselines
+    except ImportError as exc:
+        return {}, f"baselines not run: coral.baselines is not available ({exc})"
+    names = [n for n in BASELINES if n != "coral"]
+    try:
+        results = run_baselines(
+            scenario, {m: list(t) for m, t in templates.items()}, catalog=catalog, perf=perf,
+            tables=shared_tables(perf, catalog), time_limit_s=time_limit_s, mip_gap=mip_gap,
+            baselines=names, n_max=nmax,
+        )
+    except ImportError as exc:
+        return {}, f"baselines not run: {exc}"
+    except Exception as exc:  # noqa: BLE001 - the plan stands without the comparison
+        log.warning("baselines failed", exc_info=True)
+        return {}, f"baselines failed, plan shown without them: {type(exc).__name__}: {exc}"
+    return dict(results), None

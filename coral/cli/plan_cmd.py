@@ -1,0 +1,381 @@
+"""`coral plan`, `coral demo` and `coral adapt`: plan a scenario, show it, replay a timeline."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Iterator, Optional
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from coral.cli.common import (
+    CatalogFiles,
+    JsonFlag,
+    UserError,
+    console,
+    err_console,
+    open_catalog,
+    print_json,
+    user_errors,
+)
+from coral.cli.templates_cmd import _native_stdout_to_stderr
+
+#: Node limit of `coral demo`'s templates. The `core` scenario asks for 6, which takes far
+#: longer than a demo should. Whole demo (templates from scratch, allocation, baselines),
+#: measured on a 2-core machine: n_max 2 in 32 s, n_max 3 in 65 s, n_max 4 in 187 s; with
+#: the libraries already on disk about 30-45 s (the allocation's 10 s limit and the
+#: baselines). 3 is the largest that stays well under three minutes.
+DEMO_NMAX = 3
+DEMO_SCENARIO = "core"
+
+LevelOpt = Annotated[Optional[str], typer.Option(
+    "--level", "-l", help="Availability level of the scenario (default: the scenario's).")]
+NmaxOpt = Annotated[Optional[int], typer.Option(
+    "--nmax", help="Build templates with at most this many nodes (quicker, maybe dearer) "
+    "(default: the scenario's n_max).")]
+WorkersOpt = Annotated[Optional[int], typer.Option(
+    "--workers", help="Local processes that build templates (default: one per CPU).")]
+TemplatesDirOpt = Annotated[Path, typer.Option(
+    "--templates-dir", help="Root of the template libraries (reused when inputs match).")]
+TimeLimitOpt = Annotated[float, typer.Option(
+    "--time-limit", help="Time limit of one allocation solve, seconds.")]
+ProgressOpt = Annotated[Optional[bool], typer.Option(
+    "--progress/--no-progress", help="Progress bars on stderr (default: when a terminal).")]
+BaselinesOpt = Annotated[bool, typer.Option(
+    "--baselines/--no-baselines", help="Run the baselines on the same templates to compare.")]
+
+DEFAULT_TEMPLATES_DIR = Path("out/templates")
+
+
+def _say(msg: str) -> None:
+    err_console.print(f"[dim]{escape(msg)}[/]", highlight=False, soft_wrap=True)
+
+
+def _check_common(nmax: int | None, workers: int | None, time_limit: float) -> None:
+    if nmax is not None and nmax < 1:
+        raise UserError(f"--nmax must be >= 1, got {nmax}")
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers must be >= 1, got {workers}")
+    if not time_limit > 0:
+        raise UserError(f"--time-limit must be > 0 s, got {time_limit:g}")
+
+
+@contextmanager
+def _busy(message: str, enabled: bool) -> Iterator[None]:
+    """A spinner on stderr while something without its own progress bar runs."""
+    if enabled:
+        with err_console.status(message):
+            yield
+    else:
+        yield
+
+
+def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: int | None,
+          templates_dir: Path, time_limit: float, progress: bool | None, baselines: bool,
+          catalog: list[Path] | None, quiet_stdout: bool) -> Any:
+    from coral.allocator.planning import plan_scenario, templates_for_scenario
+    from coral.allocator.scenario import load_scenario
+    from coral.templates.parallel import MissingDependencyError, default_perf_factory
+
+    _check_common(nmax, workers, time_limit)
+    cat = open_catalog(catalog)
+    scenario = load_scenario(scenario_ref, level=level, catalog=cat)
+    show = sys.stderr.isatty() if progress is None else progress
+    perf = default_perf_factory(cat)
+    with _native_stdout_to_stderr(quiet_stdout):
+        try:
+            templates = templates_for_scenario(
+                scenario, cat, perf, out_root=templates_dir,
+                workers=workers or os.cpu_count() or 1, nmax=nmax, progress=show,
+                on_message=_say,
+            )
+        except MissingDependencyError as exc:
+            raise UserError(escape(str(exc))) from None
+        what = "allocating" + (" and running the baselines" if baselines else "")
+        with _busy(f"{what}...", show):
+            return plan_scenario(scenario, catalog=cat, perf=perf, templates=templates,
+                                 time_limit_s=time_limit, baselines=baselines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Printing
+# ---------------------------------------------------------------------------------------------
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f}%"
+
+
+def _stages(inst: Any) -> str:
+    """`1x-l4 x2 [0,16) → 1x-a10g [16,32)`: the pipeline stages of one instance in layer
+    order; the nodes of one stage hold the same layers (data parallel)."""
+    groups: dict[tuple[int, int], list[str]] = {}
+    for s in inst.placement:
+        if s.layers > 0:
+            groups.setdefault((s.first_layer, s.layers), []).append(s.node_type)
+    if not groups:
+        return "-"
+    parts = []
+    for (first, layers), names in sorted(groups.items()):
+        counts: dict[str, int] = {}
+        for n in names:
+            counts[n] = counts.get(n, 0) + 1
+        nodes = "+".join(n if k == 1 else f"{n} x{k}" for n, k in sorted(counts.items()))
+        parts.append(f"{nodes} [{first},{first + layers})")
+    return " → ".join(parts)
+
+
+def _overall_served(served_fraction: dict[str, float], demand: dict[str, float]) -> float:
+    asked = sum(demand.values())
+    if asked <= 0:
+        return 1.0
+    return sum(served_fraction.get(m, 0.0) * d for m, d in demand.items()) / asked
+
+
+def print_plan(result: Any, *, title: str | None = None) -> None:
+    """The plan as rich tables: instances per region, models, baselines, notes."""
+    p = result.plan
+    head = title or f"Plan for scenario {result.scenario}" + (
+        f" (availability {result.level})" if result.level else "")
+    console.print(f"[bold]{escape(head)}[/]", highlight=False)
+    gap = "-" if result.gap == float("inf") else _pct(result.gap)
+    console.print(
+        f"status {result.status}, ${result.cost_per_hour:,.2f}/hour, "
+        f"{p.total_instances} instances on {sum(p.nodes_used.values())} nodes, solved in "
+        f"{result.solve_seconds:.2f} s (gap {gap}); {result.columns} template columns from "
+        f"{result.templates} templates, n_max {result.nmax}", highlight=False)
+    if result.reduced:
+        console.print(f"[yellow]note:[/] templates built with n_max {result.nmax} (the scenario "
+                      f"asks for {result.scenario_nmax}); larger combinations were not "
+                      "considered.", highlight=False)
+
+    width = max((len(i.model) + (0 if i.mode == "aggregated" else len(i.mode) + 3)
+                 for i in result.instances), default=5)
+    for region, insts in result.by_region().items():
+        table = Table(title=f"{region}: ${sum(i.usd_per_hour * i.count for i in insts):,.2f}"
+                      "/hour", title_justify="left")
+        table.add_column("model", min_width=width)
+        table.add_column("count", justify="right")
+        table.add_column("placement: nodes [layers) → next stage", ratio=1)
+        for col in ("req/s each", "$/hour each", "$/hour"):
+            table.add_column(col, justify="right")
+        for i in insts:
+            model = i.model if i.mode == "aggregated" else f"{i.model} ({i.mode})"
+            table.add_row(escape(model), str(i.count), escape(_stages(i)),
+                          f"{i.capacity_rps:.2f}", f"{i.usd_per_hour:.2f}",
+                          f"{i.usd_per_hour * i.count:,.2f}")
+        console.print(table)
+
+    models = Table(title="Models", title_justify="left")
+    models.add_column("model", min_width=max(map(len, p.demand_rps), default=5))
+    for col in ("demand (req/s)", "capacity (req/s)", "served", "headroom (req/s)"):
+        models.add_column(col, justify="right")
+    for m, demand in p.demand_rps.items():
+        headroom = p.headroom_rps[m]
+        style = "red" if m in p.short_models else ""
+        models.add_row(escape(m), f"{demand:.1f}", f"{p.capacity_rps[m]:.1f}",
+                       _pct(p.served_fraction[m]), f"[{style}]{headroom:+.1f}[/]" if style
+                       else f"{headroom:+.1f}")
+    console.print(models)
+    print_comparison(result)
+    for note in result.notes:
+        console.print(f"[dim]note: {escape(note)}[/]", highlight=False, soft_wrap=True)
+
+
+def print_comparison(result: Any) -> None:
+    """Coral's plan beside every baseline: $/hour, ratio to Coral, share of demand served."""
+    p = result.plan
+    table = Table(title="Coral against the baselines (same templates, prices, availability)",
+                  title_justify="left")
+    names = ["coral", *result.baselines]
+    table.add_column("planner", min_width=max(map(len, names)))
+    for col in ("$/hour", "x Coral's cost", "served (all models)"):
+        table.add_column(col, justify="right")
+    table.add_column("models short", ratio=1)
+
+    def row(name: str, cost: float, served: dict[str, float], bold: bool = False) -> None:
+        short = [m for m, f in served.items() if f < 1.0 - 1e-6]
+        ratio = "-" if result.cost_per_hour <= 0 else f"{cost / result.cost_per_hour:.2f}"
+        cells = [escape(name), f"{cost:,.2f}", ratio,
+                 _pct(_overall_served(served, dict(p.demand_rps))),
+                 escape(", ".join(short)) or "-"]
+        table.add_row(*[f"[bold]{c}[/]" if bold else c for c in cells])
+
+    row("coral", result.cost_per_hour, p.served_fraction, bold=True)
+    for name, b in result.baselines.items():
+        row(name, float(b.cost_per_hour), dict(b.served_fraction))
+    if not result.baselines:
+        table.add_row("(no baselines)", "-", "-", "-", "-")
+    console.print(table)
+
+
+def _write_json(payload: Any, path: Path) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------------
+
+
+def plan(
+    scenario: Annotated[str, typer.Argument(
+        help="Built-in scenario (core, advanced) or a scenario YAML file.")],
+    level: LevelOpt = None,
+    nmax: NmaxOpt = None,
+    workers: WorkersOpt = None,
+    templates_dir: TemplatesDirOpt = DEFAULT_TEMPLATES_DIR,
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Also write the plan as JSON to this file.")] = None,
+    time_limit: TimeLimitOpt = 10.0,
+    baselines: BaselinesOpt = True,
+    progress: ProgressOpt = None,
+    catalog: CatalogFiles = None,
+    json: JsonFlag = False,
+) -> None:
+    """Plan a scenario at the lowest $/hour, beside the baselines.
+
+    Prints what to rent in each region and how each model is split over it (node mix and
+    layer placement of every template), the headroom per model, and every baseline's cost
+    and served demand on the same templates, prices and availability.
+    """
+    with user_errors():
+        result = _plan(scenario, level=level, nmax=nmax, workers=workers,
+                       templates_dir=templates_dir, time_limit=time_limit, progress=progress,
+                       baselines=baselines, catalog=catalog, quiet_stdout=json)
+        payload = result.to_dict()
+        if out is not None:
+            _write_json(payload, out)
+    if json:
+        print_json(payload)
+        return
+    print_plan(result)
+    if out is not None:
+        console.print(f"plan written to {escape(str(out))}", highlight=False)
+
+
+def demo(
+    nmax: Annotated[int, typer.Option(
+        "--nmax", help=f"Template node limit (the scenario asks for 6; the demo uses "
+        f"{DEMO_NMAX} to finish in minutes).")] = DEMO_NMAX,
+    workers: WorkersOpt = None,
+    templates_dir: TemplatesDirOpt = DEFAULT_TEMPLATES_DIR,
+    time_limit: TimeLimitOpt = 10.0,
+    progress: ProgressOpt = None,
+    json: JsonFlag = False,
+) -> None:
+    """Plan the core scenario end to end and show Coral against the baselines.
+
+    Builds the templates, solves the allocation and runs the baselines. Templates are built
+    with a reduced n_max (3 by default, against the scenario's 6) so that the whole demo
+    takes about a minute on 2 cores. Libraries are kept under --templates-dir, so a second
+    run reuses them.
+    """
+    with user_errors():
+        from coral.allocator.scenario import load_scenario
+
+        scenario = load_scenario(DEMO_SCENARIO)
+        if not json:
+            full = scenario.spec.n_max
+            how = (f"Templates are built with n_max = {nmax} instead of the scenario's {full} "
+                   f"so that the demo finishes in minutes; `coral plan {scenario.name}` plans "
+                   "with the full n_max." if nmax != full else
+                   f"Templates are built with the scenario's n_max = {full}.")
+            console.print(f"[bold]Coral demo[/]: scenario '{escape(scenario.name)}' "
+                          f"({escape(scenario.spec.description)}). {escape(how)}",
+                          highlight=False)
+        result = _plan(DEMO_SCENARIO, level=None, nmax=nmax, workers=workers,
+                       templates_dir=templates_dir, time_limit=time_limit, progress=progress,
+                       baselines=True, catalog=None, quiet_stdout=json)
+    if json:
+        print_json(result.to_dict())
+        return
+    print_plan(result)
+    costs = {n: float(b.cost_per_hour) for n, b in result.baselines.items()
+             if getattr(b, "meets_demand", True) and float(b.cost_per_hour) > 0}
+    if costs and result.plan.meets_demand and result.cost_per_hour > 0:
+        best = min(costs, key=costs.__getitem__)
+        console.print(f"[bold]Coral: ${result.cost_per_hour:,.2f}/hour; best baseline meeting "
+                      f"all demand: {best} at ${costs[best]:,.2f}/hour "
+                      f"({costs[best] / result.cost_per_hour:.2f}x Coral's cost).[/]",
+                      highlight=False)
+
+
+def adapt(
+    timeline: Annotated[str, typer.Argument(
+        help="Timeline YAML file, or a built-in timeline name (day).")],
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Folder for adapt.csv and adapt.png (default: out/adapt/NAME).")] = None,
+    nmax: NmaxOpt = None,
+    workers: WorkersOpt = None,
+    templates_dir: TemplatesDirOpt = DEFAULT_TEMPLATES_DIR,
+    time_limit: TimeLimitOpt = 10.0,
+    progress: ProgressOpt = None,
+    catalog: CatalogFiles = None,
+    json: JsonFlag = False,
+) -> None:
+    """Replay a timeline, re-planning every period with the start-up penalty.
+
+    The timeline changes demand, availability and prices period by period; the result is a
+    CSV and a PNG plot of cost and served demand over time.
+    """
+    from coral.allocator.adapt import load_timeline, run_timeline
+    from coral.allocator.adapt_report import write_outputs
+    from coral.templates.parallel import MissingDependencyError
+
+    with user_errors():
+        _check_common(nmax, workers, time_limit)
+        cat = open_catalog(catalog)
+        tl = load_timeline(timeline, catalog=cat)
+        show = sys.stderr.isatty() if progress is None else progress
+        folder = out if out is not None else Path("out/adapt") / tl.name
+        with _native_stdout_to_stderr(json):
+            try:
+                def said(r: Any) -> None:
+                    if show:
+                        _say(f"period {r.name}: ${r.cost_usd_per_hour:,.2f}/hour, "
+                             f"{_pct(r.served_fraction)} served, {r.started} started, "
+                             f"{r.stopped} stopped ({r.status}, {r.solve_s:.1f} s)")
+
+                result = run_timeline(
+                    tl, catalog=cat, out_root=templates_dir,
+                    workers=workers or os.cpu_count() or 1, nmax=nmax, progress=show,
+                    time_limit_s=time_limit, on_message=_say, on_period=said,
+                )
+            except MissingDependencyError as exc:
+                raise UserError(escape(str(exc))) from None
+            result = write_outputs(result, folder)
+    if json:
+        print_json(result.to_dict())
+        return
+    table = Table(title=f"Timeline {tl.name} on {result.scenario}", title_justify="left",
+                  box=None, padding=(0, 1), pad_edge=False, header_style="bold")
+    table.add_column("period", min_width=max(len(r.name) for r in result.records))
+    for col in ("req/s", "served", "$/hour", "start-up $", "running", "started", "stopped"):
+        table.add_column(col, justify="right", min_width=min(len(col), 8))
+    table.add_column("status", min_width=10)
+    for r in result.records:
+        table.add_row(escape(r.name), f"{r.demand_rps:.1f}", _pct(r.served_fraction),
+                      f"{r.cost_usd_per_hour:,.2f}", f"{r.startup_penalty_usd:,.2f}",
+                      str(r.instances), str(r.started), str(r.stopped), r.status)
+    console.print(table)
+    for r in result.records:
+        if r.short_models:
+            console.print(f"period {escape(r.name)}: demand not met for "
+                          f"{escape(', '.join(r.short_models))}", highlight=False)
+    console.print(
+        f"total ${result.total_cost_usd:,.2f} over {len(result.records)} periods; "
+        f"{_pct(result.served_fraction)} of requests served; {result.total_started} instances "
+        f"started, {result.total_stopped} stopped", highlight=False)
+    for note in result.notes:
+        console.print(f"[dim]note: {escape(note)}[/]", highlight=False, soft_wrap=True)
+    console.print(f"wrote {escape(str(result.csv_path))} and {escape(str(result.png_path))}",
+                  highlight=False)

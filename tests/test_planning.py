@@ -1,0 +1,374 @@
+"""Planning glue, adaptation loop and `coral plan | demo | adapt`, on a tiny scenario.
+
+One model (llama-3.1-8b), three cheap node types, one region, n_max 2: the templates take well
+under a second to build, and are built once per module. The baselines are replaced by a fake
+`coral.baselines` module so that these tests guard the glue, not the baselines.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from coral.allocator.adapt import (
+    TimelineError,
+    apply_period,
+    load_timeline,
+    parse_timeline,
+    run_timeline,
+)
+from coral.allocator.adapt_report import write_outputs
+from coral.allocator.planning import (
+    ScenarioTemplates,
+    column_id,
+    columns_from_templates,
+    plan_scenario,
+    templates_for_scenario,
+)
+from coral.allocator.scenario import load_scenario
+from coral.catalog import default_catalog
+from coral.cli import plan_cmd
+from coral.cli.main import app
+from coral.templates.parallel import default_perf_factory
+
+runner = CliRunner(env={"COLUMNS": "220"})
+MODEL = "llama-3.1-8b"
+REGION = "aws-us-east-1"
+
+SCENARIO = """\
+schema_version: 1
+name: tiny
+mode: aggregated
+n_max: 2
+rho: 12
+startup_s: {startup_s}
+node_types: [1x-l4, 1x-a10g, 1x-l40s]
+models:
+  - {{name: llama-3.1-8b, demand_rps: 6, input_tokens: 1024, output_tokens: 256, tpot_s: 0.10,
+     ttft_s: 2.0}}
+regions:
+  - {{name: aws-us-east-1}}
+base_availability: {{1x-l4: 8, 1x-a10g: 8, 1x-l40s: 4}}
+availability: abundant
+levels:
+  abundant: {{scale: 1.0}}
+  scarce: {{scale: 0.0, counts: {{aws-us-east-1: {{1x-l4: 1}}}}}}
+"""
+
+
+def _write_scenario(folder: Path, name: str = "tiny.yaml", startup_s: float = 300) -> Path:
+    path = folder / name
+    path.write_text(SCENARIO.format(startup_s=startup_s))
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory):
+    folder = tmp_path_factory.mktemp("planning")
+    catalog = default_catalog()
+    perf = default_perf_factory(catalog)
+    scenario_path = _write_scenario(folder)
+    scenario = load_scenario(scenario_path, catalog=catalog)
+    templates = templates_for_scenario(scenario, catalog, perf, out_root=folder / "templates",
+                                       workers=1)
+    return types.SimpleNamespace(folder=folder, catalog=catalog, perf=perf,
+                                 scenario_path=scenario_path, scenario=scenario,
+                                 templates=templates, templates_dir=folder / "templates")
+
+
+class _FakeResult:
+    def __init__(self, name: str, cost: float, served: dict[str, float]):
+        self.name, self.cost_per_hour, self.served_fraction = name, cost, served
+        self.plan, self.notes = None, ("fake",)
+
+
+@pytest.fixture
+def fake_baselines(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """A stand-in `coral.baselines` that records its calls and returns two results."""
+    calls: list[dict] = []
+    module = types.ModuleType("coral.baselines")
+    module.BASELINES = ("coral", "homo", "melange")  # type: ignore[attr-defined]
+
+    def run_baselines(scenario, templates, **kwargs):
+        calls.append({"scenario": scenario.name, "models": sorted(templates), **kwargs})
+        models = [m.name for m in scenario.models]
+        return {"homo": _FakeResult("homo", 12.5, {m: 1.0 for m in models}),
+                "melange": _FakeResult("melange", 9.0, {m: 0.5 for m in models})}
+
+    module.run_baselines = run_baselines  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "coral.baselines", module)
+    return calls
+
+
+def _ok_json(result) -> dict:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Templates and columns
+# ---------------------------------------------------------------------------------------------
+
+
+def test_templates_are_reused_and_columns_have_stable_ids(setup):
+    again = templates_for_scenario(setup.scenario, setup.catalog, setup.perf,
+                                   out_root=setup.templates_dir, workers=1)
+    assert all(r.solved == 0 and r.reused > 0 for r in again.reports)  # nothing solved twice
+    assert not again.reduced and again.notes() == ()
+    cols = columns_from_templates(setup.scenario, setup.templates)
+    assert cols and [c.id for c in cols] == sorted(c.id for c in cols)
+    assert [c.id for c in cols] == [c.id for c in columns_from_templates(setup.scenario, again)]
+    ids = {c.id for c in cols}
+    assert f"{MODEL}|aggregated|1x-l4" in ids and f"{MODEL}|aggregated|1x-l4*2" in ids
+    for t in setup.templates[MODEL]:
+        assert column_id(t).startswith(f"{MODEL}|aggregated|")
+    assert all(set(c.price_usd_per_hour) == {REGION} for c in cols)
+
+
+def test_nmax_override_is_reported(setup):
+    small = templates_for_scenario(setup.scenario, setup.catalog, setup.perf,
+                                   out_root=setup.templates_dir, workers=1, nmax=1)
+    assert isinstance(small, ScenarioTemplates) and small.reduced
+    assert small.nmax == 1 and small.scenario_nmax == 2
+    assert all(len(t.combo) == 1 for t in small[MODEL])
+    assert "n_max = 1 instead of the scenario's 2" in small.notes()[0]
+    result = plan_scenario(setup.scenario, catalog=setup.catalog, templates=small,
+                           baselines=False)
+    payload = result.to_dict()
+    assert payload["nmax"] == 1 and payload["scenario_nmax"] == 2 and payload["nmax_reduced"]
+    assert any("n_max = 1" in n for n in payload["notes"])
+    # the full libraries were not disturbed by the quick build
+    full = templates_for_scenario(setup.scenario, setup.catalog, setup.perf,
+                                  out_root=setup.templates_dir, workers=1)
+    assert all(r.solved == 0 for r in full.reports)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans
+# ---------------------------------------------------------------------------------------------
+
+
+def test_plan_cli_json_fields(setup, fake_baselines, tmp_path):
+    out = tmp_path / "plan.json"
+    payload = _ok_json(runner.invoke(app, [
+        "plan", str(setup.scenario_path), "--json", "--workers", "1", "--templates-dir",
+        str(setup.templates_dir), "--out", str(out)]))
+    for key in ("cost_per_hour", "solve_seconds", "status", "gap", "served_fraction",
+                "baselines", "headroom_rps", "instances", "nodes_per_region"):
+        assert key in payload
+    assert payload["status"] == "optimal" and payload["served_fraction"] == {MODEL: 1.0}
+    assert payload["cost_per_hour"] > 0 and payload["solve_seconds"] >= 0
+    assert payload["headroom_rps"][MODEL] >= 0
+    assert payload["baselines"]["homo"]["cost_per_hour"] == 12.5
+    assert payload["baselines"]["melange"]["served_fraction"] == {MODEL: 0.5}
+    assert fake_baselines[0]["baselines"] == ["homo", "melange"]  # not Coral itself
+    assert fake_baselines[0]["n_max"] == 2
+    cost = 0.0
+    for inst in payload["instances"]:
+        assert inst["region"] == REGION and inst["count"] >= 1
+        layers = sorted((s["first_layer"], s["first_layer"] + s["layers"])
+                        for s in inst["placement"] if s["layers"])
+        assert layers[0][0] == 0 and layers[-1][1] == 32  # every layer of the model placed
+        assert sum(inst["nodes"].values()) == len(inst["placement"])
+        cost += inst["usd_per_hour"] * inst["count"]
+    assert cost == pytest.approx(payload["cost_per_hour"])
+    assert json.loads(out.read_text()) == payload
+
+
+def test_plan_cli_table(setup, fake_baselines):
+    result = runner.invoke(app, ["plan", str(setup.scenario_path), "--workers", "1",
+                                 "--templates-dir", str(setup.templates_dir)])
+    assert result.exit_code == 0, result.output
+    for text in (REGION, "placement", "[0,32)", "headroom", "homo", "melange",
+                 "Coral against the baselines"):
+        assert text in result.stdout
+
+
+def test_missing_baselines_leave_a_note(setup, monkeypatch):
+    monkeypatch.setitem(sys.modules, "coral.baselines", None)  # import raises ImportError
+    result = plan_scenario(setup.scenario, catalog=setup.catalog, templates=setup.templates)
+    assert result.baselines == {}
+    assert any("baselines not run" in n for n in result.notes)
+    assert result.plan.meets_demand
+
+
+def test_scarcity_names_the_shortfall(setup, fake_baselines):
+    scarce = load_scenario(setup.scenario_path, catalog=setup.catalog, level="scarce")
+    result = plan_scenario(scarce, catalog=setup.catalog, templates=setup.templates)
+    assert result.status == "infeasible"
+    assert set(result.shortfall_rps) == {MODEL} and result.shortfall_rps[MODEL] > 4
+    assert result.headroom_rps[MODEL] < 0
+    assert any(MODEL in n and "short by" in n for n in result.notes)
+    cli = runner.invoke(app, ["plan", str(setup.scenario_path), "--level", "scarce",
+                              "--workers", "1", "--templates-dir", str(setup.templates_dir)])
+    assert cli.exit_code == 0, cli.output
+    assert "short by" in cli.stdout and MODEL in cli.stdout
+
+
+def test_startup_penalty_keeps_the_current_deployment(setup, tmp_path):
+    """Four 1x-a10g instances run now. Re-planning with no start-up cost replaces them by
+    cheaper templates; with a 10-hour start-up they are kept."""
+    a10g = f"{MODEL}|aggregated|1x-a10g"
+    current = {(a10g, REGION): 4}
+    plans = {}
+    for startup_s in (0.0, 36000.0):
+        path = _write_scenario(tmp_path, f"tiny-{int(startup_s)}.yaml", startup_s)
+        scenario = load_scenario(path, catalog=setup.catalog)
+        plans[startup_s] = plan_scenario(scenario, catalog=setup.catalog,
+                                         templates=setup.templates, current=current,
+                                         baselines=False).plan
+    free, costly = plans[0.0], plans[36000.0]
+    assert free.meets_demand and costly.meets_demand
+    assert free.instances.get((a10g, REGION), 0) < 4 and free.stopped
+    assert costly.instances == {(a10g, REGION): 4}
+    assert not costly.started and not costly.stopped and costly.penalty_usd == 0
+    assert free.cost_usd_per_hour < costly.cost_usd_per_hour
+
+
+# ---------------------------------------------------------------------------------------------
+# Adaptation loop
+# ---------------------------------------------------------------------------------------------
+
+
+TIMELINE = """\
+schema_version: 1
+name: tiny-day
+scenario: tiny.yaml
+periods:
+  - {name: night, duration_s: 3600, demand_scale: 0.3}
+  - {name: peak, duration_s: 1800, demand_rps: {llama-3.1-8b: 7}}
+  - {name: crunch, duration_s: 3600, availability_scale: 0.25,
+     price_scale: {aws-us-east-1: 1.5}}
+  - {name: counted, duration_s: 3600, demand_scale: 2,
+     availability: {aws-us-east-1: {1x-l40s: 0, 1x-a10g: 1}}}
+"""
+
+
+def test_apply_period_changes_demand_availability_and_prices(setup):
+    tl = parse_timeline(TIMELINE, source="t.yaml", base_dir=setup.folder,
+                        catalog=setup.catalog)
+    night, peak, crunch, counted = (tl.period_scenario(i) for i in range(4))
+    assert night.models[0].demand_rps == pytest.approx(1.8)
+    assert peak.models[0].demand_rps == 7
+    assert crunch.availability[("1x-l4", REGION)] == 2  # floor(8 x 0.25)
+    assert crunch.node_prices[("1x-l4", REGION)] == pytest.approx(
+        1.5 * setup.scenario.node_prices[("1x-l4", REGION)])
+    assert ("1x-l40s", REGION) not in counted.availability
+    assert counted.availability[("1x-a10g", REGION)] == 1
+    assert counted.availability[("1x-l4", REGION)] == 8  # untouched
+    assert counted.models[0].demand_rps == pytest.approx(12)
+    assert apply_period(setup.scenario, tl.periods[0]).spec.n_max == 2
+
+
+def test_adapt_writes_csv_and_png(setup, tmp_path):
+    (tmp_path / "tiny.yaml").write_text(setup.scenario_path.read_text())
+    path = tmp_path / "tl.yaml"
+    path.write_text(TIMELINE)
+    out = tmp_path / "out"
+    payload = _ok_json(runner.invoke(app, [
+        "adapt", str(path), "--out", str(out), "--json", "--workers", "1", "--templates-dir",
+        str(setup.templates_dir)]))
+    assert [p["name"] for p in payload["periods"]] == ["night", "peak", "crunch", "counted"]
+    with (out / "adapt.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 4 and [r["name"] for r in rows] == ["night", "peak", "crunch", "counted"]
+    assert {"cost_usd_per_hour", "served_fraction", "started", "stopped",
+            f"served_fraction:{MODEL}"} <= set(rows[0])
+    png = (out / "adapt.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    periods = payload["periods"]
+    assert periods[0]["started"] > 0  # nothing runs before the first period
+    assert periods[1]["started"] > 0 and periods[1]["demand_rps"] == 7  # the peak needs more
+    assert periods[3]["served_fraction"] < 1 and periods[3]["short_models"] == [MODEL]
+    assert payload["total_cost_usd"] == pytest.approx(sum(p["period_cost_usd"]
+                                                          for p in periods))
+
+
+def test_adapt_python_api_and_penalty(setup, tmp_path):
+    """The penalty makes the loop keep instances: the second of two identical periods starts
+    and stops nothing."""
+    text = TIMELINE.split("periods:")[0] + (
+        "periods:\n  - {duration_s: 3600}\n  - {duration_s: 3600}\n")
+    tl = parse_timeline(text, base_dir=setup.folder, catalog=setup.catalog)
+    result = run_timeline(tl, catalog=setup.catalog, templates=setup.templates)
+    first, second = result.records
+    assert first.started > 0 and second.started == 0 and second.stopped == 0
+    assert second.startup_penalty_usd == 0 and first.startup_penalty_usd > 0
+    written = write_outputs(result, tmp_path / "o")
+    assert written.csv_path.exists() and written.png_path.exists()
+
+
+def test_builtin_day_timeline_is_valid():
+    tl = load_timeline("day")
+    assert len(tl.periods) == 24 and tl.scenario.name == "core"
+    assert sum(p.duration_s for p in tl.periods) == 24 * 3600
+    dips = [i for i, p in enumerate(tl.periods) if p.availability_scale != 1.0]
+    assert 2 <= len(dips) <= 6
+
+
+@pytest.mark.parametrize(
+    "period, message",
+    [
+        ("{name: peak, duration_s: 3600, demand_scale: {llama-3.1-8bb: 2}}",
+         ["periods[1] 'peak'", "field 'demand_scale.llama-3.1-8bb'", "unknown model",
+          "Did you mean 'llama-3.1-8b'"]),
+        ("{name: peak, duration_s: -5}",
+         ["periods[1] 'peak'", "field 'duration_s'", "greater than 0"]),
+        ("{name: peak, duration_s: 60, demand_rps: {llama-3.1-8b: fast}}",
+         ["periods[1] 'peak'", "field 'demand_rps.llama-3.1-8b'"]),
+        ("{name: peak, duration_s: 60, availability: {aws-us-east-2: {1x-l4: 1}}}",
+         ["periods[1] 'peak'", "field 'availability.aws-us-east-2'", "unknown region",
+          "Did you mean 'aws-us-east-1'"]),
+        ("{name: peak, duration_s: 60, availability: {aws-us-east-1: {1x-l5: 1}}}",
+         ["periods[1] 'peak'", "field 'availability.aws-us-east-1.1x-l5'", "unknown node type"]),
+        ("{name: peak, duration_s: 60, price_scale: 0}",
+         ["periods[1] 'peak'", "field 'price_scale'", "must be > 0"]),
+        ("{name: peak, duration_s: 60, demand: 3}",
+         ["periods[1] 'peak'", "field 'demand'", "unknown field"]),
+    ],
+)
+def test_bad_timeline_names_the_entry(setup, tmp_path, period, message):
+    (tmp_path / "tiny.yaml").write_text(setup.scenario_path.read_text())
+    path = tmp_path / "bad.yaml"
+    path.write_text(TIMELINE.split("periods:")[0]
+                    + f"periods:\n  - {{duration_s: 60}}\n  - {period}\n")
+    with pytest.raises(TimelineError) as err:
+        load_timeline(path, catalog=setup.catalog)
+    text = str(err.value)
+    assert text.startswith(str(path))
+    for part in message:
+        assert part in text, text
+    cli = runner.invoke(app, ["adapt", str(path), "--workers", "1"])
+    assert cli.exit_code == 2 and "periods[1] 'peak'" in cli.output
+
+
+def test_bad_timeline_scenario_and_file(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\nscenario: cor\nperiods: [{duration_s: 1}]\n")
+    with pytest.raises(TimelineError, match="field 'scenario'.*Did you mean 'core'"):
+        load_timeline(path)
+    with pytest.raises(TimelineError, match="no such timeline file"):
+        load_timeline(tmp_path / "missing.yaml")
+    with pytest.raises(TimelineError, match="Did you mean 'day'"):
+        load_timeline("dya")
+
+
+# ---------------------------------------------------------------------------------------------
+# Demo
+# ---------------------------------------------------------------------------------------------
+
+
+def test_demo_says_it_reduces_nmax(setup, fake_baselines, monkeypatch):
+    monkeypatch.setattr(plan_cmd, "DEMO_SCENARIO", str(setup.scenario_path))
+    result = runner.invoke(app, ["demo", "--nmax", "1", "--workers", "1", "--templates-dir",
+                                 str(setup.templates_dir)])
+    assert result.exit_code == 0, result.output
+    assert "n_max = 1 instead of the scenario's" in result.stdout
+    assert "Coral against the baselines" in result.stdout and "melange" in result.stdout
+    assert plan_cmd.DEMO_NMAX in (2, 3)

@@ -46,7 +46,7 @@ DEFAULT_TEMPLATES_DIR = Path("out/templates")
 #: Default wall-clock budget of one allocation solve, s.
 DEFAULT_TIME_LIMIT_S = 10.0
 #: Default relative gap at which an allocation solve counts as optimal.
-DEFAULT_MIP_GAP = 1e-3
+DEFAULT_MIP_GAP = 5e-3
 #: Separator of the parts of a column id (`model|mode|combo`).
 ID_SEP = "|"
 

@@ -36,7 +36,6 @@ field, with "Did you mean ...?" for misspelt names.
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import time
@@ -48,6 +47,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from coral.messages import did_you_mean, field_problem
 from coral.allocator.planning import (
     DEFAULT_MIP_GAP,
     DEFAULT_TEMPLATES_DIR,
@@ -154,7 +154,7 @@ def load_timeline(path: str | Path, *, catalog: Catalog | None = None) -> Timeli
         builtins = builtin_timelines()
         if text_name not in builtins:
             raise TimelineError(f"unknown timeline {text_name!r}: no such file and not a "
-                                f"built-in ({', '.join(builtins)}).{_did_you_mean(text_name, builtins)}")
+                                f"built-in ({', '.join(builtins)}).{did_you_mean(text_name, builtins)}")
         folder = resources.files("coral.allocator") / "data" / "timelines"
         return parse_timeline((folder / f"{text_name}.yaml").read_text(),
                               source=f"<builtin>/{text_name}.yaml", catalog=catalog)
@@ -225,23 +225,12 @@ def _format_validation_error(source: str, doc: Mapping[str, Any], err: Validatio
         # `float | dict` fields report both alternatives; name the field, not the alternative
         parts = [str(x) for x in loc if x not in ("float", "dict[str,float]")]
         field_name = ".".join(parts) or "(entry)"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif e["type"] == "missing":
-            msg = "missing field"
-        elif "input" in e and not isinstance(e["input"], (dict, list)):
-            msg = f"{msg} (got {e['input']!r})"
+        msg = field_problem(e)
         where = f"{source}: {label}: " if label else f"{source}: "
         line = f"{where}field '{field_name}': {msg}"
         if line not in lines:
             lines.append(line)
     return "\n".join(lines)
-
-
-def _did_you_mean(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(str(name), list(known), n=3, cutoff=0.5)
-    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _check_periods(source: str, spec: TimelineSpec, scenario: Scenario) -> None:
@@ -259,7 +248,7 @@ def _check_periods(source: str, spec: TimelineSpec, scenario: Scenario) -> None:
             if n not in known:
                 raise fail(i, f"{field_name}.{n}",
                            f"unknown {kind} {n!r} (scenario {scenario.name!r} has "
-                           f"{', '.join(known)}).{_did_you_mean(n, known)}")
+                           f"{', '.join(known)}).{did_you_mean(n, known)}")
 
     def check_factors(i: int, field_name: str, values: Mapping[str, float] | float) -> None:
         items = values.items() if isinstance(values, Mapping) else [(None, values)]

@@ -49,7 +49,6 @@ Every problem is reported as a `ScenarioError` naming the file, the entry and th
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from importlib import resources
@@ -59,6 +58,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from coral.messages import did_you_mean, field_problem
 from coral.allocator.problem import (
     AllocationProblem,
     ModelDemand,
@@ -327,7 +327,7 @@ def parse_scenario(
         where = "level" if level is not None else "field 'availability'"
         raise ScenarioError(
             f"{source}: {where}: unknown availability level {chosen!r}; this scenario defines "
-            f"{_names(spec.levels)}.{_did_you_mean(chosen, spec.levels)}"
+            f"{_names(spec.levels)}.{did_you_mean(chosen, spec.levels)}"
         )
     if chosen is None and spec.levels:
         raise ScenarioError(
@@ -368,7 +368,7 @@ def _read_source(name_or_path: str | Path) -> tuple[str, str]:
         if not Path(text_name).exists():
             raise ScenarioError(
                 f"unknown scenario {text_name!r}: not a built-in ({_names(builtins)}) and no "
-                f"such file.{_did_you_mean(text_name, builtins)}"
+                f"such file.{did_you_mean(text_name, builtins)}"
             )
     path = Path(name_or_path)
     try:
@@ -417,23 +417,12 @@ def _format_validation_error(source: str, doc: Mapping[str, Any], err: Validatio
             loc = loc[:3] + loc[4:]
         label, rest = _entry_label(doc, loc)
         field = ".".join(str(x) for x in rest if x not in ("str", "dict[str,int]")) or "(entry)"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif e["type"] == "missing":
-            msg = "missing field"
-        elif "input" in e and not isinstance(e["input"], (dict, list)):
-            msg = f"{msg} (got {e['input']!r})"
+        msg = field_problem(e)
         where = f"{source}: {label}: " if label else f"{source}: "
         line = f"{where}field '{field}': {msg}"
         if line not in lines:
             lines.append(line)
     return "\n".join(lines)
-
-
-def _did_you_mean(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(str(name), list(known), n=3, cutoff=0.5)
-    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _names(names: Iterable[str]) -> str:
@@ -444,7 +433,7 @@ def _names(names: Iterable[str]) -> str:
 def _check_names(source: str, spec: ScenarioSpec, cat: Catalog) -> None:
     def unknown(where: str, kind: str, name: str, known: Iterable[str]) -> ScenarioError:
         return ScenarioError(f"{source}: {where}: unknown {kind} {name!r}."
-                             f"{_did_you_mean(name, known)}")
+                             f"{did_you_mean(name, known)}")
 
     seen: dict[str, int] = {}
     for i, m in enumerate(spec.models):
@@ -487,7 +476,7 @@ def _check_names(source: str, spec: ScenarioSpec, cat: Catalog) -> None:
             raise ScenarioError(
                 f"{source}: {label}: field 'availability': unknown availability level "
                 f"{r.availability!r}; this scenario defines {_names(spec.levels)}."
-                f"{_did_you_mean(r.availability, spec.levels)}")
+                f"{did_you_mean(r.availability, spec.levels)}")
         if isinstance(r.availability, dict):
             for g in r.availability:
                 check_node(f"{label}: field 'availability.{g}'", g)

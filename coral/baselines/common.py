@@ -9,11 +9,11 @@ and Coral's plan always pay the same for the same nodes.
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from coral.messages import did_you_mean
 from coral.allocator.problem import (
     DEMAND_REL_TOL,
     AllocationPlan,
@@ -53,12 +53,6 @@ class BaselineResult:
     def meets_demand(self) -> bool:
         """Every model served in full (within the allocator's relative demand tolerance)."""
         return all(f >= 1.0 - DEMAND_REL_TOL for f in self.served_fraction.values())
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """The "Did you mean ...?" suffix of an error message (empty when nothing is close)."""
-    close = difflib.get_close_matches(str(name), list(known), n=3, cutoff=0.5)
-    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
 def check_model(catalog: Catalog, model: str) -> None:

@@ -11,7 +11,6 @@ Every problem is reported as a `CatalogError` naming the file, the entry and the
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any, Iterable, Mapping, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from coral.messages import did_you_mean, field_problem
 from coral.catalog.schema import SCHEMA_VERSION, GpuType, ModelArch, NodeType, Region
 
 SECTIONS: dict[str, type[BaseModel]] = {
@@ -46,20 +46,11 @@ class UnknownNameError(KeyError):
         return str(self.args[0])
 
 
-def _did_you_mean(name: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
-    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-
-
 def _format_validation_error(where: str, err: ValidationError) -> str:
     parts = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(entry)"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif e["type"] == "missing":
-            msg = "missing field"
+        msg = field_problem(e, with_input=False)
         parts.append(f"{where}: field '{loc}': {msg}")
     return "\n".join(parts)
 
@@ -79,7 +70,7 @@ class Catalog:
         if name not in table:
             kind = section.rstrip("s").replace("_", " ")
             raise UnknownNameError(
-                f"unknown {kind} {name!r}.{_did_you_mean(name, table)} "
+                f"unknown {kind} {name!r}.{did_you_mean(name, table)} "
                 f"(`coral catalog list` shows them all)"
             )
         return table[name]
@@ -111,7 +102,7 @@ class Catalog:
             if name in table:
                 return table[name]
         every = [n for s in SECTIONS for n in getattr(self, s)]
-        raise UnknownNameError(f"no catalog entry named {name!r}.{_did_you_mean(name, every)}")
+        raise UnknownNameError(f"no catalog entry named {name!r}.{did_you_mean(name, every)}")
 
     def content_hash(self) -> str:
         """Stable hash of the catalog's content, used to key cached template libraries."""
@@ -141,7 +132,7 @@ def _read_yaml(path: Path | str, text: str) -> dict[str, Any]:
         bad = sorted(str(u) for u in unknown)[0]
         raise CatalogError(
             f"{path}: unknown section {bad!r}; valid sections are {sorted(SECTIONS)}."
-            f"{_did_you_mean(bad, SECTIONS)}"
+            f"{did_you_mean(bad, SECTIONS)}"
         )
     version = doc.get("schema_version", SCHEMA_VERSION)
     if version != SCHEMA_VERSION:
@@ -204,13 +195,13 @@ def _check_references(
         if node.gpu not in gpus:
             raise CatalogError(
                 f"{where}: field 'gpu': unknown GPU type {node.gpu!r}."
-                f"{_did_you_mean(node.gpu, gpus)}"
+                f"{did_you_mean(node.gpu, gpus)}"
             )
         for i, price in enumerate(node.prices):
             if price.region not in regions:
                 raise CatalogError(
                     f"{where}: field 'prices.{i}.region': unknown region "
-                    f"{price.region!r}.{_did_you_mean(price.region, regions)}"
+                    f"{price.region!r}.{did_you_mean(price.region, regions)}"
                 )
             region = regions[price.region]
             assert isinstance(region, Region)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated, Any, Iterator, Optional
 
 import typer
-from rich import box
 from rich.markup import escape
 from rich.table import Table
 

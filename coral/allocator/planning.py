@@ -4,7 +4,7 @@ This is the whole planner in three calls, each usable alone:
 
 1. `templates_for_scenario`: one template library per (model, template mode) of the scenario,
    built with the scenario's SLO, node types, `n_max` and `rho`, and reused from disk when its
-   inputs are unchanged (`coral.templates.library`). The libraries live under
+   inputs are unchanged (`coral.templates.store`). The libraries live under
    `OUT_ROOT/MODEL/MODE-nN-KEY`, where `KEY` hashes what the scenario chooses (SLO, request
    shape, `rho`, node types, regions), so scenarios that ask for different libraries of the
    same model do not overwrite each other's.

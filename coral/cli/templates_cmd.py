@@ -269,7 +269,7 @@ def build(
 ) -> None:
     """Build (or resume) the template library of a model: enumerate, solve, prune."""
     from coral.templates.build import build_library
-    from coral.templates.library import default_library_dir
+    from coral.templates.store import default_library_dir
     from coral.templates.operating_points import check_topology
     from coral.templates.parallel import MissingDependencyError
 
@@ -364,7 +364,7 @@ def show(
     json: JsonFlag = False,
 ) -> None:
     """Show a template library: inputs, counts and its best templates."""
-    from coral.templates.library import TemplateLibrary, find_libraries
+    from coral.templates.store import TemplateLibrary, find_libraries
 
     with user_errors():
         if top < 0:

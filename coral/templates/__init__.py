@@ -16,7 +16,7 @@ from coral.templates.build import (
     build_template,
 )
 from coral.templates.enumerate import Enumeration, enumerate_combinations, parse_combo
-from coral.templates.library import LibraryInputs, TemplateLibrary
+from coral.templates.store import LibraryInputs, TemplateLibrary
 from coral.templates.operating_points import OperatingPointTables
 from coral.templates.slo import SloSpec, Workload, default_slo, resolve_slo
 from coral.templates.types import (

@@ -566,7 +566,7 @@ def build_library(
     inputs is moved aside and rebuilt. `workers` > 1 or `ray_address` solve in parallel (each
     worker builds its own perf model with `perf_factory`, default `PerfModel(catalog)`).
     """
-    from coral.templates import library as lib_mod
+    from coral.templates import store as lib_mod
     from coral.templates import parallel as par
 
     arch = catalog.model(model) if isinstance(model, str) else model

@@ -25,7 +25,7 @@ from coral.templates.build import (
     upper_bound_of,
 )
 from coral.templates.enumerate import sub_combos
-from coral.templates.library import MANIFEST, RECORDS, LibraryError, TemplateLibrary
+from coral.templates.store import MANIFEST, RECORDS, LibraryError, TemplateLibrary
 from coral.templates.types import Placement, SolveStatus
 
 

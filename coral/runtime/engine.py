@@ -1,0 +1,175 @@
+"""The engine: a step loop of schedule -> execute -> update, with continuous batching.
+
+Each step sends every new request's prompt (prefill) and one token of every running request
+(decode) through the executor, so requests join and leave between steps. Steps run one after the
+other (no micro-batch overlap between stages yet).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from coral.runtime.config import EOS_TOKEN_ID
+from coral.runtime.messages import SamplingParams, TokenResult, WorkItem
+from coral.runtime.pipeline import Executor
+
+log = logging.getLogger(__name__)
+
+#: on_token(token_id or None, finished, error): token None with finished=True ends the stream.
+TokenCallback = Callable[[int | None, bool, str | None], None]
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    on_token: TokenCallback
+    stop_on_eos: bool
+    generated: list[int] = field(default_factory=list)
+    cancelled: bool = False
+
+
+class Engine:
+    """Owns the request queue and drives an executor; `submit` is thread-safe."""
+
+    def __init__(self, executor: Executor, *, max_seq_len: int, max_running: int = 32):
+        self.executor = executor
+        self.max_seq_len = max_seq_len
+        self.max_running = max_running
+        self._ids = itertools.count()
+        self._lock = threading.Condition()
+        self._waiting: list[_Request] = []
+        self._running: dict[str, _Request] = {}
+        self._releases: list[WorkItem] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # ---- API ----
+    def submit(self, prompt_ids: list[int] | tuple[int, ...], max_tokens: int,
+               on_token: TokenCallback, sampling: SamplingParams = SamplingParams(),
+               stop_on_eos: bool = True) -> str:
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        if len(prompt_ids) + max_tokens > self.max_seq_len:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) "
+                             f"exceeds the model's context ({self.max_seq_len} tokens)")
+        request = _Request(f"req-{next(self._ids)}", tuple(prompt_ids), max_tokens, sampling,
+                           on_token, stop_on_eos)
+        with self._lock:
+            self._waiting.append(request)
+            self._lock.notify()
+        return request.request_id
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            for r in [*self._waiting, *self._running.values()]:
+                if r.request_id == request_id:
+                    r.cancelled = True
+
+    def generate(self, prompt_ids: list[int], max_tokens: int,
+                 sampling: SamplingParams = SamplingParams(), stop_on_eos: bool = False
+                 ) -> list[int]:
+        """Blocking helper: run steps in this thread until the request finishes."""
+        out: list[int] = []
+        self.submit(prompt_ids, max_tokens, lambda t, _f, _e: t is not None and out.append(t),
+                    sampling, stop_on_eos)
+        while self.has_work():
+            self.step()
+        return out
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self._waiting or self._running or self._releases)
+
+    # ---- step: schedule -> execute -> update ----
+    def step(self) -> int:
+        """One engine step; returns how many tokens it produced."""
+        items = self._schedule()
+        if not items:
+            return 0
+        try:
+            results = self.executor.execute(items)
+        except Exception as exc:  # a worker failure fails the step's requests, not the engine
+            log.exception("engine step failed")
+            self._fail([i.request_id for i in items if not i.release], str(exc))
+            return 0
+        self._update(results)
+        return len(results)
+
+    def _schedule(self) -> list[WorkItem]:
+        with self._lock:
+            items, self._releases = self._releases, []
+            for r in list(self._running.values()):
+                if r.cancelled:
+                    self._finish(r, None)
+                    continue
+                pos = len(r.prompt_ids) + len(r.generated) - 1
+                items.append(WorkItem(r.request_id, pos, (r.generated[-1],), r.sampling,
+                                      step=len(r.generated)))
+            while self._waiting and len(self._running) < self.max_running:
+                r = self._waiting.pop(0)
+                if r.cancelled:
+                    r.on_token(None, True, None)
+                    continue
+                self._running[r.request_id] = r
+                items.append(WorkItem(r.request_id, 0, r.prompt_ids, r.sampling, step=0))
+            items.extend(self._releases)  # releases of cancelled requests, after their peers
+            self._releases = []
+            return items
+
+    def _update(self, results: list[TokenResult]) -> None:
+        with self._lock:
+            for res in results:
+                r = self._running.get(res.request_id)
+                if r is None or res.step != len(r.generated):
+                    continue
+                r.generated.append(res.token_id)
+                done = (len(r.generated) >= r.max_tokens or
+                        (r.stop_on_eos and res.token_id == EOS_TOKEN_ID) or r.cancelled)
+                r.on_token(res.token_id, done, None)
+                if done:
+                    self._finish(r, None, notify=False)
+
+    def _finish(self, r: _Request, error: str | None, notify: bool = True) -> None:
+        self._running.pop(r.request_id, None)
+        self._releases.append(WorkItem(r.request_id, 0, (), release=True))
+        if notify:
+            r.on_token(None, True, error)
+
+    def _fail(self, request_ids: list[str], error: str) -> None:
+        with self._lock:
+            for rid in request_ids:
+                r = self._running.get(rid)
+                if r is not None:
+                    self._finish(r, error)
+
+    # ---- background loop ----
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="coral-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not (self._stopping or self._waiting or self._running or self._releases):
+                    self._lock.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except Exception:  # keep serving; the step's requests were failed or will retry
+                log.exception("engine loop error")
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.executor.close()

@@ -1,0 +1,380 @@
+"""OpenAI-compatible HTTP gateway: translates HTTP requests into backend calls, nothing more.
+
+Endpoints: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (both also streamed as
+server-sent events), `/health`, `/metrics` (Prometheus text). Errors use OpenAI's JSON shape,
+`{"error": {"message", "type", "param", "code"}}`, and never take the server down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Literal, Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from coral.runtime.backends import Backend, BackendError
+from coral.runtime.messages import SamplingParams
+from coral.runtime.metrics import GatewayMetrics
+from coral.runtime.tokenizer import ByteTokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+#: OpenAI's default for /v1/completions.
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+#: Chat requests without max_tokens get at most this many (OpenAI: up to the context).
+DEFAULT_CHAT_MAX_TOKENS = 256
+MAX_STOP_SEQUENCES = 4
+
+
+# ---------------------------------------------------------------- request bodies
+class _Body(BaseModel):
+    # Unknown OpenAI fields (top_p, user, logit_bias, ...) are accepted and ignored.
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=1, description="Only one choice per request.")
+
+    def stop_list(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ApiError(400, f"'stop' has {len(stops)} sequences; at most "
+                           f"{MAX_STOP_SEQUENCES} are allowed", param="stop")
+        return [s for s in stops if s]
+
+
+class CompletionRequest(_Body):
+    prompt: str | list[str]
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatRequest(_Body):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+# ---------------------------------------------------------------- errors
+class ApiError(Exception):
+    """An error returned to the client in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status, message, type, param, code)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return ApiError(400, "The request body is not valid JSON.", code="invalid_json")
+    what = f"'{param}'" if param else "the request body"
+    return ApiError(400, f"Invalid value for {what}: {first.get('msg')}.", param=param,
+                    code="invalid_value" if param else None)
+
+
+# ---------------------------------------------------------------- generation
+@dataclass
+class _Outcome:
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
+               tokenizer: ByteTokenizer | None = None,
+               metrics: GatewayMetrics | None = None) -> FastAPI:
+    """The gateway over `models` (served name -> backend).
+
+    `api_key`, when set, is required on /v1/* as `Authorization: Bearer <api_key>`; /health and
+    /metrics stay open (bind the gateway to loopback or a private network).
+    """
+    tok = tokenizer or ByteTokenizer()
+    stats = metrics or GatewayMetrics()
+    created = int(time.time())
+    app = FastAPI(title="coral gateway", docs_url=None, redoc_url=None)
+    app.state.metrics = stats
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        return ApiError(exc.status_code, str(exc.detail), code=code).response()
+
+    @app.exception_handler(Exception)
+    async def _crash(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in the gateway")
+        return ApiError(500, f"Internal error: {type(exc).__name__}", type="server_error"
+                        ).response()
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if api_key is not None and request.url.path.startswith("/v1/"):
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return ApiError(401, "Incorrect API key provided.",
+                                type="invalid_request_error", code="invalid_api_key").response()
+        return await call_next(request)
+
+    def backend_of(name: str) -> Backend:
+        if name not in models:
+            close = difflib.get_close_matches(name, list(models), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise ApiError(404, f"The model '{name}' does not exist. Available models: "
+                           f"{', '.join(sorted(models))}.{hint}", param="model",
+                           code="model_not_found")
+        return models[name]
+
+    def prepare(body: _Body, prompt: str, default_max: int | None
+                ) -> tuple[Backend, list[int], int, SamplingParams, list[str]]:
+        backend = backend_of(body.model)
+        ids = tok.encode(prompt)
+        max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+        context = backend.max_context_tokens
+        if max_tokens is None:
+            max_tokens = max(1, min(default_max or DEFAULT_CHAT_MAX_TOKENS, context - len(ids)))
+        if len(ids) + max_tokens > context:
+            raise ApiError(400, f"This model's maximum context length is {context} tokens. "
+                           f"However, you requested {len(ids) + max_tokens} tokens "
+                           f"({len(ids)} in the prompt, {max_tokens} for the completion). "
+                           "Please reduce the prompt or max_tokens.", param="messages"
+                           if isinstance(body, ChatRequest) else "prompt",
+                           code="context_length_exceeded")
+        sampling = SamplingParams(body.temperature,
+                                  body.seed if body.seed is not None else secrets.randbits(31))
+        return backend, ids, max_tokens, sampling, body.stop_list()
+
+    async def run(body: _Body, endpoint: str, backend: Backend, ids: list[int], max_tokens: int,
+                  sampling: SamplingParams, stops: list[str], outcome: _Outcome
+                  ) -> AsyncIterator[str]:
+        """Yield text deltas; fills `outcome`; applies stop sequences."""
+        hold = max((len(s) for s in stops), default=1) - 1
+        generated: list[int] = []
+        emitted = 0
+        t0 = time.perf_counter()
+        first_s = last_s = None
+        outcome.prompt_tokens = len(ids)
+        status = "error"
+        try:
+            async with contextlib.aclosing(backend.generate(ids, max_tokens, sampling)) as it:
+                async for token in it:
+                    last_s = time.perf_counter()
+                    first_s = first_s or last_s
+                    generated.append(token)
+                    text = tok.decode(generated)
+                    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+                    if cut >= 0:
+                        yield text[emitted:cut]
+                        outcome.text, outcome.finish_reason = text[:cut], "stop"
+                        break
+                    safe = len(text) - hold - (1 if text.endswith("\ufffd") else 0)
+                    if safe > emitted:
+                        yield text[emitted:safe]
+                        emitted = safe
+                else:
+                    text = tok.decode(generated)
+                    yield text[emitted:]
+                    outcome.text = text
+                    outcome.finish_reason = "length" if len(generated) >= max_tokens else "stop"
+            status = "ok"
+        except BackendError as exc:
+            raise ApiError(503, f"The model backend failed: {exc}", type="server_error",
+                           code="backend_unavailable") from exc
+        finally:
+            outcome.completion_tokens = len(generated)
+            stats.count_request(body.model, endpoint, status)
+            tpot = ((last_s - first_s) / (len(generated) - 1)
+                    if first_s is not None and len(generated) > 1 else None)
+            stats.observe_request(body.model, len(ids), len(generated),
+                                  None if first_s is None else first_s - t0, tpot)
+
+    def usage(o: _Outcome) -> dict[str, int]:
+        return {"prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
+                "total_tokens": o.prompt_tokens + o.completion_tokens}
+
+    def sse(gen: AsyncIterator[dict]) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            try:
+                async for chunk in gen:
+                    yield f"data: {json.dumps(chunk)}\n\n"
+            except ApiError as exc:
+                yield f"data: {json.dumps(exc.body())}\n\n"
+            except Exception as exc:  # keep the stream well-formed
+                log.exception("stream failed")
+                error = ApiError(500, f"Internal error: {type(exc).__name__}", type="server_error")
+                yield f"data: {json.dumps(error.body())}\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    def counted_prepare(body: _Body, endpoint: str, prompt: str, default_max: int | None):
+        try:
+            return prepare(body, prompt, default_max)
+        except ApiError:
+            stats.count_request(body.model if body.model in models else "unknown", endpoint,
+                                "rejected")
+            raise
+
+    # ------------------------------------------------------------ routes
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "models": sorted(models)}
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(stats.render(), media_type="text/plain; version=0.0.4")
+
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "coral"}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card(m) for m in sorted(models)]}
+
+    @app.get("/v1/models/{name}")
+    async def get_model(name: str) -> dict[str, Any]:
+        backend_of(name)
+        return model_card(name)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+        if len(prompts) != 1:
+            raise ApiError(400, f"'prompt' holds {len(prompts)} prompts; send one per request",
+                           param="prompt")
+        args = counted_prepare(body, "completions", prompts[0], DEFAULT_COMPLETION_MAX_TOKENS)
+        rid, now, outcome = f"cmpl-{secrets.token_hex(12)}", int(time.time()), _Outcome()
+
+        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+            return {"id": rid, "object": "text_completion", "created": now, "model": body.model,
+                    "choices": [{"text": text, "index": 0, "logprobs": None,
+                                 "finish_reason": finish}]}
+
+        if body.stream:
+            async def stream() -> AsyncIterator[dict]:
+                async for delta in run(body, "completions", *args, outcome):
+                    if delta:
+                        yield chunk(delta, None)
+                yield chunk("", outcome.finish_reason)
+            return sse(stream())
+        async for _ in run(body, "completions", *args, outcome):
+            pass
+        return {**chunk(outcome.text, outcome.finish_reason), "usage": usage(outcome)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest):
+        prompt = tok.apply_chat_template([(m.role, m.text()) for m in body.messages])
+        args = counted_prepare(body, "chat", prompt, None)
+        rid, now, outcome = f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), _Outcome()
+
+        def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+            return {"id": rid, "object": "chat.completion.chunk", "created": now,
+                    "model": body.model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+        if body.stream:
+            async def stream() -> AsyncIterator[dict]:
+                yield chunk({"role": "assistant", "content": ""}, None)
+                async for delta in run(body, "chat", *args, outcome):
+                    if delta:
+                        yield chunk({"content": delta}, None)
+                yield chunk({}, outcome.finish_reason)
+            return sse(stream())
+        async for _ in run(body, "chat", *args, outcome):
+            pass
+        return {"id": rid, "object": "chat.completion", "created": now, "model": body.model,
+                "choices": [{"index": 0, "message": {"role": "assistant",
+                                                     "content": outcome.text},
+                             "finish_reason": outcome.finish_reason}],
+                "usage": usage(outcome)}
+
+    return app
+
+
+# ---------------------------------------------------------------- serving helpers
+class ServerThread:
+    """Run a uvicorn server for `app` in a background thread (tests, benchmarks, `coral serve`
+    when the caller keeps the main thread)."""
+
+    def __init__(self, app: FastAPI, host: str = DEFAULT_HOST, port: int = 0,
+                 log_level: str = "warning"):
+        import uvicorn
+
+        if port == 0:
+            from coral.runtime.worker import free_tcp_port
+            port = free_tcp_port(host)
+        self.host, self.port = host, port
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
+                                                    log_level=log_level, lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, name="coral-gateway",
+                                       daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> "ServerThread":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self.thread.start()
+        deadline = time.time() + timeout_s
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"gateway did not start on {self.url}")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=5)

@@ -1,0 +1,69 @@
+"""Messages between the engine and the stages (in-process or over ZeroMQ).
+
+Plain dataclasses; over ZeroMQ they travel pickled, so workers must only listen on loopback or a
+trusted private network (the default binds are 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy (argmax)
+    seed: int = 0  # seeds the per-request sampler; token i uses seed + i
+
+
+@dataclass
+class WorkItem:
+    """One request's chunk of tokens for one engine step, as it crosses the pipeline."""
+
+    request_id: str
+    start_pos: int  # position of the chunk's first token in the sequence
+    token_ids: tuple[int, ...]  # the chunk's tokens (prefill: the prompt; decode: one token)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    step: int = 0  # index of the token this chunk produces (0 for the prefill)
+    hidden: np.ndarray | None = None  # (len(token_ids), hidden_size) float32 between stages
+    release: bool = False  # free the request's KV caches along its route; no token comes back
+
+
+@dataclass(frozen=True)
+class TokenResult:
+    """A sampled token, sent by the last stage back to the engine."""
+
+    request_id: str
+    step: int  # which generated token this is (0 = first)
+    token_id: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Work items sent together to one node."""
+
+    items: tuple[WorkItem, ...]
+    batch_id: int  # engine step number, echoed in the results
+
+
+@dataclass(frozen=True)
+class Results:
+    """Tokens of one batch, sent by a last-stage node to the engine."""
+
+    tokens: tuple[TokenResult, ...]
+    batch_id: int
+    node_id: str
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    node_id: str
+    stage: int
+    sent_at_s: float  # time.monotonic() is per process; wall clock here (time.time())
+    cached_requests: int  # requests whose KV cache the node holds
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Ask a worker to exit."""

@@ -1,0 +1,39 @@
+"""Choosing among the data-parallel nodes of a stage, by weight, sticky per request."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class WeightedRouter:
+    """Smooth weighted round-robin over nodes; a request keeps its node until released.
+
+    Deterministic (no random draws), so tests know where each request goes; over many requests
+    each node gets a share proportional to its weight. Sticky because the node holds the request's
+    KV cache.
+    """
+
+    def __init__(self, weights: Sequence[float]):
+        if not weights or any(w <= 0 for w in weights):
+            raise ValueError(f"router weights {tuple(weights)} must be positive, at least one")
+        self.weights = tuple(float(w) for w in weights)
+        self._current = [0.0] * len(self.weights)
+        self._assigned: dict[str, int] = {}
+
+    def route(self, request_id: str) -> int:
+        node = self._assigned.get(request_id)
+        if node is None:
+            total = sum(self.weights)
+            for i, w in enumerate(self.weights):
+                self._current[i] += w
+            node = max(range(len(self.weights)), key=lambda i: self._current[i])
+            self._current[node] -= total
+            self._assigned[request_id] = node
+        return node
+
+    def release(self, request_id: str) -> int | None:
+        return self._assigned.pop(request_id, None)
+
+    @property
+    def active(self) -> int:
+        return len(self._assigned)

@@ -1,0 +1,218 @@
+"""Pipeline workers over ZeroMQ: one process per node, and the executor that drives them.
+
+Topology: every worker binds a PULL socket; it PUSHes activations to the nodes of the next
+stage (one PUSH socket each, the node chosen by weight and kept per request, since that node
+holds the request's KV cache), and the last stage PUSHes sampled tokens to the driver's PULL
+socket. Every worker also sends a heartbeat to the driver each `heartbeat_s`.
+
+Messages are pickled dataclasses (`coral.runtime.messages`): bind to loopback or a trusted
+private network only.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import socket
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from coral.runtime.config import PipelineSpec
+from coral.runtime.messages import Batch, Heartbeat, Results, Shutdown, TokenResult, WorkItem
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 0.5
+#: A node silent for this long is reported lost.
+HEARTBEAT_TIMEOUT_S = 5.0
+#: Longest wait for one step's tokens before the step fails.
+STEP_TIMEOUT_S = 60.0
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A port free right now (another process could take it before we bind; fine on loopback)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    node_id: str  # "s{stage}n{index}"
+    stage: int
+    index: int  # among the stage's data-parallel nodes
+    address: str  # where the node's PULL socket binds, e.g. tcp://127.0.0.1:5555
+
+
+@dataclass(frozen=True)
+class Topology:
+    spec: PipelineSpec
+    nodes: tuple[tuple[NodeAddress, ...], ...]  # per stage
+    driver_address: str  # the driver's PULL socket (tokens and heartbeats)
+
+    @classmethod
+    def on_loopback(cls, spec: PipelineSpec, host: str = "127.0.0.1") -> "Topology":
+        nodes = tuple(
+            tuple(NodeAddress(f"s{s}n{i}", s, i, f"tcp://{host}:{free_tcp_port(host)}")
+                  for i in range(len(stage.node_weights)))
+            for s, stage in enumerate(spec.stages))
+        return cls(spec, nodes, f"tcp://{host}:{free_tcp_port(host)}")
+
+
+def run_worker(topology: Topology, stage_index: int, node_index: int,
+               heartbeat_s: float = HEARTBEAT_S, torch_threads: int = 1,
+               device: str = "cpu") -> None:
+    """Process entry point of one node: receive batches, run the stage, pass results on."""
+    import torch
+    import zmq
+
+    from coral.runtime.model import Stage
+    from coral.runtime.pipeline import group_by_node
+    from coral.runtime.routing import WeightedRouter
+
+    torch.set_num_threads(torch_threads)
+    me = topology.nodes[stage_index][node_index]
+    spec = topology.spec.stages[stage_index]
+    stage = Stage(topology.spec.model, spec.first_layer, spec.end_layer, device)
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.bind(me.address)
+    driver = ctx.socket(zmq.PUSH)
+    driver.connect(topology.driver_address)
+    downstream = []
+    router = None
+    if not stage.is_last:
+        nxt = topology.spec.stages[stage_index + 1]
+        router = WeightedRouter(nxt.node_weights)
+        for node in topology.nodes[stage_index + 1]:
+            sock = ctx.socket(zmq.PUSH)
+            sock.connect(node.address)
+            downstream.append(sock)
+    poller = zmq.Poller()
+    poller.register(inbox, zmq.POLLIN)
+    last_beat = 0.0
+    try:
+        while True:
+            now = time.time()
+            if now - last_beat >= heartbeat_s:
+                driver.send_pyobj(Heartbeat(me.node_id, stage_index, now, len(stage.caches)))
+                last_beat = now
+            if not poller.poll(timeout=int(heartbeat_s * 1000)):
+                continue
+            msg = inbox.recv_pyobj()
+            if isinstance(msg, Shutdown):
+                return
+            assert isinstance(msg, Batch), f"unexpected message {type(msg).__name__}"
+            out = stage.forward(msg.items)
+            if stage.is_last:
+                driver.send_pyobj(Results(tuple(out), msg.batch_id, me.node_id))
+            else:
+                for node, group in group_by_node(out, router).items():
+                    downstream[node].send_pyobj(Batch(tuple(group), msg.batch_id))
+    finally:
+        ctx.destroy(linger=0)
+
+
+class WorkerLostError(RuntimeError):
+    pass
+
+
+class ZmqPipeline:
+    """Executor over worker processes: sends a step's items to the first stage and waits for
+    every token to come back from the last stage."""
+
+    def __init__(self, spec: PipelineSpec, *, topology: Topology | None = None,
+                 start_timeout_s: float = 60.0, device: str = "cpu"):
+        """`device`: torch device of every worker ("cuda:0" puts all stages on one GPU)."""
+        import zmq
+
+        from coral.runtime.routing import WeightedRouter
+
+        self.topology = topology or Topology.on_loopback(spec)
+        self._zmq = zmq
+        self._ctx = zmq.Context()
+        self._inbox = self._ctx.socket(zmq.PULL)
+        self._inbox.bind(self.topology.driver_address)
+        self._first = []
+        for node in self.topology.nodes[0]:
+            sock = self._ctx.socket(zmq.PUSH)
+            sock.connect(node.address)
+            self._first.append(sock)
+        self._router = WeightedRouter(spec.stages[0].node_weights)
+        self.last_seen_s: dict[str, float] = {}
+        self._batch_ids = 0
+        mp_ctx = mp.get_context("spawn")
+        self.processes = [
+            mp_ctx.Process(target=run_worker, args=(self.topology, n.stage, n.index),
+                           kwargs={"device": device},
+                           name=f"coral-worker-{n.node_id}", daemon=True)
+            for stage in self.topology.nodes for n in stage]
+        for p in self.processes:
+            p.start()
+        self._wait_for_heartbeats(start_timeout_s)
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n.node_id for stage in self.topology.nodes for n in stage]
+
+    def _receive(self, timeout_s: float):
+        if not self._inbox.poll(timeout=int(timeout_s * 1000)):
+            return None
+        msg = self._inbox.recv_pyobj()
+        if isinstance(msg, Heartbeat):
+            self.last_seen_s[msg.node_id] = time.time()
+        return msg
+
+    def _wait_for_heartbeats(self, timeout_s: float) -> None:
+        deadline = time.time() + timeout_s
+        while set(self.last_seen_s) != set(self.node_ids):
+            if time.time() > deadline:
+                missing = sorted(set(self.node_ids) - set(self.last_seen_s))
+                self.close()
+                raise WorkerLostError(f"workers {missing} did not start within {timeout_s} s")
+            self._receive(0.1)
+
+    def stale_nodes(self, timeout_s: float = HEARTBEAT_TIMEOUT_S) -> list[str]:
+        now = time.time()
+        return [n for n in self.node_ids if now - self.last_seen_s.get(n, 0.0) > timeout_s]
+
+    def dead_nodes(self) -> list[str]:
+        """Nodes whose process has exited (found at once, without waiting for heartbeats)."""
+        return [nid for nid, p in zip(self.node_ids, self.processes) if not p.is_alive()]
+
+    def execute(self, items: Sequence[WorkItem]) -> list[TokenResult]:
+        from coral.runtime.pipeline import group_by_node
+
+        self._batch_ids += 1
+        expected = sum(1 for i in items if not i.release)
+        for node, group in group_by_node(items, self._router).items():
+            self._first[node].send_pyobj(Batch(tuple(group), self._batch_ids))
+        tokens: list[TokenResult] = []
+        deadline = time.time() + STEP_TIMEOUT_S
+        while len(tokens) < expected:
+            msg = self._receive(0.2)
+            if isinstance(msg, Results) and msg.batch_id == self._batch_ids:
+                tokens.extend(msg.tokens)
+            dead = self.dead_nodes()
+            stale = dead or self.stale_nodes()
+            if stale or time.time() > deadline:
+                raise WorkerLostError(
+                    f"step {self._batch_ids}: worker(s) {', '.join(stale)} "
+                    f"{'exited' if dead else 'stopped sending heartbeats'}"
+                    if stale else f"step {self._batch_ids} timed out after {STEP_TIMEOUT_S} s")
+        return tokens
+
+    def close(self) -> None:
+        for stage in self.topology.nodes:
+            for node in stage:
+                sock = self._ctx.socket(self._zmq.PUSH)
+                sock.setsockopt(self._zmq.LINGER, 500)
+                sock.connect(node.address)
+                sock.send_pyobj(Shutdown())
+                sock.close()
+        for p in self.processes:
+            p.join(timeout=3)
+            if p.is_alive():
+                p.terminate()
+        self._ctx.destroy(linger=0)

@@ -1,0 +1,172 @@
+"""The OpenAI client talks to the gateway; bad requests get OpenAI-style errors."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from coral.runtime.backends import EchoBackend, EngineBackend  # noqa: E402
+from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
+from coral.runtime.engine import Engine  # noqa: E402
+from coral.runtime.gateway import ServerThread, create_app  # noqa: E402
+from coral.runtime.messages import SamplingParams  # noqa: E402
+from coral.runtime.pipeline import LocalPipeline  # noqa: E402
+from coral.runtime.tokenizer import ByteTokenizer  # noqa: E402
+
+TINY = ModelConfig(num_layers=4, max_seq_len=96, seed=1)
+API_KEY = "test-key"
+
+
+@pytest.fixture(scope="module")
+def server():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    engine = Engine(LocalPipeline(PipelineSpec.even(TINY, 2)), max_seq_len=TINY.max_seq_len)
+    engine.start()
+    app = create_app({"tiny-random": EngineBackend(engine), "echo": EchoBackend(64)},
+                     api_key=API_KEY)
+    with ServerThread(app) as srv:
+        srv.engine = engine
+        yield srv
+    engine.stop()
+    torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0,
+                         timeout=30)
+
+
+def expected_text(prompt: str, max_tokens: int) -> str:
+    """Greedy output of the unsplit model for the same prompt, as the gateway decodes it."""
+    tok = ByteTokenizer()
+    engine = Engine(LocalPipeline(PipelineSpec.even(TINY, 1)), max_seq_len=TINY.max_seq_len)
+    ids = engine.generate(tok.encode(prompt), max_tokens, SamplingParams(), stop_on_eos=True)
+    return tok.decode(ids)
+
+
+def test_models_listed(client):
+    assert sorted(m.id for m in client.models.list()) == ["echo", "tiny-random"]
+
+
+def test_completion_is_the_models_greedy_output(client):
+    out = client.completions.create(model="tiny-random", prompt="Hello", max_tokens=10,
+                                    temperature=0)
+    assert out.choices[0].text == expected_text("Hello", 10)
+    assert out.usage.prompt_tokens == 6 and out.usage.completion_tokens <= 10
+    assert out.choices[0].finish_reason in ("length", "stop")
+
+
+def test_chat_and_streaming_agree(client):
+    messages = [{"role": "user", "content": "hi"}]
+    full = client.chat.completions.create(model="tiny-random", messages=messages, max_tokens=8,
+                                          temperature=0)
+    stream = client.chat.completions.create(model="tiny-random", messages=messages,
+                                            max_tokens=8, temperature=0, stream=True)
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
+        full.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
+    assert full.choices[0].message.role == "assistant"
+
+
+def test_completion_stream_and_stop_sequence(client):
+    stream = client.completions.create(model="echo", prompt="abc,def", max_tokens=20,
+                                       stream=True, stop=[","])
+    chunks = list(stream)
+    # The echo backend returns BOS (not text) then the prompt's bytes; "," stops it.
+    assert "".join(c.choices[0].text for c in chunks) == "abc"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    out = client.completions.create(model="echo", prompt="xy", max_tokens=5)
+    assert out.choices[0].text == "xyx"  # BOS x y BOS x
+    assert out.choices[0].finish_reason == "length"
+
+
+def test_seeded_temperature_sampling_is_reproducible(client):
+    kw = dict(model="tiny-random", prompt="seed", max_tokens=6, temperature=0.9, seed=11)
+    assert client.completions.create(**kw).choices[0].text == \
+        client.completions.create(**kw).choices[0].text
+
+
+@pytest.mark.parametrize("kwargs, status, code, param", [
+    (dict(model="tiny-randm", prompt="x"), 404, "model_not_found", "model"),
+    (dict(model="tiny-random", prompt="x", temperature=5), 400, "invalid_value", "temperature"),
+    (dict(model="tiny-random", prompt="x", max_tokens=0), 400, "invalid_value", "max_tokens"),
+    (dict(model="tiny-random", prompt="x" * 200), 400, "context_length_exceeded", "prompt"),
+    (dict(model="tiny-random", prompt="x", max_tokens=500), 400, "context_length_exceeded",
+     "prompt"),
+])
+def test_bad_requests_get_openai_errors(client, kwargs, status, code, param):
+    with pytest.raises(openai.APIStatusError) as info:
+        client.completions.create(**kwargs)
+    err = info.value
+    assert err.status_code == status
+    assert err.body["code"] == code and err.body["param"] == param
+    assert err.body["message"]
+    if code == "model_not_found":
+        assert "Did you mean 'tiny-random'?" in err.body["message"]
+    # and the gateway is still up
+    assert client.models.list().data
+
+
+def test_raw_http_errors(server):
+    url = server.url
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    r = httpx.post(f"{url}/v1/completions", content=b"{not json", headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": "echo", "messages": []},
+                   headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    r = httpx.get(f"{url}/v1/nowhere", headers=auth)
+    assert r.status_code == 404 and "error" in r.json()
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"  # no key needed
+
+
+def test_metrics_count_requests_and_tokens(client, server):
+    client.completions.create(model="echo", prompt="metrics", max_tokens=3)
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'coral_requests_total{model="echo",endpoint="completions",status="ok"}' in text
+    assert 'coral_generation_tokens_total{model="echo"}' in text
+    assert 'coral_ttft_seconds_bucket{model="echo",le="+Inf"}' in text
+    assert "# TYPE coral_tpot_seconds histogram" in text
+
+
+def test_concurrent_requests_are_batched_and_exact(client):
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = ["one", "two two", "three three three", "four"]
+
+    def ask(prompt: str) -> str:
+        return client.completions.create(model="tiny-random", prompt=prompt, max_tokens=8,
+                                         temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(ask, prompts))
+    assert answers == [expected_text(p, 8) for p in prompts]
+
+
+def test_client_leaving_a_stream_cancels_its_request(server, monkeypatch):
+    import time
+
+    cancelled: list[str] = []
+    original = server.engine.cancel
+    monkeypatch.setattr(server.engine, "cancel",
+                        lambda rid: (cancelled.append(rid), original(rid)))
+    body = {"model": "tiny-random", "prompt": "go", "max_tokens": 80, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # first event, then hang up
+    deadline = time.time() + 10
+    while server.engine.has_work() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not server.engine.has_work(), "the abandoned request still runs"
+    assert cancelled, "the engine was not told to cancel the abandoned request"

@@ -7,7 +7,15 @@ import logging
 import typer
 
 from coral import __version__
-from coral.cli import catalog_cmd, perf_cmd, plan_cmd, profile_cmd, templates_cmd
+from coral.cli import (
+    catalog_cmd,
+    perf_cmd,
+    plan_cmd,
+    profile_cmd,
+    serve_cmd,
+    simulate_cmd,
+    templates_cmd,
+)
 
 app = typer.Typer(
     name="coral",
@@ -23,6 +31,8 @@ app.add_typer(templates_cmd.app, name="templates")
 app.command("plan")(plan_cmd.plan)
 app.command("demo")(plan_cmd.demo)
 app.command("adapt")(plan_cmd.adapt)
+app.command("simulate")(simulate_cmd.simulate)
+app.command("serve")(serve_cmd.serve)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,229 @@
+"""`coral simulate`: replay a workload on a planned deployment and report SLOs, goodput, $."""
+
+from __future__ import annotations
+
+import csv
+import json as jsonlib
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from coral.cli.common import (
+    CatalogFiles,
+    JsonFlag,
+    UserError,
+    console,
+    err_console,
+    open_catalog,
+    print_json,
+    user_errors,
+)
+
+#: Node limit of the templates when a scenario is planned here (quick; see `coral demo`).
+SIMULATE_NMAX = 2
+DEFAULT_DURATION_S = 300.0
+
+
+def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, level: str | None,
+                     quiet_stdout: bool, show: bool) -> tuple[str, list, dict, dict]:
+    """(name, instances, slos per model, demand req/s per model) of a plan JSON or a
+    scenario (planned here)."""
+    from coral.allocator.planning import plan_scenario, scenario_slo
+    from coral.allocator.scenario import load_scenario
+    from coral.cli.templates_cmd import _native_stdout_to_stderr
+    from coral.sim.deployment import instances_from_plan
+    from coral.templates.parallel import default_perf_factory
+
+    path = Path(ref)
+    if path.suffix == ".json":
+        if not path.is_file():
+            raise UserError(f"plan file {ref} does not exist")
+        try:
+            payload = jsonlib.loads(path.read_text())
+        except jsonlib.JSONDecodeError as exc:
+            raise UserError(f"{ref} is not JSON ({exc}); expected a file from `coral plan "
+                            "--out`") from None
+        if not isinstance(payload, dict) or "instances" not in payload or "scenario" not in payload:
+            raise UserError(f"{ref} is not a plan: expected 'scenario' and 'instances' (write "
+                            "one with `coral plan SCENARIO --out FILE`)")
+        scenario = load_scenario(payload["scenario"], level=payload.get("level"), catalog=cat)
+        slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
+        return (path.stem, instances_from_plan(payload, slos), slos,
+                dict(payload.get("demand_rps") or {}))
+    scenario = load_scenario(ref, level=level, catalog=cat)
+    perf = default_perf_factory(cat)
+    with _native_stdout_to_stderr(quiet_stdout):
+        if show:
+            with err_console.status(f"planning {scenario.name} (templates n_max {nmax})..."):
+                result = plan_scenario(scenario, catalog=cat, perf=perf, out_root=templates_dir,
+                                       workers=os.cpu_count() or 1, nmax=nmax, baselines=False)
+        else:
+            result = plan_scenario(scenario, catalog=cat, perf=perf, out_root=templates_dir,
+                                   workers=os.cpu_count() or 1, nmax=nmax, baselines=False)
+    slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
+    return (scenario.name, instances_from_plan(result, slos), slos,
+            dict(result.plan.demand_rps))
+
+
+def _workload(models: dict[str, float], slos: dict, *, trace: Path | None, rate: float | None,
+              duration: float | None, seed: int, lengths: str) -> list:
+    from coral.sim.workload import merge, synthetic, trace_requests
+
+    total = sum(models.values())
+    if total <= 0:
+        raise UserError("the plan serves no demand; give --rate")
+    scale = 1.0 if rate is None else rate / total
+    parts = []
+    for k, (model, demand) in enumerate(sorted(models.items())):
+        r = demand * scale
+        if r <= 0:
+            continue
+        if trace is not None:
+            parts.append(trace_requests(trace, model, rate_rps=r, duration_s=duration))
+        else:
+            slo = slos[model]
+            parts.append(synthetic(model, rate_rps=r, duration_s=duration or DEFAULT_DURATION_S,
+                                   seed=seed + 1000 * k, prompt_tokens=slo.input_tokens,
+                                   output_tokens=slo.output_tokens,
+                                   length_dist=lengths))  # type: ignore[arg-type]
+    return merge(*parts)
+
+
+def _write(out: Path, result: Any, summary: dict) -> None:
+    from coral.sim.metrics import REQUEST_COLUMNS, request_rows
+
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "requests.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(REQUEST_COLUMNS)
+        w.writerows(request_rows(result))
+    (out / "summary.json").write_text(jsonlib.dumps(summary, indent=2, default=_json_default)
+                                      + "\n")
+
+
+def _json_default(x: Any) -> Any:
+    return None if isinstance(x, float) and not math.isfinite(x) else str(x)
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.0f}"
+
+
+def print_summary(name: str, s: dict) -> None:
+    console.print(f"[bold]Simulated {escape(name)}[/]: {s['requests']} requests over "
+                  f"{s['span_s']:.0f} s, {s['completed']} completed, ${s['cost_per_hour']:,.2f}"
+                  f"/hour; goodput {s['goodput_tokens_per_s']:,.0f} tokens/s of "
+                  f"{s['throughput_tokens_per_s']:,.0f}; SLO attainment "
+                  f"{s['slo_attainment'] * 100:.1f}%", highlight=False)
+    t = Table(title="Per model (latency at the SLO percentile)", title_justify="left")
+    for col in ("model", "requests", "p", "TTFT ms", "target", "TPOT ms", "target", "SLO met",
+                "attainment"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for m, v in s["models"].items():
+        t.add_row(escape(m), str(v["requests"]), f"{v['percentile']:g}",
+                  _ms(v["ttft_s_at_percentile"]), _ms(v["ttft_target_s"]),
+                  _ms(v["tpot_s_at_percentile"]), _ms(v["tpot_target_s"]),
+                  "yes" if v["slo_met"] else "[red]no[/]", f"{v['slo_attainment'] * 100:.1f}%")
+    console.print(t)
+
+
+def simulate(
+    plan_or_scenario: Annotated[str, typer.Argument(
+        help="A plan JSON from `coral plan --out`, or a scenario (core, advanced, or a YAML "
+        "file) to plan first.")],
+    trace: Annotated[Optional[Path], typer.Option(
+        "--trace", help="Trace CSV (Azure or processed form); lengths and arrival pattern "
+        "replayed per model, rescaled to the model's demand (or to --rate).")] = None,
+    rate: Annotated[Optional[float], typer.Option(
+        "--rate", help="Total requests/s, split over models like the plan's demand "
+        "(default: the plan's demand).")] = None,
+    duration: Annotated[Optional[float], typer.Option(
+        "--duration", help=f"Seconds of arrivals (default {DEFAULT_DURATION_S:g}; with "
+        "--trace, the whole trace).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of generated arrivals and lengths.")] = 0,
+    lengths: Annotated[str, typer.Option(
+        "--lengths", help="Generated lengths: fixed (the SLO's mean shape) or lognormal.")] = "fixed",
+    mode: Annotated[str, typer.Option(
+        "--mode", help="fast (closed-form decode runs) or naive (one event per step).")] = "fast",
+    max_batched_tokens: Annotated[int, typer.Option(
+        "--max-batched-tokens", help="Token budget of one scheduler step.")] = 2048,
+    nmax: Annotated[int, typer.Option(
+        "--nmax", help="Template node limit when planning a scenario here.")] = SIMULATE_NMAX,
+    level: Annotated[Optional[str], typer.Option(
+        "--level", "-l", help="Availability level of the scenario.")] = None,
+    templates_dir: Annotated[Path, typer.Option(
+        "--templates-dir", help="Root of the template libraries.")] = Path("out/templates"),
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", help="Folder for requests.csv and summary.json (default out/simulate/NAME).")]
+    = None,
+    progress: Annotated[Optional[bool], typer.Option(
+        "--progress/--no-progress", help="Progress bar on stderr (default: when a terminal).")]
+    = None,
+    catalog: CatalogFiles = None,
+    json: JsonFlag = False,
+) -> None:
+    """Simulate a planned deployment under a workload: TTFT/TPOT percentiles, SLO attainment,
+    goodput, utilisation and $/hour. Writes one CSV row per request and a summary JSON."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from coral.sim.engine import SimConfig, Simulator
+    from coral.sim.metrics import summarize
+    from coral.sim.workload import WorkloadError
+    from coral.templates.parallel import default_perf_factory
+
+    show = sys.stderr.isatty() if progress is None else progress
+    with user_errors():
+        if rate is not None and not rate > 0:
+            raise UserError(f"--rate must be > 0 requests/s, got {rate:g}")
+        if duration is not None and not duration > 0:
+            raise UserError(f"--duration must be > 0 s, got {duration:g}")
+        if lengths not in ("fixed", "lognormal"):
+            raise UserError(f"--lengths must be 'fixed' or 'lognormal', got {lengths!r}")
+        cat = open_catalog(catalog)
+        name, instances, slos, demand = _load_deployment(
+            plan_or_scenario, cat=cat, nmax=nmax, templates_dir=templates_dir, level=level,
+            quiet_stdout=json, show=show)
+        served = {m: d for m, d in demand.items() if any(i.model == m for i in instances)}
+        try:
+            reqs = _workload(served or demand, slos, trace=trace, rate=rate, duration=duration,
+                             seed=seed, lengths=lengths)
+        except WorkloadError as exc:
+            raise UserError(str(exc)) from None
+        cfg = SimConfig(mode=mode, max_batched_tokens=max_batched_tokens)  # type: ignore[arg-type]
+        sim = Simulator(instances, perf=default_perf_factory(cat), catalog=cat, config=cfg)
+        horizon = reqs[-1].arrival_s if reqs else 0.0
+        if show:
+            with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                          TimeElapsedColumn(), console=err_console, transient=True) as bar:
+                task = bar.add_task("sim", total=max(horizon, 1e-9))
+                result = sim.run(reqs, progress=lambda t: bar.update(task, completed=t))
+        else:
+            result = sim.run(reqs)
+        summary = _clean(summarize(result, slos))
+        summary["source"] = plan_or_scenario
+        summary["mode"] = mode
+        summary["seed"] = seed
+        folder = out if out is not None else Path("out/simulate") / name
+        _write(folder, result, summary)
+    if json:
+        print_json(summary)
+        return
+    print_summary(name, summary)
+    console.print(f"written {escape(str(folder / 'requests.csv'))} and "
+                  f"{escape(str(folder / 'summary.json'))}", highlight=False)

@@ -1,0 +1,20 @@
+"""Event-based simulator of a planned deployment (see `engine.py` for the model)."""
+
+from coral.sim.deployment import (
+    DeploymentError,
+    InstanceSpec,
+    Stage,
+    StageNode,
+    instance_from_template,
+    instances_from_plan,
+)
+from coral.sim.engine import RequestResult, SimConfig, SimResult, Simulator, simulate
+from coral.sim.metrics import summarize
+from coral.sim.workload import Request, WorkloadError, read_trace, synthetic, trace_requests
+
+__all__ = [
+    "DeploymentError", "InstanceSpec", "Request", "RequestResult", "SimConfig", "SimResult",
+    "Simulator", "Stage", "StageNode", "WorkloadError", "instance_from_template",
+    "instances_from_plan", "read_trace", "simulate", "summarize", "synthetic",
+    "trace_requests",
+]

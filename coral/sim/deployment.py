@@ -1,0 +1,151 @@
+"""What the simulator runs: template instances as pipelines of stages, with router weights.
+
+An `InstanceSpec` is one running copy of a template: its stages in layer order, each stage the
+nodes that hold the same layer range (data parallel), each node with its layers, batch and the
+share of the stage's traffic it takes. It is built from a `Template` (shares from the
+template's flows), from a `PlanResult`, or from the JSON that `coral plan --out` writes (that
+JSON has every node's layers and batch, each instance's capacity and price, and the scenario
+name, which gives the SLO; shares then follow the nodes' batches, as the flows are not
+written).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from coral.templates.slo import SloSpec
+
+
+class DeploymentError(ValueError):
+    """A deployment cannot be simulated as given."""
+
+
+@dataclass(frozen=True)
+class StageNode:
+    """One node of a pipeline stage."""
+
+    node_type: str
+    first_layer: int
+    layers: int
+    batch: int  # most sequences the node runs per iteration (the template's choice)
+    share: float  # fraction of the stage's sequences and tokens this node takes
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Nodes holding the same layers; a micro-batch is split over them by `share`."""
+
+    nodes: tuple[StageNode, ...]
+
+    @property
+    def first_layer(self) -> int:
+        return self.nodes[0].first_layer
+
+    @property
+    def layers(self) -> int:
+        return self.nodes[0].layers
+
+    @property
+    def batch(self) -> int:
+        return sum(n.batch for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One template instance the router can send requests to."""
+
+    name: str  # unique in the deployment, e.g. "region/template_id#k"
+    model: str
+    stages: tuple[Stage, ...]  # in layer order
+    weight: float  # router weight: planned capacity, requests/s
+    usd_per_hour: float
+    slo: SloSpec | None = None
+
+    @property
+    def node_types(self) -> tuple[str, ...]:
+        return tuple(n.node_type for s in self.stages for n in s.nodes)
+
+
+def stages_from_nodes(nodes: Sequence[tuple[str, int, int, int, float]]) -> tuple[Stage, ...]:
+    """Group (node_type, first_layer, layers, batch, weight) into stages by layer range.
+
+    Nodes holding no layers are dropped. The ranges must tile [0, L) without gaps.
+    """
+    groups: dict[tuple[int, int], list[tuple[str, int, int, int, float]]] = {}
+    for n in nodes:
+        if n[2] > 0:
+            groups.setdefault((n[1], n[2]), []).append(n)
+    if not groups:
+        raise DeploymentError("the instance has no node holding layers")
+    stages = []
+    expect = 0
+    for (first, layers), members in sorted(groups.items()):
+        if first != expect:
+            raise DeploymentError(
+                f"layer ranges do not form a pipeline: a stage starts at layer {first}, "
+                f"expected {expect} (ranges: {sorted(groups)})")
+        expect = first + layers
+        total = sum(m[4] for m in members)
+        stages.append(Stage(tuple(
+            StageNode(m[0], m[1], m[2], int(m[3]),
+                      (m[4] / total) if total > 0 else 1.0 / len(members))
+            for m in members)))
+    return tuple(stages)
+
+
+def instance_from_template(template: Any, *, name: str | None = None, weight: float | None = None,
+                           usd_per_hour: float | None = None) -> InstanceSpec:
+    """An instance of `template` (aggregated mode); node shares from the template's flows."""
+    if template.mode != "aggregated":
+        raise DeploymentError(
+            f"template {template.combo} is in {template.mode!r} mode; the simulator runs "
+            "aggregated templates only (PD disaggregation is not simulated)")
+    inflow = [0.0] * len(template.nodes)
+    for src, dst, flow in template.edges:
+        if dst >= 0:
+            inflow[dst] += flow
+    nodes = [(n.node_type, n.first_layer, n.layers, n.batch, inflow[i] or float(n.batch))
+             for i, n in enumerate(template.nodes)]
+    price = usd_per_hour
+    if price is None:
+        price = template.min_usd_per_hour() or 0.0
+    return InstanceSpec(
+        name=name or f"{template.model}|{'+'.join(template.combo)}",
+        model=template.model, stages=stages_from_nodes(nodes),
+        weight=float(template.throughput_rps if weight is None else weight),
+        usd_per_hour=float(price), slo=template.slo)
+
+
+def _instances_from_rows(rows: Iterable[Mapping[str, Any]],
+                         slos: Mapping[str, SloSpec]) -> list[InstanceSpec]:
+    out = []
+    for row in rows:
+        if row.get("mode", "aggregated") != "aggregated":
+            raise DeploymentError(
+                f"instance {row.get('template_id')!r} is in {row.get('mode')!r} mode; the "
+                "simulator runs aggregated templates only")
+        placement = row.get("placement") or []
+        if not placement:
+            raise DeploymentError(
+                f"instance {row.get('template_id')!r} has no placement; re-plan with a "
+                "current `coral plan`")
+        nodes = [(p["node_type"], int(p["first_layer"]), int(p["layers"]), int(p["batch"]),
+                  float(p["batch"])) for p in placement]
+        stages = stages_from_nodes(nodes)
+        for k in range(int(row["count"])):
+            out.append(InstanceSpec(
+                name=f"{row['region']}/{row['template_id']}#{k}", model=row["model"],
+                stages=stages, weight=float(row["capacity_rps"]),
+                usd_per_hour=float(row["usd_per_hour"]), slo=slos.get(row["model"])))
+    return out
+
+
+def instances_from_plan(result: Any, slos: Mapping[str, SloSpec]) -> list[InstanceSpec]:
+    """Every instance of a `PlanResult` (or of its `to_dict()` / `coral plan --out` JSON)."""
+    if isinstance(result, Mapping):
+        rows = result.get("instances")
+        if rows is None:
+            raise DeploymentError("the plan JSON has no 'instances' list")
+        return _instances_from_rows(rows, slos)
+    return _instances_from_rows((i.to_dict() for i in result.instances), slos)

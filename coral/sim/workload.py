@@ -1,0 +1,250 @@
+"""Workloads for the simulator: seeded request generators and trace readers.
+
+A workload is a list of `Request`s sorted by arrival. Arrivals are Poisson (exponential gaps)
+or Gamma (gaps with a chosen coefficient of variation: 1 is Poisson, above 1 is bursty);
+lengths are fixed, lognormal around a mean, or sampled from a trace. Two trace formats are
+read:
+
+- the Azure LLM inference trace (`TIMESTAMP, ContextTokens, GeneratedTokens`, timestamps as
+  date-times or seconds);
+- the processed form (`arrived_at, num_prefill_tokens, num_decode_tokens`, seconds from the
+  first request), as in `coral/sim/data/`.
+
+`rate_rps` on a reader rescales the arrival times so that the trace runs at that mean rate.
+Every generator takes its seed from its arguments; nothing reads global random state.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+
+#: Column names of the two trace formats (case-sensitive, as published).
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+PROCESSED_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+
+#: A small sample of the processed Azure conversation trace shipped with the package.
+SAMPLE_TRACE = Path(__file__).with_name("data") / "azure_conv_sample.csv"
+
+
+class WorkloadError(ValueError):
+    """A workload parameter or a trace file is invalid."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One inference request."""
+
+    id: int  # unique within a workload, in arrival order
+    model: str
+    arrival_s: float  # seconds from the start of the run
+    prompt_tokens: int  # >= 1
+    output_tokens: int  # >= 1, the first token included
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One row of a trace: arrival time and lengths."""
+
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrivals and lengths
+# ---------------------------------------------------------------------------------------------
+
+
+def arrival_times(rate_rps: float, duration_s: float, *, seed: int,
+                  process: Literal["poisson", "gamma"] = "poisson", cv: float = 1.0) -> np.ndarray:
+    """Arrival times in [0, duration_s) at mean `rate_rps`.
+
+    Gamma gaps have shape `1 / cv**2` and mean `1 / rate_rps`, so their coefficient of
+    variation is `cv` (cv = 1 is Poisson; cv > 1 bursty).
+    """
+    if not rate_rps > 0:
+        raise WorkloadError(f"rate must be > 0 requests/s, got {rate_rps!r}")
+    if not duration_s > 0:
+        raise WorkloadError(f"duration must be > 0 s, got {duration_s!r}")
+    if process not in ("poisson", "gamma"):
+        raise WorkloadError(f"unknown arrival process {process!r}; valid: 'poisson', 'gamma'")
+    if process == "gamma" and not cv > 0:
+        raise WorkloadError(f"cv must be > 0 for Gamma arrivals, got {cv!r}")
+    rng = np.random.default_rng(seed)
+    mean_gap = 1.0 / rate_rps
+    n = max(16, int(rate_rps * duration_s * 1.2 + 10 * math.sqrt(rate_rps * duration_s) + 16))
+    times = np.empty(0)
+    last = 0.0
+    chunks = []
+    while last < duration_s:
+        if process == "poisson" or cv == 1.0:
+            gaps = rng.exponential(mean_gap, n)
+        else:
+            shape = 1.0 / cv**2
+            gaps = rng.gamma(shape, mean_gap / shape, n)
+        t = last + np.cumsum(gaps)
+        chunks.append(t)
+        last = float(t[-1])
+    times = np.concatenate(chunks)
+    return times[times < duration_s]
+
+
+def lengths(n: int, *, seed: int, mean: float,
+            dist: Literal["fixed", "lognormal"] = "fixed", sigma: float = 0.5,
+            max_tokens: int = 32768) -> np.ndarray:
+    """`n` token counts: all `mean`, or lognormal with that mean and log-std `sigma`."""
+    if not mean >= 1:
+        raise WorkloadError(f"mean length must be >= 1 token, got {mean!r}")
+    if dist == "fixed":
+        return np.full(n, int(round(mean)), dtype=np.int64)
+    if dist != "lognormal":
+        raise WorkloadError(f"unknown length distribution {dist!r}; valid: 'fixed', 'lognormal'")
+    rng = np.random.default_rng(seed)
+    mu = math.log(mean) - sigma**2 / 2.0
+    x = np.rint(rng.lognormal(mu, sigma, n)).astype(np.int64)
+    return np.clip(x, 1, max_tokens)
+
+
+def synthetic(model: str, *, rate_rps: float, duration_s: float, seed: int,
+              prompt_tokens: float = 1024, output_tokens: float = 256,
+              length_dist: Literal["fixed", "lognormal"] = "fixed", sigma: float = 0.5,
+              process: Literal["poisson", "gamma"] = "poisson", cv: float = 1.0,
+              first_id: int = 0) -> list[Request]:
+    """Requests for one model with generated arrivals and lengths."""
+    t = arrival_times(rate_rps, duration_s, seed=seed, process=process, cv=cv)
+    p = lengths(len(t), seed=seed + 1, mean=prompt_tokens, dist=length_dist, sigma=sigma)
+    o = lengths(len(t), seed=seed + 2, mean=output_tokens, dist=length_dist, sigma=sigma)
+    return [Request(first_id + i, model, float(t[i]), int(p[i]), int(o[i]))
+            for i in range(len(t))]
+
+
+def sampled_lengths(model: str, times: Sequence[float], rows: Sequence[TraceRow], *, seed: int,
+                    first_id: int = 0) -> list[Request]:
+    """Requests at `times` whose (prompt, output) lengths are drawn from trace rows."""
+    if not rows:
+        raise WorkloadError("cannot sample lengths from an empty trace")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(rows), len(times))
+    return [Request(first_id + i, model, float(t), rows[j].prompt_tokens, rows[j].output_tokens)
+            for i, (t, j) in enumerate(zip(times, idx))]
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace files
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse_time(text: str, path: Path, row: int) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        stamp = text.strip()
+        if "." in stamp:  # Azure writes 7 fractional digits; Python reads at most 6
+            head, frac = stamp.split(".", 1)
+            stamp = f"{head}.{frac[:6]}"
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        raise WorkloadError(
+            f"{path}, row {row}, column TIMESTAMP: {text!r} is neither seconds nor a date-time"
+        ) from None
+
+
+def _parse_int(text: str, path: Path, row: int, column: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise WorkloadError(f"{path}, row {row}, column {column}: {text!r} is not a number") from None
+    if not math.isfinite(value) or value < 1 or value != int(value):
+        raise WorkloadError(
+            f"{path}, row {row}, column {column}: expected a whole number of tokens >= 1, "
+            f"got {text!r}")
+    return int(value)
+
+
+def read_trace(path: str | Path, *, limit: int | None = None) -> list[TraceRow]:
+    """Rows of an Azure or processed trace, arrival times from 0, sorted by arrival.
+
+    The format is told by the header. Raises `WorkloadError` naming the file, row (1-based,
+    header = row 1) and column of the first bad value.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise WorkloadError(f"trace file {path} does not exist")
+    with path.open(newline="") as fh:
+        reader = csv.reader(fh)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise WorkloadError(f"{path}: empty file (expected a header)") from None
+        for cols in (PROCESSED_COLUMNS, AZURE_COLUMNS):
+            if all(c in header for c in cols):
+                break
+        else:
+            raise WorkloadError(
+                f"{path}: header {header} has neither the processed columns "
+                f"{list(PROCESSED_COLUMNS)} nor the Azure columns {list(AZURE_COLUMNS)}")
+        it, ip, io = (header.index(c) for c in cols)
+        rows: list[TraceRow] = []
+        for n, rec in enumerate(reader, start=2):
+            if not rec or all(not x.strip() for x in rec):
+                continue
+            if len(rec) < len(header):
+                raise WorkloadError(f"{path}, row {n}: {len(rec)} fields, expected {len(header)}")
+            t = _parse_time(rec[it], path, n) if cols is AZURE_COLUMNS else None
+            if t is None:
+                try:
+                    t = float(rec[it])
+                except ValueError:
+                    raise WorkloadError(
+                        f"{path}, row {n}, column {cols[0]}: {rec[it]!r} is not a number") from None
+            if not math.isfinite(t):
+                raise WorkloadError(f"{path}, row {n}, column {cols[0]}: {rec[it]!r} is not finite")
+            rows.append(TraceRow(t, _parse_int(rec[ip], path, n, cols[1]),
+                                 _parse_int(rec[io], path, n, cols[2])))
+            if limit is not None and len(rows) >= limit:
+                break
+    if not rows:
+        raise WorkloadError(f"{path}: no requests after the header")
+    rows.sort(key=lambda r: r.arrival_s)
+    t0 = rows[0].arrival_s
+    return [TraceRow(r.arrival_s - t0, r.prompt_tokens, r.output_tokens) for r in rows]
+
+
+def trace_requests(path: str | Path, model: str, *, rate_rps: float | None = None,
+                   duration_s: float | None = None, limit: int | None = None,
+                   first_id: int = 0) -> list[Request]:
+    """Requests replayed from a trace file; `rate_rps` rescales arrivals to that mean rate,
+    `duration_s` keeps those arriving before it."""
+    rows = read_trace(path, limit=limit)
+    scale = 1.0
+    if rate_rps is not None:
+        if not rate_rps > 0:
+            raise WorkloadError(f"rate must be > 0 requests/s, got {rate_rps!r}")
+        span = rows[-1].arrival_s
+        if len(rows) < 2 or span <= 0:
+            raise WorkloadError(f"{path}: cannot rescale a trace that spans no time")
+        native = (len(rows) - 1) / span
+        scale = native / rate_rps
+    out = []
+    for r in rows:
+        t = r.arrival_s * scale
+        if duration_s is not None and t >= duration_s:
+            break
+        out.append(Request(first_id + len(out), model, t, r.prompt_tokens, r.output_tokens))
+    return out
+
+
+def merge(*workloads: Sequence[Request]) -> list[Request]:
+    """Several models' workloads as one, by arrival, with ids renumbered in that order."""
+    allr = sorted((r for w in workloads for r in w), key=lambda r: (r.arrival_s, r.model, r.id))
+    return [Request(i, r.model, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            for i, r in enumerate(allr)]

@@ -1,0 +1,52 @@
+"""`coral simulate` on a small hand-written plan JSON (no planning, so it is quick)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from typer.testing import CliRunner
+
+from coral.cli.main import app
+
+
+def _plan(tmp_path):
+    plan = {
+        "scenario": "core",
+        "demand_rps": {"llama-3.1-8b": 2.0},
+        "instances": [{
+            "region": "r1", "template_id": "llama-3.1-8b|aggregated|1x-l40s",
+            "model": "llama-3.1-8b", "mode": "aggregated", "count": 2,
+            "placement": [{"node_type": "1x-l40s", "first_layer": 0, "layers": 32,
+                           "batch": 128, "tp_degree": 1}],
+            "capacity_rps": 5.8, "usd_per_hour": 1.5,
+        }],
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_simulate_plan_json_prints_only_json_and_writes_files(tmp_path):
+    out = tmp_path / "sim"
+    res = CliRunner().invoke(app, ["simulate", str(_plan(tmp_path)), "--duration", "20",
+                                   "--seed", "3", "--json", "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    for key in ("goodput_tokens_per_s", "slo_attainment", "ttft_p50", "ttft_p90", "ttft_p99",
+                "tpot_p50", "tpot_p90", "tpot_p99", "cost_per_hour"):
+        assert key in summary
+    assert summary["cost_per_hour"] == 3.0
+    assert json.loads((out / "summary.json").read_text())["requests"] == summary["requests"]
+    rows = list(csv.DictReader((out / "requests.csv").open()))
+    assert len(rows) == summary["requests"] > 0
+    assert {r["instance"] for r in rows} == {"r1/llama-3.1-8b|aggregated|1x-l40s#0",
+                                             "r1/llama-3.1-8b|aggregated|1x-l40s#1"}
+
+
+def test_simulate_rejects_a_json_that_is_not_a_plan(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    res = CliRunner().invoke(app, ["simulate", str(bad)])
+    assert res.exit_code == 2
+    assert "is not a plan" in res.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,3 +48,24 @@ def open_catalog(files: list[Path] | None) -> Catalog:
 
 def print_json(payload: Any) -> None:
     sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+@contextmanager
+def native_stdout_to_stderr(enabled: bool) -> Iterator[None]:
+    """While solving for `--json`, send whatever native code prints on file descriptor 1
+    (a solver's banner) to stderr, so that stdout holds the JSON document only."""
+    if not enabled:
+        yield
+        return
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

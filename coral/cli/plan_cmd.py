@@ -18,11 +18,11 @@ from coral.cli.common import (
     UserError,
     console,
     err_console,
+    native_stdout_to_stderr,
     open_catalog,
     print_json,
     user_errors,
 )
-from coral.cli.templates_cmd import _native_stdout_to_stderr
 
 #: Node limit of `coral demo`'s templates. The `core` scenario asks for 6, which takes far
 #: longer than a demo should. Whole demo (templates from scratch, allocation, baselines),
@@ -86,7 +86,7 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
     scenario = load_scenario(scenario_ref, level=level, catalog=cat)
     show = sys.stderr.isatty() if progress is None else progress
     perf = default_perf_factory(cat)
-    with _native_stdout_to_stderr(quiet_stdout):
+    with native_stdout_to_stderr(quiet_stdout):
         try:
             templates = templates_for_scenario(
                 scenario, cat, perf, out_root=templates_dir,
@@ -336,7 +336,7 @@ def adapt(
         tl = load_timeline(timeline, catalog=cat)
         show = sys.stderr.isatty() if progress is None else progress
         folder = out if out is not None else Path("out/adapt") / tl.name
-        with _native_stdout_to_stderr(json):
+        with native_stdout_to_stderr(json):
             try:
                 def said(r: Any) -> None:
                     if show:

@@ -20,6 +20,7 @@ from coral.cli.common import (
     UserError,
     console,
     err_console,
+    native_stdout_to_stderr,
     open_catalog,
     print_json,
     user_errors,
@@ -36,7 +37,6 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
     scenario (planned here)."""
     from coral.allocator.planning import plan_scenario, scenario_slo
     from coral.allocator.scenario import load_scenario
-    from coral.cli.templates_cmd import _native_stdout_to_stderr
     from coral.sim.deployment import instances_from_plan
     from coral.templates.parallel import default_perf_factory
 
@@ -58,7 +58,7 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
                 dict(payload.get("demand_rps") or {}))
     scenario = load_scenario(ref, level=level, catalog=cat)
     perf = default_perf_factory(cat)
-    with _native_stdout_to_stderr(quiet_stdout):
+    with native_stdout_to_stderr(quiet_stdout):
         if show:
             with err_console.status(f"planning {scenario.name} (templates n_max {nmax})..."):
                 result = plan_scenario(scenario, catalog=cat, perf=perf, out_root=templates_dir,

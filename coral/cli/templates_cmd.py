@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -18,6 +16,7 @@ from coral.cli.common import (
     UserError,
     console,
     err_console,
+    native_stdout_to_stderr,
     open_catalog,
     print_json,
     user_errors,
@@ -56,27 +55,6 @@ BatchesOpt = Annotated[
     Optional[str],
     typer.Option("--batches", help="Decode batch sizes, comma-separated [default: 1,2,...,256]."),
 ]
-
-
-@contextmanager
-def _native_stdout_to_stderr(enabled: bool) -> Iterator[None]:
-    """While solving for `--json`, send whatever native code prints on file descriptor 1
-    (a solver's banner) to stderr, so that stdout holds the JSON document only."""
-    if not enabled:
-        yield
-        return
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-        os.dup2(2, 1)
-    except (OSError, ValueError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _split(text: str | None) -> list[str] | None:
@@ -217,7 +195,7 @@ def solve(
         tables = OperatingPointTables(perf, cat, batches=_batches(batches))
         results = []
         for m in modes:
-            with _native_stdout_to_stderr(json):
+            with native_stdout_to_stderr(json):
                 tpl = build_template(arch, names, slo, m, topology, perf, cat, tables=tables,  # type: ignore[arg-type]
                     time_limit_s=time_limit, method=method)
             if not tpl.feasible:
@@ -303,7 +281,7 @@ def build(
 
         for m in _modes(mode):
             try:
-                with _native_stdout_to_stderr(json):
+                with native_stdout_to_stderr(json):
                     _, report = build_library(
                         arch, cat, slo=slo, mode=m, topology=topology,  # type: ignore[arg-type]
                         nmax=nmax, rho=rho, node_types=node_list, regions=region_list,

@@ -9,6 +9,7 @@ import typer
 from coral import __version__
 from coral.cli import (
     catalog_cmd,
+    evaluate_cmd,
     perf_cmd,
     plan_cmd,
     profile_cmd,
@@ -33,6 +34,7 @@ app.command("demo")(plan_cmd.demo)
 app.command("adapt")(plan_cmd.adapt)
 app.command("simulate")(simulate_cmd.simulate)
 app.command("serve")(serve_cmd.serve)
+app.command("evaluate")(evaluate_cmd.evaluate)
 
 
 def _version(value: bool) -> None:

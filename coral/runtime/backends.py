@@ -12,6 +12,11 @@ class BackendError(RuntimeError):
     """Generation failed inside the backend (e.g. a worker was lost)."""
 
 
+class RetriableBackendError(BackendError):
+    """The instance serving the request was lost after it had produced tokens; sending the
+    request again (it restarts from the prompt) is safe."""
+
+
 class Backend(Protocol):
     max_context_tokens: int  # prompt + generated tokens
 
@@ -36,8 +41,13 @@ class EngineBackend:
         def on_token(token: int | None, finished: bool, error: str | None) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (token, finished, error))
 
-        request_id = self.engine.submit(prompt_ids, max_tokens, on_token, sampling,
-                                        self.stop_on_eos)
+        from coral.runtime.engine import EngineStoppedError
+
+        try:
+            request_id = self.engine.submit(prompt_ids, max_tokens, on_token, sampling,
+                                            self.stop_on_eos)
+        except EngineStoppedError as exc:
+            raise BackendError(str(exc)) from exc
         finished = False
         try:
             while not finished:

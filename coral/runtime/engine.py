@@ -22,6 +22,13 @@ log = logging.getLogger(__name__)
 #: on_token(token_id or None, finished, error): token None with finished=True ends the stream.
 TokenCallback = Callable[[int | None, bool, str | None], None]
 
+#: How often an idle engine lets its executor check on its workers (drain heartbeats).
+IDLE_POLL_S = 0.2
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine was stopped; it takes no new requests."""
+
 
 @dataclass
 class _Request:
@@ -62,6 +69,8 @@ class Engine:
         request = _Request(f"req-{next(self._ids)}", tuple(prompt_ids), max_tokens, sampling,
                            on_token, stop_on_eos)
         with self._lock:
+            if self._stopping:
+                raise EngineStoppedError("the engine was stopped")
             self._waiting.append(request)
             self._lock.notify()
         return request.request_id
@@ -155,12 +164,21 @@ class Engine:
         self._thread.start()
 
     def _loop(self) -> None:
+        idle = getattr(self.executor, "idle", None)
         while True:
             with self._lock:
-                while not (self._stopping or self._waiting or self._running or self._releases):
-                    self._lock.wait()
+                if not (self._stopping or self._waiting or self._running or self._releases):
+                    self._lock.wait(timeout=IDLE_POLL_S)
                 if self._stopping:
                     return
+                busy = bool(self._waiting or self._running or self._releases)
+            if not busy:
+                if idle is not None:
+                    try:
+                        idle()  # e.g. read heartbeats, so silent workers are noticed
+                    except Exception:
+                        log.exception("executor idle check failed")
+                continue
             try:
                 self.step()
             except Exception:  # keep serving; the step's requests were failed or will retry
@@ -172,4 +190,9 @@ class Engine:
             self._lock.notify()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        with self._lock:  # requests still here will never run: end them with an error
+            leftovers = [*self._waiting, *self._running.values()]
+            self._waiting, self._running = [], {}
+        for r in leftovers:
+            r.on_token(None, True, "the engine was stopped before the request finished")
         self.executor.close()

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from coral.runtime.backends import Backend, BackendError
+from coral.runtime.backends import Backend, BackendError, RetriableBackendError
 from coral.runtime.messages import SamplingParams
 from coral.runtime.metrics import GatewayMetrics
 from coral.runtime.tokenizer import ByteTokenizer
@@ -36,6 +36,10 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 #: Chat requests without max_tokens get at most this many (OpenAI: up to the context).
 DEFAULT_CHAT_MAX_TOKENS = 256
 MAX_STOP_SEQUENCES = 4
+#: Non-streamed requests whose instance was lost mid-generation are run again this many times.
+MAX_REQUEST_RETRIES = 2
+#: Error code of a request whose instance was lost after its stream began (safe to resend).
+RETRIABLE_CODE = "instance_lost"
 
 
 # ---------------------------------------------------------------- request bodies
@@ -225,6 +229,11 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                     outcome.text = text
                     outcome.finish_reason = "length" if len(generated) >= max_tokens else "stop"
             status = "ok"
+        except RetriableBackendError as exc:
+            status = "retriable"
+            raise ApiError(503, f"The model instance serving this request was lost: {exc}. "
+                           "Please retry the request.", type="server_error",
+                           code=RETRIABLE_CODE) from exc
         except BackendError as exc:
             raise ApiError(503, f"The model backend failed: {exc}", type="server_error",
                            code="backend_unavailable") from exc
@@ -235,6 +244,21 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                     if first_s is not None and len(generated) > 1 else None)
             stats.observe_request(body.model, len(ids), len(generated),
                                   None if first_s is None else first_s - t0, tpot)
+
+    async def collect(body: _Body, endpoint: str, args: tuple) -> _Outcome:
+        """Run a non-streamed request to the end; rerun it from the prompt when its instance was
+        lost mid-generation (nothing was sent to the client yet)."""
+        for attempt in range(MAX_REQUEST_RETRIES + 1):
+            outcome = _Outcome()
+            try:
+                async for _ in run(body, endpoint, *args, outcome):
+                    pass
+                return outcome
+            except ApiError as exc:
+                if exc.code != RETRIABLE_CODE or attempt == MAX_REQUEST_RETRIES:
+                    raise
+                log.warning("rerunning a %s request after: %s", endpoint, exc.message)
+        raise AssertionError("unreachable")
 
     def usage(o: _Outcome) -> dict[str, int]:
         return {"prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
@@ -304,8 +328,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                         yield chunk(delta, None)
                 yield chunk("", outcome.finish_reason)
             return sse(stream())
-        async for _ in run(body, "completions", *args, outcome):
-            pass
+        outcome = await collect(body, "completions", args)
         return {**chunk(outcome.text, outcome.finish_reason), "usage": usage(outcome)}
 
     @app.post("/v1/chat/completions")
@@ -327,8 +350,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                         yield chunk({"content": delta}, None)
                 yield chunk({}, outcome.finish_reason)
             return sse(stream())
-        async for _ in run(body, "chat", *args, outcome):
-            pass
+        outcome = await collect(body, "chat", args)
         return {"id": rid, "object": "chat.completion", "created": now, "model": body.model,
                 "choices": [{"index": 0, "message": {"role": "assistant",
                                                      "content": outcome.text},

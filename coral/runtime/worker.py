@@ -133,7 +133,11 @@ class ZmqPipeline:
         self._zmq = zmq
         self._ctx = zmq.Context()
         self._inbox = self._ctx.socket(zmq.PULL)
-        self._inbox.bind(self.topology.driver_address)
+        try:
+            self._inbox.bind(self.topology.driver_address)
+        except zmq.ZMQError:
+            self._ctx.destroy(linger=0)
+            raise
         self._first = []
         for node in self.topology.nodes[0]:
             sock = self._ctx.socket(zmq.PUSH)
@@ -167,6 +171,10 @@ class ZmqPipeline:
     def _wait_for_heartbeats(self, timeout_s: float) -> None:
         deadline = time.time() + timeout_s
         while set(self.last_seen_s) != set(self.node_ids):
+            exited = self.dead_nodes()
+            if exited:
+                self.close()
+                raise WorkerLostError(f"workers {exited} exited while starting")
             if time.time() > deadline:
                 missing = sorted(set(self.node_ids) - set(self.last_seen_s))
                 self.close()
@@ -180,6 +188,20 @@ class ZmqPipeline:
     def dead_nodes(self) -> list[str]:
         """Nodes whose process has exited (found at once, without waiting for heartbeats)."""
         return [nid for nid, p in zip(self.node_ids, self.processes) if not p.is_alive()]
+
+    def failed_nodes(self, timeout_s: float = HEARTBEAT_TIMEOUT_S) -> list[str]:
+        """Nodes whose process exited or whose heartbeats stopped."""
+        dead = self.dead_nodes()
+        return dead + [n for n in self.stale_nodes(timeout_s) if n not in dead]
+
+    def idle(self) -> None:
+        """Between steps: read pending heartbeats (and drop late results of failed steps)."""
+        while self._receive(0) is not None:
+            pass
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [p.pid for p in self.processes]
 
     def execute(self, items: Sequence[WorkItem]) -> list[TokenResult]:
         from coral.runtime.pipeline import group_by_node

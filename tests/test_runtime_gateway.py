@@ -160,6 +160,11 @@ def test_client_leaving_a_stream_cancels_its_request(server, monkeypatch):
     original = server.engine.cancel
     monkeypatch.setattr(server.engine, "cancel",
                         lambda rid: (cancelled.append(rid), original(rid)))
+    # pace generation (20 ms a step) so the request is still running when the client hangs up,
+    # however fast this machine decodes the tiny model
+    execute = server.engine.executor.execute
+    monkeypatch.setattr(server.engine.executor, "execute",
+                        lambda items: (time.sleep(0.02), execute(items))[1])
     body = {"model": "tiny-random", "prompt": "go", "max_tokens": 80, "stream": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body,
                       headers={"Authorization": f"Bearer {API_KEY}"}) as r:

@@ -46,7 +46,8 @@ class UnknownNameError(KeyError):
         return str(self.args[0])
 
 
-def _format_validation_error(where: str, err: ValidationError) -> str:
+def format_validation_error(where: str, err: ValidationError) -> str:
+    """One line per invalid field: "WHERE: field 'a.b': what is wrong"."""
     parts = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(entry)"
@@ -180,7 +181,7 @@ def _apply_section(
         try:
             table[name] = model_cls.model_validate(merged)
         except ValidationError as err:
-            raise CatalogError(_format_validation_error(where, err)) from None
+            raise CatalogError(format_validation_error(where, err)) from None
         if origins is not None:
             origins[(section, name)] = where
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from coral.catalog import Catalog, CatalogError, ModelArch, load_catalog
-from coral.catalog.loader import _format_validation_error
+from coral.catalog.loader import format_validation_error
 from coral.cli.common import (
     CatalogFiles,
     JsonFlag,
@@ -64,7 +64,7 @@ def _load_model(value: str, catalog_files: list[Path]) -> tuple[ModelArch, Catal
     try:
         arch = ModelArch.model_validate(raw)
     except ValidationError as err:
-        raise CatalogError(_format_validation_error(f"{path}: model", err)) from None
+        raise CatalogError(format_validation_error(f"{path}: model", err)) from None
     return arch, load_catalog(catalog_files)
 
 

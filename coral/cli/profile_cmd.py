@@ -123,26 +123,26 @@ def profile(
         "1 suffices for most, use few for models too large for the device.")] = 1,
     device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N.")] = "cpu",
     node: Annotated[Optional[str], typer.Option(
-        "--node", help="Node type the table describes [default: 'cpu' on CPU; on CUDA "
-        "'1x-<gpu>' when the GPU is in the catalog, else 'cuda'].")] = None,
+        "--node", help="Node type the table describes (default: 'cpu' on CPU; on CUDA "
+        "'1x-<gpu>' when the GPU is in the catalog, else 'cuda').")] = None,
     dtype: Annotated[Optional[str], typer.Option(
-        "--dtype", help="float32, bfloat16 or float16 [default: float32 on CPU, the model's "
-        "dtype (bfloat16) on CUDA].")] = None,
+        "--dtype", help="float32, bfloat16 or float16 (default: float32 on CPU, the model's "
+        "dtype (bfloat16) on CUDA).")] = None,
     prefill_tokens: Annotated[Optional[str], typer.Option(
-        "--prefill-tokens", help="Prompt lengths, comma-separated [default: per device].")] = None,
+        "--prefill-tokens", help="Prompt lengths, comma-separated (default: per device).")] = None,
     decode_batch: Annotated[Optional[str], typer.Option(
-        "--decode-batch", help="Decode batch sizes, comma-separated [default: per device].")] = None,
+        "--decode-batch", help="Decode batch sizes, comma-separated (default: per device).")] = None,
     context: Annotated[Optional[str], typer.Option(
-        "--context", help="Per-sequence decode contexts, comma-separated [default: per device]."
+        "--context", help="Per-sequence decode contexts, comma-separated (default: per device)."
     )] = None,
     repeats: Annotated[Optional[int], typer.Option(
-        "--repeats", help="Timed repeats per point (median) [default: 5 CPU, 10 CUDA].")] = None,
+        "--repeats", help="Timed repeats per point (median) (default: 5 CPU, 10 CUDA).")] = None,
     warmup: Annotated[Optional[int], typer.Option(
-        "--warmup", help="Untimed runs per point [default: 2 CPU, 3 CUDA].")] = None,
+        "--warmup", help="Untimed runs per point (default: 2 CPU, 3 CUDA).")] = None,
     cuda_graphs: Annotated[bool, typer.Option(
         "--cuda-graphs/--no-cuda-graphs", help="Time dense decode as a CUDA graph.")] = True,
     out: Annotated[Optional[Path], typer.Option(
-        "--out", "-o", help="Output CSV [default: profiles/<model>__<node>.csv].")] = None,
+        "--out", "-o", help="Output CSV (default: profiles/<model>__<node>.csv).")] = None,
     catalog: CatalogFiles = None,
     json_out: JsonFlag = False,
 ) -> None:

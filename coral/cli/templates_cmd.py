@@ -30,19 +30,19 @@ app = typer.Typer(
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model name (catalog).")]
 TpotOpt = Annotated[
     Optional[float],
-    typer.Option("--tpot", help="TPOT target, seconds per output token [default: the model's]."),
+    typer.Option("--tpot", help="TPOT target, seconds per output token (default: the model's)."),
 ]
 TtftOpt = Annotated[
     Optional[float],
-    typer.Option("--ttft", help="TTFT target, seconds to the first token [default: the model's]."),
+    typer.Option("--ttft", help="TTFT target, seconds to the first token (default: the model's)."),
 ]
 InputOpt = Annotated[
     Optional[int],
-    typer.Option("--input-tokens", help="Mean prompt length, tokens [default: 1024]."),
+    typer.Option("--input-tokens", help="Mean prompt length, tokens (default: 1024)."),
 ]
 OutputOpt = Annotated[
     Optional[int],
-    typer.Option("--output-tokens", help="Mean output length, tokens [default: 256]."),
+    typer.Option("--output-tokens", help="Mean output length, tokens (default: 256)."),
 ]
 TopologyOpt = Annotated[
     str,
@@ -53,7 +53,7 @@ TimeLimitOpt = Annotated[
 ]
 BatchesOpt = Annotated[
     Optional[str],
-    typer.Option("--batches", help="Decode batch sizes, comma-separated [default: 1,2,...,256]."),
+    typer.Option("--batches", help="Decode batch sizes, comma-separated (default: 1,2,...,256)."),
 ]
 
 
@@ -228,20 +228,20 @@ def build(
         "--mode", help="aggregated, or pd (a prefill and a decode library).")] = "aggregated",
     topology: TopologyOpt = "flow",
     nodes: Annotated[Optional[str], typer.Option(
-        "--nodes", help="Only these node types, comma-separated [default: all].")] = None,
+        "--nodes", help="Only these node types, comma-separated (default: all).")] = None,
     regions: Annotated[Optional[str], typer.Option(
         "--regions", help="Only node types priced in these regions, comma-separated.")] = None,
     out: Annotated[Path, typer.Option(
         "--out", help="Root directory; a library goes to OUT/MODEL/MODE.")] = Path("out/templates"),
     workers: Annotated[Optional[int], typer.Option(
-        "--workers", help="Local worker processes [default: one per CPU].")] = None,
+        "--workers", help="Local worker processes (default: one per CPU).")] = None,
     ray: Annotated[Optional[str], typer.Option(
         "--ray", help="Solve on a Ray cluster at this address (e.g. auto, ray://host:10001).")] = None,
     time_limit: TimeLimitOpt = 60.0,
     method: Annotated[str, typer.Option("--method", help="Placement solver method.")] = "auto",
     batches: BatchesOpt = None,
     progress: Annotated[Optional[bool], typer.Option(
-        "--progress/--no-progress", help="Progress bar on stderr [default: when a terminal].")] = None,
+        "--progress/--no-progress", help="Progress bar on stderr (default: when a terminal).")] = None,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:

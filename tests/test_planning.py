@@ -7,6 +7,8 @@ under a second to build, and are built once per module. The baselines are replac
 
 from __future__ import annotations
 
+import math
+
 import csv
 import json
 import sys
@@ -212,10 +214,12 @@ def test_scarcity_names_the_shortfall(setup, fake_baselines):
 
 
 def test_startup_penalty_keeps_the_current_deployment(setup, tmp_path):
-    """Four 1x-a10g instances run now. Re-planning with no start-up cost replaces them by
-    cheaper templates; with a 10-hour start-up they are kept."""
+    """Just enough 1x-a10g instances for the demand run now. Re-planning with no start-up
+    cost replaces them by cheaper templates; with a 10-hour start-up they are kept."""
     a10g = f"{MODEL}|aggregated|1x-a10g"
-    current = {(a10g, REGION): 4}
+    (col,) = [c for c in columns_from_templates(setup.scenario, setup.templates) if c.id == a10g]
+    running = math.ceil(setup.scenario.spec.models[0].demand_rps / col.capacity)
+    current = {(a10g, REGION): running}
     plans = {}
     for startup_s in (0.0, 36000.0):
         path = _write_scenario(tmp_path, f"tiny-{int(startup_s)}.yaml", startup_s)
@@ -225,8 +229,8 @@ def test_startup_penalty_keeps_the_current_deployment(setup, tmp_path):
                                          baselines=False).plan
     free, costly = plans[0.0], plans[36000.0]
     assert free.meets_demand and costly.meets_demand
-    assert free.instances.get((a10g, REGION), 0) < 4 and free.stopped
-    assert costly.instances == {(a10g, REGION): 4}
+    assert free.instances.get((a10g, REGION), 0) < running and free.stopped
+    assert costly.instances == {(a10g, REGION): running}
     assert not costly.started and not costly.stopped and costly.penalty_usd == 0
     assert free.cost_usd_per_hour < costly.cost_usd_per_hour
 

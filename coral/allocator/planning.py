@@ -203,8 +203,10 @@ def columns_from_templates(
 ) -> list[TemplateColumn]:
     """Every usable template as a column priced in the scenario's regions, sorted by id.
 
-    Left out: templates with no throughput, of models or modes the scenario does not serve,
-    or whose node types no scenario region prices together. Of two templates with the same
+    A column's capacity is the template's planned capacity (`Scenario.planned_capacity`:
+    throughput times the utilisation at which TTFT still holds), not its full throughput.
+    Left out: templates with no planned capacity, of models or modes the scenario does not
+    serve, or whose node types no scenario region prices together. Of two templates with the same
     id (same model, mode and combination) the one of higher throughput is kept.
     """
     served = {m.name for m in scenario.models}
@@ -216,8 +218,10 @@ def columns_from_templates(
         for t in tpls:
             if t.model != model or t.mode not in modes or not t.feasible or t.throughput <= 0:
                 continue
-            col = scenario.column(column_id(t), t.model, t.mode, node_counts(t.combo),
-                                  float(t.throughput))
+            capacity = scenario.planned_capacity(t)
+            if not capacity > 0:
+                continue
+            col = scenario.column(column_id(t), t.model, t.mode, node_counts(t.combo), capacity)
             if not col.price_usd_per_hour:
                 continue
             if col.id not in best or col.capacity > best[col.id][0].capacity:
@@ -273,9 +277,10 @@ class PlannedInstances:
     placement: tuple[StagePlacement, ...]  # per node of one instance
     capacity: float  # one instance, in `unit`
     unit: str
-    capacity_rps: float  # one instance, requests/s of the model's workload mix
+    capacity_rps: float  # one instance, planned requests/s of the model's workload mix
     usd_per_hour: float  # one instance, in this region
     started: int  # of `count`, started against the current deployment
+    utilisation: float = 1.0  # planned capacity / full throughput (queueing headroom)
 
     @property
     def node_mix(self) -> str:
@@ -296,6 +301,7 @@ class PlannedInstances:
             "usd_per_hour": self.usd_per_hour,
             "usd_per_hour_total": self.usd_per_hour * self.count,
             "started": self.started,
+            "utilisation": self.utilisation,
         }
 
 
@@ -425,14 +431,16 @@ def decode_instances(plan: AllocationPlan, columns: Sequence[TemplateColumn],
         )
         if tpl is not None and tpl.throughput > 0:
             rps = col.capacity * tpl.throughput_rps / tpl.throughput
+            utilisation = col.capacity / tpl.throughput
         else:
             rps = col.capacity if col.mode == "aggregated" else 0.0
+            utilisation = 1.0
         out.append(PlannedInstances(
             region=region, template_id=tid, model=col.model, mode=col.mode, count=int(count),
             node_counts=dict(col.node_counts), placement=placement, capacity=col.capacity,
             unit=tpl.unit if tpl is not None else "req/s", capacity_rps=rps,
             usd_per_hour=col.price_usd_per_hour[region],
-            started=int(plan.started.get((tid, region), 0)),
+            started=int(plan.started.get((tid, region), 0)), utilisation=utilisation,
         ))
     return tuple(out)
 

@@ -59,6 +59,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from coral.messages import did_you_mean, field_problem
+from coral.allocator.headroom import DEFAULT_ARRIVAL_CV, DEFAULT_OUTPUT_CV, planned_capacity
 from coral.allocator.problem import (
     AllocationProblem,
     ModelDemand,
@@ -97,6 +98,12 @@ class ScenarioModel(_Entry):
     ttft_s: float = Field(gt=0, le=3600, description="Time to first token target, seconds.")
     percentile: float = Field(default=0.9, gt=0, le=1, description="Quantile the SLO holds at.")
     priority: float = Field(default=1.0, gt=0, description="Weight of its goodput under scarcity.")
+    arrival_cv: float = Field(
+        default=DEFAULT_ARRIVAL_CV, ge=0, le=10,
+        description="Coefficient of variation of inter-arrival gaps (1: Poisson; > 1 bursty).")
+    output_tokens_cv: float = Field(
+        default=DEFAULT_OUTPUT_CV, ge=0, le=10,
+        description="Coefficient of variation of output lengths (0: all the same).")
 
     @model_validator(mode="after")
     def _check(self) -> "ScenarioModel":
@@ -246,6 +253,22 @@ class Scenario:
             )
             for m in self.spec.models
         )
+
+    def planned_capacity(self, template: Any) -> float:
+        """The capacity one instance of `template` is planned for: its throughput times the
+        utilisation at which its TTFT still holds under this scenario's traffic shape for the
+        model (see `coral.allocator.headroom`)."""
+        m = self.model_spec(template.model)
+        return planned_capacity(template, arrival_cv=m.arrival_cv,
+                                output_cv=m.output_tokens_cv)
+
+    def model_spec(self, name: str) -> ScenarioModel:
+        """The scenario's entry of model `name` (KeyError naming the models it serves)."""
+        for m in self.spec.models:
+            if m.name == name:
+                return m
+        raise KeyError(f"model {name!r} is not in scenario {self.name!r}; it serves "
+                       + ", ".join(m.name for m in self.spec.models))
 
     def column(self, id: str, model: str, mode: Mode, node_counts: Mapping[str, int],
                capacity: float) -> TemplateColumn:

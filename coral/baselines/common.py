@@ -143,8 +143,9 @@ def template_column(
     scenario: Scenario, template: Template, *, prefix: str, capacity: float | None = None
 ) -> TemplateColumn | None:
     """The template as an allocator column priced in the scenario, or None when it cannot run
-    (no throughput, or no scenario region prices all its node types)."""
-    cap = template.throughput if capacity is None else capacity
+    (no capacity, or no scenario region prices all its node types). The capacity defaults to
+    the scenario's planned capacity of the template, as for Coral's own columns."""
+    cap = scenario.planned_capacity(template) if capacity is None else capacity
     if not template.feasible or not cap > 0:
         return None
     col = scenario.column(

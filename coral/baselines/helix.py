@@ -280,7 +280,9 @@ def helix(
             continue
         placements[m.name] = hp
         notes.append(hp.describe())
-        col = template_column(scenario, hp.no_slo, prefix=name)
+        # No headroom: the Helix-like baseline plans at full throughput (it knows no SLO).
+        col = template_column(scenario, hp.no_slo, prefix=name,
+                              capacity=hp.no_slo.throughput)
         if col is not None:
             columns.append(col)
             share[col.id] = hp.slo_share

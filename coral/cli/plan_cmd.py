@@ -161,14 +161,18 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
         table.add_column("model", min_width=width)
         table.add_column("count", justify="right")
         table.add_column("placement: nodes [layers) → next stage", ratio=1)
-        for col in ("req/s each", "$/hour each", "$/hour"):
+        for col in ("req/s each", "load", "$/hour each", "$/hour"):
             table.add_column(col, justify="right")
         for i in insts:
             model = i.model if i.mode == "aggregated" else f"{i.model} ({i.mode})"
             table.add_row(escape(model), str(i.count), escape(_stages(i)),
-                          f"{i.capacity_rps:.2f}", f"{i.usd_per_hour:.2f}",
+                          f"{i.capacity_rps:.2f}", _pct(i.utilisation), f"{i.usd_per_hour:.2f}",
                           f"{i.usd_per_hour * i.count:,.2f}")
         console.print(table)
+    if result.instances:
+        console.print("[dim]req/s each: the planned rate, run at 'load' of the template's full "
+                      "throughput so that queueing leaves TTFT within the SLO at its percentile "
+                      "(a queueing approximation; `coral simulate` checks it).[/]")
 
     models = Table(title="Models", title_justify="left")
     models.add_column("model", min_width=max(map(len, p.demand_rps), default=5))

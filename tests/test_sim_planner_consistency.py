@@ -1,0 +1,105 @@
+"""The simulator agrees with the planner (DESIGN.md, Simulator): an instance driven at 100 % of
+its planned capacity meets the SLO at its percentile; at 130 % it does not. Planned capacity is
+the template's throughput times the queueing headroom of `coral.allocator.headroom`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from coral.allocator.headroom import (
+    Headroom,
+    erlang_c,
+    max_utilisation,
+    planned_capacity,
+    template_headroom,
+    wait_tail,
+)
+from coral.catalog import default_catalog
+from coral.perf.model import PerfModel
+from coral.sim import instance_from_template, simulate, summarize, synthetic
+from coral.templates.slo import SloSpec
+
+MODEL = "llama-3.1-8b"
+SLO = SloSpec(tpot_s=0.1, ttft_s=2.0, percentile=0.9, input_tokens=1024, output_tokens=256)
+
+
+@pytest.fixture(scope="module")
+def parts():
+    cat = default_catalog()
+    return cat, PerfModel(cat)
+
+
+def _summary(tpl, rate_rps, cat, perf, seed=1):
+    reqs = synthetic(MODEL, rate_rps=rate_rps, duration_s=1800, seed=seed,
+                     prompt_tokens=SLO.input_tokens, output_tokens=SLO.output_tokens)
+    res = simulate([instance_from_template(tpl)], reqs, perf=perf, catalog=cat)
+    return summarize(res, {MODEL: SLO})["models"][MODEL]
+
+
+@pytest.mark.parametrize("node", ["1x-l40s", "1x-a100-40gb", "1x-h100-sxm"])
+def test_planned_capacity_meets_the_slo_and_130_percent_does_not(parts, node):
+    from coral.templates.build import build_template
+
+    cat, perf = parts
+    tpl = build_template(MODEL, [node], SLO, "aggregated", "flow", perf, cat)
+    assert tpl.feasible
+    planned_rps = planned_capacity(tpl) * tpl.throughput_rps / tpl.throughput
+    assert 0.5 * tpl.throughput_rps < planned_rps < tpl.throughput_rps
+    at = _summary(tpl, planned_rps, cat, perf)
+    assert at["slo_met"], at
+    assert at["slo_attainment"] >= SLO.percentile
+    past = _summary(tpl, 1.3 * planned_rps, cat, perf)
+    assert not past["slo_met"], past
+    assert past["ttft_s_at_percentile"] > SLO.ttft_s
+
+
+# ------------------------------------------------------------------ the queueing formulas
+
+
+def test_erlang_c_closed_forms():
+    assert erlang_c(1, 0.5) == pytest.approx(0.5)  # M/M/1: P(wait) = rho
+    assert erlang_c(2, 1.0) == pytest.approx(1 / 3)  # M/M/2 at a = 1
+    assert erlang_c(4, 4.0) == 1.0 and erlang_c(4, 0.0) == 0.0
+    # stable for thousands of servers, and decreasing in c at fixed utilisation
+    assert 0 < erlang_c(4000, 3900.0) < erlang_c(400, 390.0) < erlang_c(40, 39.0) < 1
+
+
+def test_mm1_wait_tail_is_exact():
+    # M/M/1: P(W > t) = rho exp(-(mu - lambda) t), with ca^2 + cs^2 = 2
+    lam, mu, t = 0.8, 1.0, 3.0
+    assert wait_tail(1, lam / mu, t, 1 / mu, 2.0) == pytest.approx(
+        lam / mu * math.exp(-(mu - lam) * t))
+    assert wait_tail(1, 1.0, t, 1.0, 2.0) == 1.0  # saturated
+    assert wait_tail(4, 2.0, t, 1.0, 0.0) == 0.0  # D/D/c below saturation: no wait
+
+
+def test_max_utilisation_is_the_root_and_monotone():
+    rho = max_utilisation(64, 1.5, 20.0, 2.0, 0.025)
+    assert 0 < rho < 1
+    assert wait_tail(64, rho * 64, 1.5, 20.0, 2.0) <= 0.025
+    assert wait_tail(64, (rho + 1e-3) * 64, 1.5, 20.0, 2.0) > 0.025
+    # more slots, more slack or a looser tail: a higher planned load
+    assert max_utilisation(256, 1.5, 20.0, 2.0, 0.025) > rho
+    assert max_utilisation(64, 3.0, 20.0, 2.0, 0.025) > rho
+    assert max_utilisation(64, 1.5, 20.0, 2.0, 0.05) > rho
+    # burstier traffic, a lower one
+    assert max_utilisation(64, 1.5, 20.0, 4.0, 0.025) < rho
+    assert max_utilisation(64, 0.0, 20.0, 2.0, 0.025) == 0.0
+
+
+def test_headroom_of_a_template(parts):
+    from coral.templates.build import build_template
+
+    cat, perf = parts
+    tpl = build_template(MODEL, ["1x-l4"], SLO, "aggregated", "flow", perf, cat)
+    h = template_headroom(tpl)
+    assert isinstance(h, Headroom)
+    assert h.slots == int(tpl.throughput_rps * h.service_s)
+    assert h.slack_s == pytest.approx(SLO.ttft_s - tpl.ttft_s)
+    smooth = template_headroom(tpl, arrival_cv=0.5, output_cv=0.0)
+    bursty = template_headroom(tpl, arrival_cv=2.0)
+    assert bursty.utilisation < h.utilisation < smooth.utilisation
+    with pytest.raises(ValueError, match="coefficients of variation"):
+        template_headroom(tpl, arrival_cv=-1)

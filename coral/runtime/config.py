@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from coral.catalog.schema import ModelArch
 
@@ -14,7 +15,8 @@ TINY_VOCAB_SIZE = 260
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A Llama-style decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP) with random weights."""
+    """A Llama-style decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP): its shape, and where
+    its weights come from (random, or a checkpoint file)."""
 
     name: str = "tiny-random"
     """Model name served by the gateway."""
@@ -43,6 +45,11 @@ class ModelConfig:
     seed: int = 0
     """Seed of the random weights; each layer's weights depend only on (seed, layer index), so a
     stage built alone holds exactly the weights of the same layers in the whole model."""
+    weights: str | None = None
+    """GGUF checkpoint holding the real weights (None: random weights from `seed`). Each stage
+    reads only its own layers from it."""
+    eos_token_ids: tuple[int, ...] = (EOS_TOKEN_ID,)
+    """Tokens that end a generation (when the request stops on end of sequence)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "ffn_size", "num_heads", "num_kv_heads",
@@ -54,6 +61,25 @@ class ModelConfig:
                              f"({self.num_heads}); to fix: pick a divisor")
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+        if any(not 0 <= t < self.vocab_size for t in self.eos_token_ids):
+            raise ValueError(f"eos_token_ids {self.eos_token_ids} must be token ids below "
+                             f"vocab_size ({self.vocab_size})")
+
+    @classmethod
+    def from_gguf(cls, path: str | Path, *, name: str | None = None,
+                  max_seq_len: int | None = None) -> "ModelConfig":
+        """The shape of a Llama-architecture GGUF checkpoint (e.g. SmolLM2), with its weights.
+
+        `max_seq_len` defaults to the checkpoint's context length.
+        """
+        from coral.runtime.checkpoint import config_fields_from_gguf
+
+        fields = config_fields_from_gguf(path)
+        if name is not None:
+            fields["name"] = name
+        if max_seq_len is not None:
+            fields["max_seq_len"] = max_seq_len
+        return cls(**fields)
 
     @classmethod
     def from_arch(cls, arch: ModelArch, *, num_layers: int | None = None,

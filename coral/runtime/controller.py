@@ -140,7 +140,9 @@ class LocalProvisioner:
             executor = LocalPipeline(spec.pipeline, device=self.device)
         else:
             executor = self._start_workers(spec)
-        engine = Engine(executor, max_seq_len=spec.pipeline.model.max_seq_len)
+        model = spec.pipeline.model
+        engine = Engine(executor, max_seq_len=model.max_seq_len,
+                        eos_token_ids=model.eos_token_ids)
         engine.start()
         return Instance(spec, engine, executor)
 

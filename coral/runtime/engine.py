@@ -45,9 +45,12 @@ class _Request:
 class Engine:
     """Owns the request queue and drives an executor; `submit` is thread-safe."""
 
-    def __init__(self, executor: Executor, *, max_seq_len: int, max_running: int = 32):
+    def __init__(self, executor: Executor, *, max_seq_len: int, max_running: int = 32,
+                 eos_token_ids: tuple[int, ...] = (EOS_TOKEN_ID,)):
+        """`eos_token_ids`: tokens that end a request submitted with `stop_on_eos`."""
         self.executor = executor
         self.max_seq_len = max_seq_len
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.max_running = max_running
         self._ids = itertools.count()
         self._lock = threading.Condition()
@@ -140,7 +143,7 @@ class Engine:
                     continue
                 r.generated.append(res.token_id)
                 done = (len(r.generated) >= r.max_tokens or
-                        (r.stop_on_eos and res.token_id == EOS_TOKEN_ID) or r.cancelled)
+                        (r.stop_on_eos and res.token_id in self.eos_token_ids) or r.cancelled)
                 r.on_token(res.token_id, done, None)
                 if done:
                     self._finish(r, None, notify=False)

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from coral.runtime.backends import Backend, BackendError, RetriableBackendError
 from coral.runtime.messages import SamplingParams
 from coral.runtime.metrics import GatewayMetrics
-from coral.runtime.tokenizer import ByteTokenizer
+from coral.runtime.tokenizer import ByteTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +127,25 @@ class _Outcome:
 
 
 def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
-               tokenizer: ByteTokenizer | None = None,
+               tokenizer: Tokenizer | Mapping[str, Tokenizer] | None = None,
                metrics: GatewayMetrics | None = None) -> FastAPI:
     """The gateway over `models` (served name -> backend).
 
-    `api_key`, when set, is required on /v1/* as `Authorization: Bearer <api_key>`; /health and
-    /metrics stay open (bind the gateway to loopback or a private network).
+    `tokenizer`: one for every model, or one per served name (models not in the mapping use
+    the byte tokenizer). `api_key`, when set, is required on /v1/* as
+    `Authorization: Bearer <api_key>`; /health and /metrics stay open (bind the gateway to
+    loopback or a private network).
     """
-    tok = tokenizer or ByteTokenizer()
+    default_tok: Tokenizer = ByteTokenizer()
+    per_model: Mapping[str, Tokenizer] = {}
+    if isinstance(tokenizer, Mapping):
+        per_model = tokenizer
+    elif tokenizer is not None:
+        default_tok = tokenizer
+
+    def tok_of(model: str) -> Tokenizer:
+        return per_model.get(model, default_tok)
+
     stats = metrics or GatewayMetrics()
     created = int(time.time())
     app = FastAPI(title="coral gateway", docs_url=None, redoc_url=None)
@@ -180,7 +191,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
     def prepare(body: _Body, prompt: str, default_max: int | None
                 ) -> tuple[Backend, list[int], int, SamplingParams, list[str]]:
         backend = backend_of(body.model)
-        ids = tok.encode(prompt)
+        ids = tok_of(body.model).encode(prompt)
         max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
         context = backend.max_context_tokens
         if max_tokens is None:
@@ -200,6 +211,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                   sampling: SamplingParams, stops: list[str], outcome: _Outcome
                   ) -> AsyncIterator[str]:
         """Yield text deltas; fills `outcome`; applies stop sequences."""
+        tok = tok_of(body.model)
         hold = max((len(s) for s in stops), default=1) - 1
         generated: list[int] = []
         emitted = 0
@@ -333,7 +345,8 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
-        prompt = tok.apply_chat_template([(m.role, m.text()) for m in body.messages])
+        prompt = tok_of(body.model).apply_chat_template(
+            [(m.role, m.text()) for m in body.messages])
         args = counted_prepare(body, "chat", prompt, None)
         rid, now, outcome = f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), _Outcome()
 

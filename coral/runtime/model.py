@@ -1,16 +1,18 @@
 """A Llama-style decoder in torch, split into pipeline stages, with a KV cache per request.
 
-Weights are random, drawn from a generator seeded by (model seed, layer index), so any stage holds
-bit-for-bit the layers the whole model holds. Each request's tokens are processed with its own
-cache, one request at a time within a batch: exact and deterministic (the same arithmetic whatever
-the split or the batch), at the price of not fusing requests into one matmul.
+Weights come from a `WeightSource`: random ones drawn from a generator seeded by (model seed,
+layer index), or a real checkpoint (a GGUF file, read tensor by tensor). Either way a stage
+builds exactly its own layers from the same source, so any split holds bit-for-bit the weights
+of the whole model. Each request's tokens are processed with its own cache, one request at a
+time within a batch: exact and deterministic (the same arithmetic whatever the split or the
+batch), at the price of not fusing requests into one matmul.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
@@ -23,23 +25,96 @@ from coral.runtime.messages import TokenResult, WorkItem
 _EMBED_SEED = 1_000_003
 _HEAD_SEED = 2_000_003
 
+#: Names of one decoder layer's tensors (linear weights are (out_features, in_features)).
+LAYER_TENSORS = ("attn_norm", "q_proj", "k_proj", "v_proj", "o_proj", "mlp_norm", "gate_proj",
+                 "up_proj", "down_proj")
+
+
+class WeightSource(Protocol):
+    """Where a stage's tensors come from; every tensor is float32 on the CPU."""
+
+    def layer(self, index: int) -> dict[str, torch.Tensor]:
+        """The tensors of decoder layer `index`, keyed by `LAYER_TENSORS`."""
+
+    def embedding(self) -> torch.Tensor:
+        """(vocab_size, hidden_size) input embedding."""
+
+    def final_norm(self) -> torch.Tensor:
+        """(hidden_size,) weight of the norm before the LM head."""
+
+    def lm_head(self) -> torch.Tensor:
+        """(vocab_size, hidden_size) output projection."""
+
 
 def _generator(config: ModelConfig, offset: int) -> torch.Generator:
     return torch.Generator().manual_seed(config.seed * 10_000_019 + offset)
 
 
-def _linear(gen: torch.Generator, in_features: int, out_features: int) -> nn.Linear:
-    layer = nn.Linear(in_features, out_features, bias=False)
-    with torch.no_grad():
-        layer.weight.copy_(torch.randn(out_features, in_features, generator=gen)
-                           / math.sqrt(in_features))
-    return layer
+class RandomWeights:
+    """Random weights: each layer's depend only on (seed, layer index)."""
+
+    def __init__(self, config: ModelConfig):
+        self.config = config
+
+    def layer(self, index: int) -> dict[str, torch.Tensor]:
+        c = self.config
+        gen = _generator(c, index)
+        h, d = c.hidden_size, c.head_dim
+
+        def linear(in_features: int, out_features: int) -> torch.Tensor:
+            return torch.randn(out_features, in_features, generator=gen) / math.sqrt(in_features)
+
+        return {
+            "attn_norm": torch.ones(h),
+            "q_proj": linear(h, c.num_heads * d),
+            "k_proj": linear(h, c.num_kv_heads * d),
+            "v_proj": linear(h, c.num_kv_heads * d),
+            "o_proj": linear(c.num_heads * d, h),
+            "mlp_norm": torch.ones(h),
+            "gate_proj": linear(h, c.ffn_size),
+            "up_proj": linear(h, c.ffn_size),
+            "down_proj": linear(c.ffn_size, h),
+        }
+
+    def embedding(self) -> torch.Tensor:
+        c = self.config
+        return torch.randn(c.vocab_size, c.hidden_size, generator=_generator(c, _EMBED_SEED))
+
+    def final_norm(self) -> torch.Tensor:
+        return torch.ones(self.config.hidden_size)
+
+    def lm_head(self) -> torch.Tensor:
+        c = self.config
+        if c.tied_embeddings:
+            return self.embedding()
+        return (torch.randn(c.vocab_size, c.hidden_size, generator=_generator(c, _HEAD_SEED))
+                / math.sqrt(c.hidden_size))
+
+
+def weight_source(config: ModelConfig) -> WeightSource:
+    """The config's checkpoint (`config.weights`), or random weights when it names none."""
+    if config.weights is None:
+        return RandomWeights(config)
+    from coral.runtime.checkpoint import GgufWeights
+
+    return GgufWeights(config)
+
+
+class _Linear(nn.Module):
+    """y = x W^T with a given weight (no bias, no initialisation of its own)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
+    def __init__(self, weight: torch.Tensor, eps: float):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,20 +149,32 @@ class LayerCache:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, index: int):
+    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor]):
         super().__init__()
-        gen = _generator(config, index)
-        h, d = config.hidden_size, config.head_dim
+        c = config
+        expected = {
+            "attn_norm": (c.hidden_size,), "mlp_norm": (c.hidden_size,),
+            "q_proj": (c.num_heads * c.head_dim, c.hidden_size),
+            "k_proj": (c.num_kv_heads * c.head_dim, c.hidden_size),
+            "v_proj": (c.num_kv_heads * c.head_dim, c.hidden_size),
+            "o_proj": (c.hidden_size, c.num_heads * c.head_dim),
+            "gate_proj": (c.ffn_size, c.hidden_size), "up_proj": (c.ffn_size, c.hidden_size),
+            "down_proj": (c.hidden_size, c.ffn_size),
+        }
+        for name, shape in expected.items():
+            if tuple(tensors[name].shape) != shape:
+                raise ValueError(f"{c.name}: tensor {name} has shape "
+                                 f"{tuple(tensors[name].shape)}, expected {shape}")
         self.config = config
-        self.attn_norm = RMSNorm(h, config.norm_eps)
-        self.q_proj = _linear(gen, h, config.num_heads * d)
-        self.k_proj = _linear(gen, h, config.num_kv_heads * d)
-        self.v_proj = _linear(gen, h, config.num_kv_heads * d)
-        self.o_proj = _linear(gen, config.num_heads * d, h)
-        self.mlp_norm = RMSNorm(h, config.norm_eps)
-        self.gate_proj = _linear(gen, h, config.ffn_size)
-        self.up_proj = _linear(gen, h, config.ffn_size)
-        self.down_proj = _linear(gen, config.ffn_size, h)
+        self.attn_norm = RMSNorm(tensors["attn_norm"], c.norm_eps)
+        self.q_proj = _Linear(tensors["q_proj"])
+        self.k_proj = _Linear(tensors["k_proj"])
+        self.v_proj = _Linear(tensors["v_proj"])
+        self.o_proj = _Linear(tensors["o_proj"])
+        self.mlp_norm = RMSNorm(tensors["mlp_norm"], c.norm_eps)
+        self.gate_proj = _Linear(tensors["gate_proj"])
+        self.up_proj = _Linear(tensors["up_proj"])
+        self.down_proj = _Linear(tensors["down_proj"])
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache) -> torch.Tensor:
         c = self.config
@@ -126,25 +213,22 @@ class Stage:
 
     def __init__(self, config: ModelConfig, first_layer: int, end_layer: int,
                  device: str = "cpu"):
-        """`device` is a torch device ("cpu", "cuda:0"); weights are drawn on the CPU (so they
-        are the same everywhere) and then moved."""
+        """`device` is a torch device ("cpu", "cuda:0"); weights are drawn or read on the CPU
+        (so they are the same everywhere) and then moved."""
         if not 0 <= first_layer < end_layer <= config.num_layers:
             raise ValueError(f"layer range [{first_layer}, {end_layer}) is not within "
                              f"[0, {config.num_layers}) of {config.name}")
         self.config = config
         self.first_layer, self.end_layer = first_layer, end_layer
         self.is_first, self.is_last = first_layer == 0, end_layer == config.num_layers
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(first_layer, end_layer))
-        embed_gen = _generator(config, _EMBED_SEED)
-        needs_embed = self.is_first or (self.is_last and config.tied_embeddings)
-        self.embed = (torch.randn(config.vocab_size, config.hidden_size, generator=embed_gen)
-                      if needs_embed else None)
+        source = weight_source(config)
+        self.layers = nn.ModuleList(DecoderLayer(config, source.layer(i))
+                                    for i in range(first_layer, end_layer))
+        self.embed = source.embedding() if self.is_first else None
         if self.is_last:
-            self.norm = RMSNorm(config.hidden_size, config.norm_eps)
-            self.lm_head = (self.embed if config.tied_embeddings else
-                            torch.randn(config.vocab_size, config.hidden_size,
-                                        generator=_generator(config, _HEAD_SEED))
-                            / math.sqrt(config.hidden_size))
+            self.norm = RMSNorm(source.final_norm(), config.norm_eps)
+            self.lm_head = (self.embed if config.tied_embeddings and self.embed is not None
+                            else source.lm_head())
         self.device = torch.device(device)
         self.layers.to(self.device)
         if self.embed is not None:

@@ -28,6 +28,8 @@ HEARTBEAT_S = 0.5
 HEARTBEAT_TIMEOUT_S = 5.0
 #: Longest wait for one step's tokens before the step fails.
 STEP_TIMEOUT_S = 60.0
+#: How long closing waits for workers to exit after Shutdown (and again after SIGTERM).
+SHUTDOWN_GRACE_S = 3.0
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
@@ -233,8 +235,17 @@ class ZmqPipeline:
                 sock.connect(node.address)
                 sock.send_pyobj(Shutdown())
                 sock.close()
+        # A Shutdown can be dropped (its socket lingers 500 ms; a loaded machine may not have
+        # connected by then): workers still running are terminated, and waited for, so that
+        # close() returns with every worker gone.
+        deadline = time.time() + SHUTDOWN_GRACE_S
         for p in self.processes:
-            p.join(timeout=3)
+            p.join(timeout=max(0.0, deadline - time.time()))
+        for p in self.processes:
             if p.is_alive():
                 p.terminate()
+                p.join(timeout=SHUTDOWN_GRACE_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
         self._ctx.destroy(linger=0)

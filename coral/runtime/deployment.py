@@ -1,0 +1,261 @@
+"""A plan's instances as the runtime deploys them, and the built-in tiny deployment.
+
+A plan (`coral plan --out plan.json`, or `PlanResult.to_dict()`) lists, per region and
+template, how many instances to run, their node types and each node's layer range. Here every
+row becomes a `PlannedInstance`: its nodes in layer order, grouped into pipeline stages (nodes
+on the same range are the data-parallel nodes of one stage).
+
+How an instance then runs depends on the engine and provisioner:
+
+- torch workers on this machine (`approximate_specs`): the model's real layer count and the
+  plan's exact layer split and node mix, but a reduced width and random weights, because
+  8B-70B models do not run on a CPU. Every such instance says so in `notes`.
+- vLLM (`coral.runtime.vllm`), on cloud nodes through SkyPilot (`coral.runtime.skypilot`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
+
+#: Width of the reduced models that stand in for catalog models on this machine.
+APPROX_HIDDEN_SIZE = 64
+APPROX_HEAD_DIM = 16
+APPROX_MAX_SEQ_LEN = 512
+
+
+class DeploymentError(ValueError):
+    """A plan (or one of its instances) cannot be deployed as asked."""
+
+
+@dataclass(frozen=True)
+class PlannedNode:
+    """One node of an instance and the layers it holds."""
+
+    node_type: str
+    first_layer: int
+    layers: int
+    tp_degree: int = 1
+    """GPUs of the node that split each layer (tensor parallel)."""
+    batch: int = 1
+    """Most sequences per iteration (the template's choice); the data-parallel share."""
+
+    @property
+    def end_layer(self) -> int:
+        return self.first_layer + self.layers
+
+
+@dataclass(frozen=True)
+class PlannedInstance:
+    """`count` identical instances of one template in one region."""
+
+    name: str
+    """Unique in the plan: `region/template_id`."""
+    model: str
+    """Catalog model name (also the served model name)."""
+    region: str
+    count: int
+    nodes: tuple[PlannedNode, ...]
+    """Nodes holding layers, in layer order."""
+    capacity_rps: float = 1.0
+    """Requests/s one instance serves (the router weight)."""
+    usd_per_hour: float = 0.0
+    mode: str = "aggregated"
+
+    def stages(self) -> tuple[tuple[PlannedNode, ...], ...]:
+        """Nodes grouped by layer range, in layer order; the ranges must tile [0, L)."""
+        groups: dict[tuple[int, int], list[PlannedNode]] = {}
+        for n in self.nodes:
+            groups.setdefault((n.first_layer, n.end_layer), []).append(n)
+        stages, expected = [], 0
+        for (first, end), nodes in sorted(groups.items()):
+            if first != expected:
+                raise DeploymentError(
+                    f"instance {self.name} ({self.model}): layer ranges "
+                    f"{sorted(groups)} do not form a pipeline (a stage starts at layer {first}, "
+                    f"expected {expected})")
+            stages.append(tuple(nodes))
+            expected = end
+        return tuple(stages)
+
+    @property
+    def num_layers(self) -> int:
+        return max(n.end_layer for n in self.nodes)
+
+    @property
+    def is_chain(self) -> bool:
+        """One node per stage (what vLLM's pipeline parallelism runs)."""
+        return all(len(s) == 1 for s in self.stages())
+
+    def describe(self) -> str:
+        """`1x-a10g [0,20) -> 1x-t4 [20,32)`; data-parallel nodes joined by `+`."""
+        return " -> ".join("+".join(n.node_type for n in s) + f" [{s[0].first_layer},"
+                           f"{s[0].end_layer})" for s in self.stages())
+
+    def pipeline(self, model: ModelConfig) -> PipelineSpec:
+        """The stages as a runtime pipeline of `model` (which must have the same layers)."""
+        if model.num_layers != self.num_layers:
+            raise DeploymentError(f"instance {self.name}: its nodes cover {self.num_layers} "
+                                  f"layers but {model.name} has {model.num_layers}")
+        return PipelineSpec(model, tuple(
+            StageSpec(s[0].first_layer, s[0].end_layer, tuple(float(n.batch) for n in s))
+            for s in self.stages()))
+
+
+def read_plan(path: str | Path) -> dict[str, Any]:
+    """A plan JSON file written by `coral plan --out`."""
+    p = Path(path)
+    if not p.is_file():
+        raise DeploymentError(f"plan file {p} does not exist")
+    try:
+        payload = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise DeploymentError(f"{p} is not JSON ({exc}); expected a file from "
+                              "`coral plan SCENARIO --out FILE`") from None
+    if not isinstance(payload, dict) or "instances" not in payload:
+        raise DeploymentError(f"{p} is not a plan: it has no 'instances' (write one with "
+                              "`coral plan SCENARIO --out FILE`)")
+    return payload
+
+
+def planned_instances(plan: Mapping[str, Any]) -> tuple[PlannedInstance, ...]:
+    """Every row of a plan's 'instances' list, nodes in layer order; bad rows are named."""
+    rows = plan.get("instances")
+    if not isinstance(rows, list):
+        raise DeploymentError("the plan has no 'instances' list")
+    out = []
+    for k, row in enumerate(rows):
+        where = f"instances[{k}]"
+        try:
+            name = f"{row['region']}/{row['template_id']}"
+            nodes = tuple(sorted(
+                (PlannedNode(str(p["node_type"]), int(p["first_layer"]), int(p["layers"]),
+                             int(p.get("tp_degree", 1)), max(1, int(p.get("batch", 1))))
+                 for p in row.get("placement") or [] if int(p["layers"]) > 0),
+                key=lambda n: (n.first_layer, n.node_type)))
+            inst = PlannedInstance(
+                name=name, model=str(row["model"]), region=str(row["region"]),
+                count=int(row["count"]), nodes=nodes,
+                capacity_rps=float(row.get("capacity_rps") or 1.0),
+                usd_per_hour=float(row.get("usd_per_hour") or 0.0),
+                mode=str(row.get("mode", "aggregated")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DeploymentError(f"plan {where} is malformed ({type(exc).__name__}: {exc}); "
+                                  "expected a row written by `coral plan --out`") from None
+        if not nodes:
+            raise DeploymentError(f"plan {where} ({name}) has no node holding layers; re-plan "
+                                  "with a current `coral plan`")
+        if inst.count < 1:
+            continue
+        inst.stages()  # checks the ranges tile the model
+        out.append(inst)
+    if not out:
+        raise DeploymentError("the plan runs no instance")
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- torch workers, locally
+@dataclass(frozen=True)
+class ApproximateDeployment:
+    """Runtime instances standing in for a plan's on this machine."""
+
+    specs: tuple  # of coral.runtime.controller.InstanceSpec
+    notes: tuple[str, ...]
+
+
+def approximate_model(arch, *, hidden_size: int = APPROX_HIDDEN_SIZE,
+                      max_seq_len: int = APPROX_MAX_SEQ_LEN, seed: int = 0) -> ModelConfig:
+    """A catalog model's real layer count and vocabulary at a reduced width, random weights.
+
+    Attention keeps its shape class (grouped-query when the model's is), with heads of
+    `APPROX_HEAD_DIM`; MoE layers become dense.
+    """
+    if hidden_size % APPROX_HEAD_DIM:
+        raise DeploymentError(f"approximate width {hidden_size} must be a multiple of "
+                              f"{APPROX_HEAD_DIM}")
+    heads = hidden_size // APPROX_HEAD_DIM
+    group = arch.num_heads // arch.num_kv_heads
+    kv_heads = max(1, heads // group)
+    while heads % kv_heads:
+        kv_heads -= 1
+    return ModelConfig(name=arch.name, num_layers=arch.num_layers, hidden_size=hidden_size,
+                       ffn_size=hidden_size * 2, num_heads=heads, num_kv_heads=kv_heads,
+                       head_dim=APPROX_HEAD_DIM, vocab_size=max(arch.vocab_size, 260),
+                       max_seq_len=max_seq_len, tied_embeddings=arch.tied_embeddings, seed=seed)
+
+
+def approximate_specs(instances: Sequence[PlannedInstance], catalog, *,
+                      hidden_size: int = APPROX_HIDDEN_SIZE,
+                      max_instances: int | None = None) -> ApproximateDeployment:
+    """One local instance per plan row (a row's `count` becomes its weight), each at the
+    model's real depth and the plan's layer split, reduced width, random weights.
+
+    `max_instances` keeps that many rows, every model's largest-capacity rows first.
+    """
+    from coral.runtime.controller import InstanceSpec
+
+    rows = [i for i in instances if i.mode == "aggregated"]
+    notes = [f"skipped {i.name}: {i.mode} (prefill/decode disaggregated) instances are not "
+             "served by the runtime yet" for i in instances if i.mode != "aggregated"]
+    if max_instances is not None and len(rows) > max_instances:
+        by_model: dict[str, list[PlannedInstance]] = {}
+        for i in sorted(rows, key=lambda i: -i.capacity_rps * i.count):
+            by_model.setdefault(i.model, []).append(i)
+        kept: list[PlannedInstance] = []
+        while len(kept) < max_instances:  # round robin over models
+            for queue in by_model.values():
+                if queue and len(kept) < max_instances:
+                    kept.append(queue.pop(0))
+        notes.append(f"running {len(kept)} of the plan's {len(rows)} instance rows "
+                     f"(--max-instances {max_instances})")
+        rows = [i for i in rows if i in kept]
+    models: dict[str, ModelConfig] = {}
+    specs = []
+    for inst in rows:
+        arch = catalog.models.get(inst.model)
+        if arch is None:
+            raise DeploymentError(f"instance {inst.name}: model '{inst.model}' is not in the "
+                                  "catalog; to fix: pass the catalog the plan was made with "
+                                  "(--catalog FILE)")
+        if inst.model not in models:
+            models[inst.model] = approximate_model(arch, hidden_size=hidden_size)
+            m = models[inst.model]
+            notes.append(
+                f"approximate: {inst.model} runs its real {arch.num_layers} layers and "
+                f"{arch.vocab_size}-token vocabulary but at width {m.hidden_size} instead of "
+                f"{arch.hidden_size}, with random weights: the plan's topology (layer split, "
+                "node mix, routing weights) is real, the text is noise")
+        weight = inst.capacity_rps * inst.count
+        specs.append(InstanceSpec(inst.name, inst.pipeline(models[inst.model]), weight))
+        if inst.count > 1:
+            notes.append(f"{inst.name}: the plan's {inst.count} copies run as one local "
+                         f"instance with {inst.count}x its weight")
+    return ApproximateDeployment(tuple(specs), tuple(notes))
+
+
+# ---------------------------------------------------------------- the built-in tiny deployment
+#: Local stand-in node types of the tiny deployment, with their relative speed: the first
+#: node is a "large" one and takes twice the layers of each "small" one.
+TINY_NODE_TYPES: dict[str, float] = {"cpu-large": 2.0, "cpu-small": 1.0}
+
+
+def tiny_instance(model: ModelConfig, num_stages: int = 3) -> PlannedInstance:
+    """A chain over one large and `num_stages - 1` small local nodes, layers split by speed."""
+    if not 1 <= num_stages <= model.num_layers:
+        raise DeploymentError(f"num_stages ({num_stages}) must be in [1, {model.num_layers}]")
+    types = ["cpu-large"] + ["cpu-small"] * (num_stages - 1)
+    speed = [TINY_NODE_TYPES[t] for t in types]
+    total, bounds, acc = sum(speed), [0], 0.0
+    for s in speed:
+        acc += s
+        bounds.append(round(acc / total * model.num_layers))
+    for i in range(1, len(bounds)):  # every node keeps at least one layer
+        bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), model.num_layers - (num_stages - i))
+    nodes = tuple(PlannedNode(t, bounds[i], bounds[i + 1] - bounds[i])
+                  for i, t in enumerate(types))
+    return PlannedInstance(name=f"local/{model.name}", model=model.name, region="local",
+                           count=1, nodes=nodes)

@@ -125,11 +125,12 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
                       output_cv: float = DEFAULT_OUTPUT_CV) -> Headroom:
     """The planned utilisation of one instance of `template` (a `coral.templates.Template`).
 
-    Modes: aggregated as in the module docstring. Prefill-only (PD): a request holds a slot
-    for its prefill (`T = TTFT`), waits count against TTFT. Decode-only (PD): a request holds a
-    slot for its decode (`T = output_tokens * TPOT`) and a wait delays its second token; it is
-    charged against the TTFT budget as well, which double-counts with the prefill side and so
-    errs safe.
+    Modes: aggregated as in the module docstring. In PD mode a request waits twice — for a
+    prefill slot and, its KV cache handed over, for a decode slot — so the two halves split the
+    TTFT budget: a prefill-only template (a request holds a slot for `T = TTFT`) may let waits
+    take half of what its prefill leaves, a decode-only one (`T = output_tokens * TPOT`) half of
+    the whole target (it cannot know the prefill's time; the split is exact when prefills are
+    short against the target).
     """
     if arrival_cv < 0 or output_cv < 0:
         raise HeadroomError(f"coefficients of variation must be >= 0, got arrival_cv="
@@ -139,9 +140,9 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
     tpot = float(template.tpot_s or 0.0)
     decode_s = max(slo.output_tokens - 1, 0) * tpot
     if template.mode == "prefill":
-        service, slack, cs = ttft, slo.ttft_s - ttft, 0.0
+        service, slack, cs = ttft, 0.5 * (slo.ttft_s - ttft), 0.0
     elif template.mode == "decode":
-        service, slack, cs = slo.output_tokens * tpot, slo.ttft_s, output_cv
+        service, slack, cs = slo.output_tokens * tpot, 0.5 * slo.ttft_s, output_cv
     else:
         service, slack = ttft + decode_s, slo.ttft_s - ttft
         cs = output_cv * decode_s / service if service > 0 else 0.0

@@ -23,11 +23,29 @@ shortfall.
 Bounds that lose nothing: `u[t,r]` is the fewest of (a) nodes available over nodes needed, for
 each of `t`'s node types, and (b) `ceil(demand / capacity)` instances, more of which would only
 add cost (every price is positive) without serving more.
+
+How it is solved
+----------------
+HiGHS on this ILP is slow whenever availability binds: each demand row is a knapsack over a
+hundred columns of almost equal cost per request/s, the LP bound sits 1-2% below the optimum,
+and neither HiGHS's cuts and tree nor its sub-MIP heuristics close that to 0.1% in seconds
+(`lagrange.py` says why in full). Without PD models the cost problem is therefore solved by
+decomposition instead (`decompose=True`, the default):
+
+1. each model's cheapest cover on its own (`knapsack.knapsack_dp`); if their union fits
+   within availability it is optimal;
+2. else the LP relaxation: infeasible means the demand cannot be met; feasible, it gives a
+   bound, node prices, and a first plan (its counts rounded down, each model's rest covered);
+3. the Lagrangian bound by column generation, plans from mixing the patterns it meets, and
+   branch and price until the gap target or the time limit (`branch_price.solve_decomposed`).
+
+The scarcity phases, and PD models throughout, run on this ILP with HiGHS (phase 1 may take
+`PHASE1_SHARE` of the time left, so that phase 2 always gets some). `decompose=False` solves
+every phase with HiGHS, as the reference the tests compare against.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import logging
 import math
@@ -41,6 +59,8 @@ import highspy
 from coral.solvers import quiet_highs
 import numpy as np
 
+from coral.allocator.branch_price import relative_gap, round_and_repair, solve_decomposed
+from coral.allocator.lagrange import Bounds, Decomposition, Kind, Pattern, Pricer
 from coral.allocator.problem import (
     MODES,
     AllocationPlan,
@@ -56,6 +76,13 @@ log = logging.getLogger(__name__)
 GOODPUT_REL_TOL = 1e-9
 #: Least time given to a scarcity phase even when the budget is spent (seconds).
 MIN_PHASE_S = 0.05
+#: Share of the time left that scarcity phase 1 may take (phase 2 gets the rest).
+PHASE1_SHARE = 0.5
+#: Scarcity phases by the decomposition (True) or by HiGHS on the full ILP. Measured on core
+#: at the scarce level (benchmarks/allocator.py): HiGHS proves 0.1% on phase 1 within a few
+#: seconds, while column generation for goodput converges slowly (30-60 rounds at the root)
+#: and plans mixing one pattern per model lose several percent when every row binds.
+SCARCITY_BY_DECOMPOSITION = False
 _INF = highspy.kHighsInf
 _MODE_INDEX = {mode: i for i, mode in enumerate(MODES)}
 _AGG, _PREFILL, _DECODE = (_MODE_INDEX[m] for m in MODES)
@@ -578,217 +605,51 @@ def add_goodput_floor_row(lp: _LpBuilder, ix: _Index, v: _Vars) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Fast path: one model at a time
+# The decomposition: per-model knapsacks tied by availability (no PD models)
 # ---------------------------------------------------------------------------------------------
 
-#: Branch-and-bound nodes one model's covering problem may take before the full ILP is used.
-COVER_NODE_LIMIT = 100_000
+
+def _decomposition(ix: _Index, v: _Vars, lp: _LpBuilder) -> Decomposition:
+    """The problem as `lagrange.Decomposition`: the x columns and the availability rows the
+    ILP kept (those some combination of columns within their bounds could overdraw)."""
+    _, gs, rs = lp.availability_rows
+    row_of = np.full(ix.avail.shape, -1, dtype=np.int64)
+    row_of[gs, rs] = np.arange(len(gs))
+    need = ix.counts[v.x_t]  # (columns, node types)
+    usage = np.zeros((len(v.x), len(gs)))
+    for g in np.flatnonzero(need.any(axis=0)):
+        on = (need[:, g] > 0) & (row_of[g, v.x_r] >= 0)
+        usage[on, row_of[g, v.x_r[on]]] = need[on, g]
+    return Decomposition(
+        demand=ix.demand.copy(),
+        priority=ix.priority.copy(),
+        col_model=ix.t_model[v.x_t],
+        col_cap=ix.cap[v.x_t],
+        col_price=v.price,
+        col_penalty=v.penalty,
+        col_current=ix.current[v.x_t, v.x_r],
+        col_ub=v.x_ub.astype(np.int64),
+        usage=usage,
+        avail=ix.avail[gs, rs].astype(float),
+    )
 
 
-@dataclass(frozen=True)
-class CoverResult:
-    x: np.ndarray | None  # best counts found (None: the demand cannot be covered)
-    cost: float
-    complete: bool  # False: the node limit stopped the search
-
-
-def cover_knapsack(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float, *,
-                   rel_gap: float = 0.0, node_limit: int = COVER_NODE_LIMIT) -> CoverResult:
-    """Cheapest cover of one demand row, exactly (within `rel_gap`)::
-
-        minimise sum_i cost_i x_i  subject to  sum_i cap_i x_i >= demand,  x_i in {0..ub_i}
-
-    Depth-first branch and bound over the items in order of cost per unit of capacity: a node
-    picks the next item to use and how many (most first), and is cut off when its cost plus
-    the LP bound of the rest (items filled greedily, the last one fractionally) cannot beat the
-    best cover found by more than `rel_gap`. Costs and capacities must be positive.
-    """
-    order = np.lexsort((-cap, cost / cap))
-    c, a = cost[order].tolist(), cap[order].tolist()
-    u = ub[order].astype(np.int64).tolist()
-    n = len(c)
-    ratio = [ci / ai for ci, ai in zip(c, a)]
-    cum_a, cum_c = [0.0], [0.0]
-    for i in range(n):
-        cum_a.append(cum_a[-1] + a[i] * u[i])
-        cum_c.append(cum_c[-1] + c[i] * u[i])
-    tol = 1e-9 * max(1.0, demand)
-    if cum_a[-1] < demand - tol:
-        return CoverResult(None, math.inf, True)
-
-    def lp_bound(k: int, rest: float) -> float:
-        """Cheapest fractional cover of `rest` with items k.. (inf when they cannot)."""
-        target = cum_a[k] + rest
-        b = bisect.bisect_left(cum_a, target - tol, lo=k + 1) - 1
-        if b >= n:
-            return math.inf
-        return cum_c[b] - cum_c[k] + max(0.0, target - cum_a[b]) * ratio[b]
-
-    best, best_x = math.inf, {}
-    for i in range(n):  # incumbent: the best single item
-        k = math.ceil(demand / a[i] - 1e-12)
-        if k <= u[i] and k * c[i] < best:
-            best, best_x = k * c[i], {i: k}
-    keep = 1.0 - rel_gap
-    chosen: dict[int, int] = {}
-    nodes = 0
-
-    def search(start: int, rest: float, spent: float) -> bool:
-        nonlocal best, best_x, nodes
-        for j in range(start, n):
-            if spent + lp_bound(j, rest) >= best * keep:
-                return True  # later items only have worse ratios
-            for xj in range(min(u[j], math.ceil(rest / a[j] - 1e-12)), 0, -1):
-                nodes += 1
-                if nodes > node_limit:
-                    return False
-                left, paid = rest - xj * a[j], spent + xj * c[j]
-                if left <= tol:
-                    if paid < best:
-                        best, best_x = paid, {**chosen, j: xj}
-                    continue
-                if paid + lp_bound(j + 1, left) >= best * keep:
-                    break  # fewer of item j leaves more to worse items
-                chosen[j] = xj
-                done = search(j + 1, left, paid)
-                del chosen[j]
-                if not done:
-                    return False
-        return True
-
-    complete = search(0, demand, 0.0)
-    x = np.zeros(n, dtype=np.int64)
-    for i, k in best_x.items():
-        x[order[i]] = k
-    return CoverResult(x if best_x else None, best, complete)
-
-
-def _model_cover(problem: AllocationProblem, ix: _Index, v: _Vars, m: int, demand: float,
-                 ub: np.ndarray, extra_cost: np.ndarray | None = None,
-                 node_limit: int = COVER_NODE_LIMIT) -> tuple[np.ndarray | None, bool]:
-    """Cheapest cover of model `m`'s `demand` with its x columns within `ub`, costs being
-    price, start-up penalty and `extra_cost` per instance. Returns (counts per x column or
-    None when the demand cannot be covered, whether the search completed)."""
-    cols = np.flatnonzero(ix.t_model[v.x_t] == m)
-    current = ix.current[v.x_t[cols], v.x_r[cols]]
-    extra = np.zeros(len(cols)) if extra_cost is None else extra_cost[cols]
-    # a running (t, r) pays no start-up for its first `current` instances: two items
-    split = (current > 0) & (v.penalty[cols] > 0)
-    kept = np.minimum(current, ub[cols])
-    base = v.price[cols] + extra
-    items = np.concatenate([cols, cols[split]])
-    item_cost = np.concatenate([
-        base + np.where(current == 0, v.penalty[cols], 0.0),
-        base[split] + v.penalty[cols][split]])
-    item_ub = np.concatenate([np.where(split, kept, ub[cols]), (ub[cols] - kept)[split]])
-    on = item_ub > 0
-    res = cover_knapsack(item_cost[on], ix.cap[v.x_t[items[on]]], item_ub[on], demand,
-                         rel_gap=problem.mip_gap, node_limit=node_limit)
-    if res.x is None:
-        return None, res.complete
-    counts = np.zeros(len(v.x), dtype=np.int64)
-    np.add.at(counts, items[on], res.x)
-    return counts, res.complete
-
-
-def _nodes_used(ix: _Index, v: _Vars, counts: np.ndarray) -> np.ndarray:
-    """Nodes per (node type, region) that `counts` of the x columns take."""
-    used = np.zeros_like(ix.avail)
-    t_nodes = ix.counts[v.x_t] * counts[:, None]  # (columns, node types)
-    for g in np.flatnonzero(t_nodes.any(axis=0)):
-        np.add.at(used[g], v.x_r, t_nodes[:, g])
-    return used
-
-
-def _objective(ix: _Index, v: _Vars, counts: np.ndarray) -> float:
-    current = ix.current[v.x_t, v.x_r]
-    return float(v.price @ counts + v.penalty @ np.maximum(counts - current, 0))
-
-
-def _solve_by_model(problem: AllocationProblem, ix: _Index, v: _Vars) -> tuple[str, np.ndarray]:
-    """Solve each model's demand on its own (exact per model, within the gap target).
+def _solve_by_model(dec: Decomposition, rel_gap: float
+                    ) -> tuple[str, np.ndarray, list[Pattern], float]:
+    """Solve each model's demand on its own (`knapsack.knapsack_dp`, to half the gap).
 
     Without PD models the models share only the availability rows, so when the union of the
-    per-model optima fits within availability it is optimal for the whole problem. Returns
-    ("optimal", counts per x column), ("short", _) when some model cannot be served even
-    alone, ("coupled", the union) when it does not fit, or ("gave_up", _) at the node limit.
+    per-model covers fits within availability it is a plan, and the sum of their proven
+    bounds bounds every plan. Returns (outcome, counts per x column, the per-model covers,
+    the bound): "optimal" when the union fits, "short" when some model cannot be served even
+    alone, "coupled" when the union does not fit.
     """
-    counts = np.zeros(len(v.x), dtype=np.int64)
-    for m in range(len(ix.models)):
-        got, complete = _model_cover(problem, ix, v, m, float(ix.demand[m]), v.x_ub)
-        if got is None:
-            return ("short" if complete else "gave_up"), counts
-        if not complete:
-            return "gave_up", counts
-        counts += got
-    fits = (_nodes_used(ix, v, counts) <= ix.avail).all()
-    return ("optimal" if fits else "coupled"), counts
-
-
-def _sequential_covers(problem: AllocationProblem, ix: _Index, v: _Vars, order: Sequence[int],
-                       node_price: np.ndarray) -> np.ndarray | None:
-    """A feasible plan, model by model in `order`, each covered cheaply (nodes priced extra at
-    `node_price[g, r]`) within what the models before it left available.
-
-    One model's cover bounds each column by the nodes left, not the columns together, so a
-    cover that overdraws is trimmed (columns in order of cost per capacity, as many instances
-    as still fit) and the rest of the demand covered again, a few rounds at most.
-    """
-    left = ix.avail.astype(np.int64).copy()
-    need = ix.counts[v.x_t]  # (columns, node types)
-    extra = (need * node_price[:, v.x_r].T).sum(axis=1)
-    ratio = (v.price + extra) / ix.cap[v.x_t]
-    counts = np.zeros(len(v.x), dtype=np.int64)
-    big = np.iinfo(np.int64).max
-
-    def fit(cols: np.ndarray) -> np.ndarray:
-        room = left[:, v.x_r[cols]].T
-        return np.where(need[cols] > 0, room // np.maximum(need[cols], 1), big).min(axis=1)
-
-    for m in order:
-        rest = float(ix.demand[m])
-        for _ in range(8):
-            got, _ = _model_cover(problem, ix, v, m, rest, np.minimum(v.x_ub, fit(
-                np.arange(len(v.x)))), extra, node_limit=COVER_NODE_LIMIT // 10)
-            if got is None:
-                return None
-            used = _nodes_used(ix, v, got)
-            if (used <= left).all():
-                counts += got
-                left -= used
-                break
-            for j in sorted(np.flatnonzero(got), key=lambda j: ratio[j]):
-                take = min(int(got[j]), int(fit(np.array([j]))[0]))
-                if take > 0:
-                    counts[j] += take
-                    left[:, v.x_r[j]] -= need[j] * take
-                    rest -= take * ix.cap[v.x_t[j]]
-            if rest <= 1e-9 * max(1.0, float(ix.demand[m])):
-                break
-        else:
-            return None
-    return counts
-
-
-def _incumbent(problem: AllocationProblem, ix: _Index, v: _Vars, node_price: np.ndarray
-               ) -> np.ndarray | None:
-    """The best of a few sequential-cover plans: models in order of how much contested
-    capacity they lean on (and the reverse), with nodes priced by the LP's availability duals
-    and at zero. A good incumbent lets HiGHS stop as soon as its bound is close enough."""
-    pressure = np.zeros(len(ix.models))
-    cheapest = np.full(len(ix.models), np.inf)
-    need = ix.counts[v.x_t]
-    per_cap = (need * node_price[:, v.x_r].T).sum(axis=1) / ix.cap[v.x_t]
-    np.minimum.at(cheapest, ix.t_model[v.x_t], per_cap)
-    pressure = cheapest * ix.demand
-    by_pressure = list(np.argsort(-pressure))
-    best, best_cost = None, math.inf
-    for prices in (node_price, np.zeros_like(node_price)):
-        for order in (by_pressure, by_pressure[::-1]):
-            counts = _sequential_covers(problem, ix, v, order, prices)
-            if counts is not None and _objective(ix, v, counts) < best_cost:
-                best, best_cost = counts, _objective(ix, v, counts)
-    return best
+    got = Pricer(dec, Kind.COST).price(np.zeros(dec.n_rows), 0.0, Bounds.root(dec),
+                                       rel_gap=rel_gap / 2)
+    if not got.patterns:
+        return "short", np.zeros(dec.n_cols, dtype=np.int64), [], math.inf
+    counts = np.sum([p.counts for p in got.patterns], axis=0)
+    return ("optimal" if dec.fits(counts) else "coupled"), counts, got.patterns, got.bound
 
 
 # ---------------------------------------------------------------------------------------------
@@ -896,107 +757,177 @@ def solve_allocation(
     def x_of(values: np.ndarray) -> np.ndarray:
         return np.rint(values[v.x]).astype(np.int64)
 
+    def plan_of(counts: np.ndarray, status: PlanStatus, gap: float,
+                goodput_gap: float = 0.0) -> AllocationPlan:
+        return make_plan(problem, to_instances(counts), status=status, gap=gap,
+                         solve_s=time.perf_counter() - t0, goodput_gap=goodput_gap,
+                         notes=notes)
+
+    decomposed = decompose and not len(v.d)
+    dec = _decomposition(ix, v, lp) if decomposed else None
+
     # ---- cost problem: every demand met
     proven_short = _capacity_bound_short(ix, v)
-    if not proven_short and decompose and not len(v.d):
-        outcome, counts = _solve_by_model(problem, ix, v)
+    if proven_short:
+        notes.append("demand cannot be met in full (capacity or per-model bound)")
+    elif dec is not None:
+        outcome, counts, covers, bound = _solve_by_model(dec, problem.mip_gap)
         notes.append(f"per-model covers: {outcome}")
         if outcome == "optimal":
-            return make_plan(problem, to_instances(counts), status=PlanStatus.OPTIMAL,
-                             gap=problem.mip_gap, solve_s=time.perf_counter() - t0, notes=notes)
+            return plan_of(counts, PlanStatus.OPTIMAL, relative_gap(dec.cost(counts), bound))
         proven_short = outcome == "short"
-    if not proven_short:
+    if not proven_short and dec is not None:
+        relaxed = _lp_relaxation(arr, arr.cost, arr.col_lb, arr.row_lb, lp, len(v.x))
+        if relaxed is None:
+            proven_short = True
+            notes.append("demand cannot be met in full (LP relaxation infeasible)")
+        else:
+            # a first plan: the LP's counts rounded down, each model's rest covered
+            first = round_and_repair(dec, Kind.COST, relaxed.x)
+            res = solve_decomposed(dec, Kind.COST, deadline=t0 + problem.time_limit_s,
+                                   rel_gap=problem.mip_gap, start_price=relaxed.node_price,
+                                   start_bound=relaxed.value, start_patterns=tuple(covers),
+                                   incumbent=first)
+            notes.extend(res.notes)
+            if res.counts is not None:
+                gap = res.gap
+                status = PlanStatus.OPTIMAL if gap <= problem.mip_gap else PlanStatus.TIME_LIMIT
+                return plan_of(res.counts, status, gap)
+            proven_short = res.finished and res.bound == math.inf
+            notes.append("demand cannot be met in full (Lagrangian bound)" if proven_short
+                         else "no plan meeting every demand found in time")
+    elif not proven_short:
         run = _run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
                          time_limit_s=remaining(), mip_gap=problem.mip_gap, threads=threads)
-        if run.ok and run.optimal:
+        if run.ok and not run.infeasible:
             assert run.values is not None
-            return make_plan(problem, to_instances(x_of(run.values)),
-                             status=PlanStatus.OPTIMAL, gap=run.gap,
-                             solve_s=time.perf_counter() - t0, notes=notes)
-        if not run.infeasible:
-            # Stopped by the time limit: the sequential-cover plan may beat HiGHS's best.
-            best = x_of(run.values) if run.values is not None else None
-            cost = run.objective if best is not None else math.inf
-            fallback = _fallback_plan(problem, arr, lp, ix, v) if not len(v.d) else None
-            if fallback is not None and _objective(ix, v, fallback) < cost:
-                best, cost = fallback, _objective(ix, v, fallback)
-                notes.append("plan from sequential covers")
-            if best is not None:
+            if not run.optimal:
                 notes.append(f"HiGHS: {run.detail}")
-                gap = (cost - run.bound) / cost if cost > 0 and math.isfinite(run.bound) \
-                    else math.inf
-                gap = max(gap, 0.0)
-                # the fallback may meet HiGHS's bound: then it is proven within the target
-                status = PlanStatus.OPTIMAL if gap <= problem.mip_gap else PlanStatus.TIME_LIMIT
-                return make_plan(problem, to_instances(best), status=status, gap=gap,
-                                 solve_s=time.perf_counter() - t0, notes=notes)
+            return plan_of(x_of(run.values),
+                           PlanStatus.OPTIMAL if run.optimal else PlanStatus.TIME_LIMIT, run.gap)
         proven_short = run.infeasible
         notes.append(f"demand cannot be met in full (HiGHS: {run.detail})" if run.infeasible
                      else f"no plan meeting every demand found in time (HiGHS: {run.detail})")
-    else:
-        notes.append("demand cannot be met in full (capacity or per-model bound)")
+    final_status = PlanStatus.INFEASIBLE if proven_short else PlanStatus.TIME_LIMIT
 
-    # ---- scarcity phase 1: most goodput
+    # ---- scarcity: most goodput (phase 1), then the cheapest plan at it (phase 2)
     col_lb = arr.col_lb.copy()
     col_lb[v.s] = 0.0
+    if dec is not None and SCARCITY_BY_DECOMPOSITION:
+        best, gap, goodput_gap = _scarcity_decomposed(problem, dec, arr, lp, ix, v, col_lb,
+                                                      t0=t0, notes=notes)
+    else:
+        best, gap, goodput_gap = _scarcity_highs(problem, arr, lp, ix, v, col_lb, floor_row,
+                                                 t0=t0, notes=notes, threads=threads)
+    if best is None:
+        plan = plan_of(np.zeros(len(v.x), dtype=np.int64), final_status, math.inf, math.inf)
+    else:
+        plan = plan_of(best, final_status, gap, goodput_gap)
+        if plan.meets_demand:  # the cost phase found no plan in time; the goodput phases did
+            plan = plan_of(best, PlanStatus.TIME_LIMIT, gap, goodput_gap)
+    return _finish(problem, plan, strict)
+
+
+def _phase_deadline(problem: AllocationProblem, t0: float, share: float) -> float:
+    """When a scarcity phase must stop: `share` of the time left (at least `MIN_PHASE_S`)."""
+    now = time.perf_counter()
+    left = t0 + problem.time_limit_s - now
+    return now + max(share * left, MIN_PHASE_S)
+
+
+def _scarcity_highs(problem: AllocationProblem, arr: "_LpArrays", lp: _LpBuilder, ix: _Index,
+                    v: _Vars, col_lb: np.ndarray, floor_row: int, *, t0: float,
+                    notes: list[str], threads: int | None
+                    ) -> tuple[np.ndarray | None, float, float]:
+    """Both scarcity phases by HiGHS on the full ILP. Returns (counts, cost gap, goodput
+    gap); counts None when phase 1 found no plan."""
     goodput_cost = np.zeros(lp.n_col)
     goodput_cost[v.s] = ix.priority
+    end = _phase_deadline(problem, t0, PHASE1_SHARE)
     run1 = _run_highs(arr.highs_lp(goodput_cost, col_lb, arr.row_lb, maximise=True),
-                      time_limit_s=max(remaining(), MIN_PHASE_S), mip_gap=problem.mip_gap,
+                      time_limit_s=end - time.perf_counter(), mip_gap=problem.mip_gap,
                       threads=threads)
-    final_status = PlanStatus.INFEASIBLE if proven_short else PlanStatus.TIME_LIMIT
     if not run1.ok:
         notes.append(f"scarcity phase 1 found no plan (HiGHS: {run1.detail})")
-        plan = make_plan(problem, {}, status=final_status, gap=math.inf,
-                         solve_s=time.perf_counter() - t0, goodput_gap=math.inf, notes=notes)
-        return _finish(problem, plan, strict)
+        return None, math.inf, math.inf
     assert run1.values is not None
     g1 = float(np.dot(ix.priority, run1.values[v.s]))
     if not run1.optimal:
         notes.append(f"scarcity phase 1: HiGHS {run1.detail}")
-
-    # ---- scarcity phase 2: cheapest at that goodput
     row_lb = arr.row_lb.copy()
     row_lb[floor_row] = g1 * (1.0 - GOODPUT_REL_TOL)
+    end = _phase_deadline(problem, t0, 1.0)
     run2 = _run_highs(arr.highs_lp(arr.cost, col_lb, row_lb, maximise=False),
-                      time_limit_s=max(remaining(), MIN_PHASE_S), mip_gap=problem.mip_gap,
+                      time_limit_s=end - time.perf_counter(), mip_gap=problem.mip_gap,
                       threads=threads)
-    best, gap = (run2.values, run2.gap) if run2.ok else (run1.values, math.inf)
-    assert best is not None
     if not run2.optimal:
         notes.append(f"scarcity phase 2: HiGHS {run2.detail}")
-    plan = make_plan(problem, to_instances(x_of(best)), status=final_status, gap=gap,
-                     solve_s=time.perf_counter() - t0, goodput_gap=run1.gap, notes=notes)
-    if plan.meets_demand and not proven_short:
-        # The cost phase timed out without a plan; the goodput phases found one.
-        plan = make_plan(problem, plan.instances, status=PlanStatus.TIME_LIMIT, gap=gap,
-                         solve_s=plan.solve_s, goodput_gap=run1.gap, notes=notes)
-    return _finish(problem, plan, strict)
+    if run2.ok:
+        assert run2.values is not None
+        return np.rint(run2.values[v.x]).astype(np.int64), run2.gap, run1.gap
+    # phase 1's plan keeps its goodput; phase 2's bound (HiGHS's, else its LP relaxation's)
+    # still says how far its cost may be from the cheapest at that goodput
+    counts = np.rint(run1.values[v.x]).astype(np.int64)
+    cost = float(v.price @ counts + v.penalty @ np.maximum(counts - ix.current[v.x_t, v.x_r],
+                                                           0))
+    bound = run2.bound
+    if not math.isfinite(bound):
+        relaxed = _lp_relaxation(arr, arr.cost, col_lb, row_lb, lp, len(v.x))
+        bound = relaxed.value if relaxed is not None else math.inf
+    return counts, relative_gap(cost, bound), run1.gap
 
 
-def _lp_node_prices(arr: _LpArrays, lp: _LpBuilder, ix: _Index) -> np.ndarray | None:
-    """Shadow price of one node per (node type, region) in the cost problem's LP relaxation
-    (None when even the relaxation cannot meet demand)."""
-    relaxed = arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False)
-    relaxed.integrality_ = [highspy.HighsVarType.kContinuous] * len(arr.cost)
+def _scarcity_decomposed(problem: AllocationProblem, dec: Decomposition, arr: "_LpArrays",
+                         lp: _LpBuilder, ix: _Index, v: _Vars, col_lb: np.ndarray, *,
+                         t0: float, notes: list[str]
+                         ) -> tuple[np.ndarray | None, float, float]:
+    """Both scarcity phases by the decomposition and branch and price."""
+    goodput_cost = np.zeros(len(arr.cost))
+    goodput_cost[v.s] = -ix.priority
+    relaxed = _lp_relaxation(arr, goodput_cost, col_lb, arr.row_lb, lp, len(v.x))
+    r1 = solve_decomposed(dec, Kind.GOODPUT, deadline=_phase_deadline(problem, t0, PHASE1_SHARE),
+                          rel_gap=problem.mip_gap,
+                          start_price=None if relaxed is None else relaxed.node_price)
+    notes.extend(f"scarcity phase 1 {n}" for n in r1.notes)
+    assert r1.counts is not None  # serving nothing is always a plan
+    floor = -r1.objective * (1.0 - GOODPUT_REL_TOL)
+    r2 = solve_decomposed(dec, Kind.COST_AT_GOODPUT, deadline=_phase_deadline(problem, t0, 1.0),
+                          rel_gap=problem.mip_gap, floor=floor, incumbent=r1.counts)
+    notes.extend(f"scarcity phase 2 {n}" for n in r2.notes)
+    if r2.counts is None:
+        return r1.counts, math.inf, r1.gap
+    return r2.counts, r2.gap, r1.gap
+
+
+@dataclass
+class _Relaxation:
+    value: float  # the LP's optimum: a bound of the ILP (-inf when HiGHS gave none)
+    node_price: np.ndarray  # shadow price of one node per availability row
+    x: np.ndarray  # the LP's values of the x columns
+
+
+def _lp_relaxation(arr: "_LpArrays", cost: np.ndarray, col_lb: np.ndarray,
+                   row_lb: np.ndarray, lp: _LpBuilder, n_x: int) -> _Relaxation | None:
+    """The LP relaxation, minimising `cost`: its bound, where column generation starts, and
+    counts to round. None when it is infeasible (proven by HiGHS)."""
+    relaxed = arr.highs_lp(cost, col_lb, row_lb, maximise=False)
+    relaxed.integrality_ = [highspy.HighsVarType.kContinuous] * len(cost)
     h = quiet_highs()
     h.passModel(relaxed)
     h.run()
     status = h.getModelStatus()
+    rows, _, _ = lp.availability_rows
     if status != highspy.HighsModelStatus.kOptimal:
-        return None
-    duals = np.array(h.getSolution().row_dual)
-    rows, gs, rs = lp.availability_rows
-    price = np.zeros(ix.avail.shape)
-    price[gs, rs] = np.maximum(0.0, -duals[rows])  # a <= row's dual is <= 0 when minimising
-    return price
-
-
-def _fallback_plan(problem: AllocationProblem, arr: _LpArrays, lp: _LpBuilder, ix: _Index,
-                   v: _Vars) -> np.ndarray | None:
-    """Instance counts of the best sequential-cover plan (aggregated models only)."""
-    node_price = _lp_node_prices(arr, lp, ix)
-    return None if node_price is None else _incumbent(problem, ix, v, node_price)
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return None
+        return _Relaxation(-math.inf, np.zeros(len(rows)), np.zeros(n_x))
+    sol = h.getSolution()
+    duals = np.array(sol.row_dual)
+    return _Relaxation(
+        value=float(h.getInfo().objective_function_value),
+        node_price=np.maximum(0.0, -duals[rows]),  # a <= row's dual is <= 0 when minimising
+        x=np.array(sol.col_value)[:n_x],
+    )
 
 
 def _capacity_bound_short(ix: _Index, v: _Vars) -> bool:

@@ -3,7 +3,6 @@ and agreement with the planner on one template."""
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest

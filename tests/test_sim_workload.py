@@ -89,3 +89,25 @@ def test_merge_renumbers_in_arrival_order():
     assert len(m) == len(a) + len(b)
     assert [r.id for r in m] == list(range(len(m)))
     assert all(x.arrival_s <= y.arrival_s for x, y in zip(m, m[1:]))
+
+
+def test_merge_orders_as_sorted_by_arrival_model_and_id():
+    """Guards the numpy merge: the order of `sorted` by (arrival, model, id), stable on full
+    ties, with the fields untouched."""
+    from coral.sim.workload import Request
+
+    rng = np.random.default_rng(0)
+    ws = [[Request(int(i), m, float(round(t, 1)), 5 + k, 7) for i, t in
+           enumerate(rng.uniform(0, 5, 60))] for k, m in enumerate(["b", "a", "c", "aa", "B"])]
+    ws.append([Request(3, "a", 1.0, 70, 7), Request(3, "a", 1.0, 80, 8)])  # a full-key tie
+    got = merge(*ws)
+    want = sorted((r for w in ws for r in w), key=lambda r: (r.arrival_s, r.model, r.id))
+    assert [r[1:] for r in got] == [r[1:] for r in want]
+    assert [r.id for r in got] == list(range(len(want)))
+    assert merge() == [] and merge([]) == []
+
+
+def test_synthetic_requests_hold_plain_python_numbers():
+    reqs = synthetic("m", rate_rps=20, duration_s=5, seed=1, length_dist="lognormal")
+    assert all(type(r.arrival_s) is float and type(r.prompt_tokens) is int
+               and type(r.output_tokens) is int and type(r.id) is int for r in reqs)

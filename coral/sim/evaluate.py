@@ -40,7 +40,9 @@ class EvalConfig:
     nmax: int = 2
     scenarios: tuple[str, ...] = ("core",)
     demand_scales: tuple[float, ...] = (1.0,)
-    sim_seconds: float = 30.0
+    # Long enough for an overloaded instance's queue to show in TTFT (a short run from an
+    # empty system hides it).
+    sim_seconds: float = 600.0
     goodput_scenario: str = "core"
     levels: tuple[str, ...] = ("abundant", "limited", "scarce")
     solve_scenario: str = "core"
@@ -60,7 +62,7 @@ class EvalConfig:
         if quick:
             return cls(out=out, quick=True, **kw)
         base = dict(quick=False, nmax=3, scenarios=("core", "advanced"),
-                    demand_scales=(0.5, 1.0, 2.0), sim_seconds=60.0,
+                    demand_scales=(0.5, 1.0, 2.0), sim_seconds=1800.0,
                     cluster_scales=(1, 4, 16), helix_timeout_s=300.0, timeline_periods=None)
         base.update(kw)
         return cls(out=out, **base)

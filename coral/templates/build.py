@@ -13,9 +13,16 @@ makes two lossless cuts possible:
   sub-multisets, is carried from wave to wave, so "some sub-multiset" is checked recursively
   through the one-node-smaller ones. A template solved only to a time limit is compared by its
   proven upper bound, never by its incumbent.
+- **floor** (while solving): `best_sub`, the best a proper part of the combination reaches
+  (a sub-multiset alone, or two disjoint parts side by side, see `split_floor`), is the
+  floor; anything that splits the nodes into smaller replicas is at most that, so only one
+  pipeline over *all* the nodes can beat it, and that is all the solver looks for
+  (`placement_staged.best_full_pipeline`: usually one threshold test says "nothing beats
+  the floor").
 - **bound** (before solving): `OperatingPointTables.throughput_bound` is a true upper bound on
-  a combination's throughput; when it is no more than the best of its sub-multisets the
-  combination cannot be kept, and it is not solved.
+  a combination's throughput, and `pipeline_bound` one on any pipeline over all of its
+  nodes; when the first is no more than the floor, or (flow and chain topologies) the second
+  is, the combination cannot be kept, and it is not solved.
 
 Zero-throughput and infeasible combinations are recorded and dropped. Every outcome is written
 to the library as it arrives (see `library.py`), so an interrupted build resumes where it
@@ -52,7 +59,7 @@ from coral.templates.operating_points import (
     shared_tables,
 )
 from coral.templates.slo import SloSpec
-from coral.templates.placement import BELOW_FLOOR_NOTE
+from coral.templates.placement import BELOW_FLOOR_NOTE, pipeline_bound
 from coral.templates.types import (
     Mode,
     NodePlacement,
@@ -441,6 +448,13 @@ def solve_task(
     bound = tables.throughput_bound(model, task.combo, slo, mode)
     if bound_skip and task.best_sub > 0 and bound <= task.best_sub * (1 + DOMINANCE_RTOL):
         return Outcome(task.combo, None, bound, time.perf_counter() - start)
+    if (bound_skip and task.best_sub > 0 and solver is None and method == "auto"
+            and topology in ("flow", "chain")):
+        # only a single pipeline over every node can beat the floor (see `build_template`)
+        full = pipeline_bound(tables.problem(model, task.combo, slo, mode, topology))
+        if full <= task.best_sub:
+            bound = min(bound, task.best_sub)  # the parts' best, and no pipeline beats it
+            return Outcome(task.combo, None, bound, time.perf_counter() - start)
     tpl = build_template(
         model, task.combo, slo, mode, topology, perf, catalog, tables=tables,
         time_limit_s=time_limit_s, method=method, solver=solver,

@@ -12,7 +12,10 @@
 `floor` (library builds): only a placement that uses *every* node as one pipeline and beats
 `floor` is wanted (the best split into smaller replicas is the sum of sub-combinations'
 templates, which the library already has). The answer is then the best such pipeline, or a
-zero-throughput placement whose `upper_bound` note says nothing beats the floor.
+zero-throughput placement whose `upper_bound` note says nothing beats the floor. It is found
+by the multiset search of `placement_staged` (the same optimum as the chain DP over all
+nodes, much faster; it falls back to that DP where a NIC link or both SLOs may bind), on
+preprocessing memoised per node (`node_memo`).
 
 `method="ilp"` forces the tightened MILP (`chain` and `dag` only), `method="naive"` the
 naive MILP of the DAG (a benchmark baseline).
@@ -27,12 +30,13 @@ from typing import Literal
 from coral.templates.placement_chain import best_chain, best_replicas, path_lp_bound, solve_chain
 from coral.templates.placement_ilp import (
     flow_upper_bound,
-    within,
     infeasible_placement,
     prepare,
     solve_ilp,
     to_placement,
 )
+from coral.templates.node_memo import pipeline_bound, prepare_unfiltered
+from coral.templates.placement_staged import best_full_pipeline
 from coral.templates.types import Placement, PlacementProblem, SolveStatus
 
 Method = Literal["auto", "ilp", "naive"]
@@ -59,7 +63,10 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
     if (floor is not None and floor > 0 and problem.topology in ("flow", "chain")
             and method == "auto" and pipeline_bound(problem) <= floor):
         return _below_floor(floor, t0, "staged-dp" if problem.topology == "flow" else "chain-dp")
-    prep = prepare(problem, path_filter=problem.topology == "dag" or method != "auto")
+    if problem.topology == "dag" or method != "auto":
+        prep = prepare(problem, path_filter=True)
+    else:
+        prep = prepare_unfiltered(problem)
     if prep.infeasible:
         return infeasible_placement(prep.infeasible, time.perf_counter() - t0, method)
 
@@ -106,32 +113,13 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
 def _full_pipeline(problem: PlacementProblem, prep, floor: float, t0: float) -> Placement:
     """The best single pipeline over every node, if it beats `floor` (library builds)."""
     groups = problem.topology == "flow"
-    if any(u is None for u in prep.usable):
-        ch = None
-    else:
-        ch = best_chain(prep, require_all=True, groups=groups,
-                        at_least=floor if floor > 0 else -math.inf)
+    ch = best_full_pipeline(prep, groups=groups, at_least=floor if floor > 0 else -math.inf)
     method = "staged-dp" if groups else "chain-dp"
     if ch is None or ch.throughput <= 0:
         return _below_floor(floor, t0, method)
     return to_placement(prep, ch.assignment(), status=SolveStatus.OPTIMAL, gap=0.0,
                         solve_s=time.perf_counter() - t0, method=method,
                         keep_empty_edges=not groups)
-
-
-def pipeline_bound(problem: PlacementProblem) -> float:
-    """Upper bound on any pipeline that uses every node: each node type's nodes carry all of
-    the flow through their stages, at most `count x` its best capacity among the points that
-    meet the SLO on their own (a group of identical nodes; `chain`: one node, lower still)."""
-    best: dict = {}
-    count: dict = {}
-    for spec in problem.nodes:
-        count[spec] = count.get(spec, 0) + 1
-        if spec not in best:
-            best[spec] = max((op.capacity for op in spec.options
-                              if within(op.step_s, problem.tpot_s)
-                              and within(op.prefill_s, problem.ttft_s)), default=0.0)
-    return min((best[s] * count[s] for s in best), default=0.0)
 
 
 def _below_floor(floor: float, t0: float, method: str) -> Placement:

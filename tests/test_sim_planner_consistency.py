@@ -19,6 +19,7 @@ from coral.allocator.headroom import (
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
 from coral.sim import instance_from_template, simulate, summarize, synthetic
+from coral.sim.capacity import saturation
 from coral.templates.slo import SloSpec
 
 MODEL = "llama-3.1-8b"
@@ -53,6 +54,39 @@ def test_planned_capacity_meets_the_slo_and_130_percent_does_not(parts, node):
     past = _summary(tpl, 1.3 * planned_rps, cat, perf)
     assert not past["slo_met"], past
     assert past["ttft_s_at_percentile"] > SLO.ttft_s
+
+
+@pytest.mark.parametrize("combo", [["1x-l40s", "1x-t4", "1x-t4"], ["1x-a10g", "1x-a10g"]])
+def test_pipelines_are_planned_by_the_simulated_rate(parts, combo):
+    """A pipeline's flow-model throughput overstates what it delivers run as micro-batches
+    with whole prompts per step; planned by the simulator's step model at full occupancy it
+    holds the SLO at 100 % and not at 130 %."""
+    from coral.templates.build import build_template
+
+    cat, perf = parts
+    tpl = build_template(MODEL, combo, SLO, "aggregated", "flow", perf, cat)
+    sat = saturation(tpl, perf=perf, catalog=cat)
+    assert sat is not None and sat.rps < tpl.throughput_rps
+    planned_rps = planned_capacity(tpl, saturation=sat) * tpl.throughput_rps / tpl.throughput
+    assert planned_rps < planned_capacity(tpl) * tpl.throughput_rps / tpl.throughput
+    at = _summary(tpl, planned_rps, cat, perf)
+    assert at["slo_met"], at
+    past = _summary(tpl, 1.3 * planned_rps, cat, perf)
+    assert not past["slo_met"], past
+
+
+def test_saturation_matches_the_simulator_and_drops_templates_that_miss_tpot(parts):
+    """1x A10G + 1x L4: the flow model predicts TPOT 0.090 s; run as the simulator runs it,
+    busy, every step is 0.109 s on average — over the 0.1 s target — so it is not planned."""
+    from coral.templates.build import build_template
+
+    cat, perf = parts
+    tpl = build_template(MODEL, ["1x-a10g", "1x-l4"], SLO, "aggregated", "flow", perf, cat)
+    sat = saturation(tpl, perf=perf, catalog=cat)
+    assert tpl.tpot_s < SLO.tpot_s < sat.step_s
+    saturated = _summary(tpl, 1.5 * tpl.throughput_rps, cat, perf)
+    assert saturated["tpot_s_at_percentile"] == pytest.approx(sat.step_s, rel=0.05)
+    assert template_headroom(tpl, saturation=sat).utilisation == 0.0
 
 
 # ------------------------------------------------------------------ the queueing formulas

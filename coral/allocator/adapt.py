@@ -443,11 +443,12 @@ def run_timeline(
     """
     scenario = timeline.scenario
     n = nmax if nmax is not None else timeline.spec.nmax
-    if templates is None:
-        if perf is None:
-            from coral.templates.parallel import default_perf_factory
+    if perf is None:
+        from coral.templates.parallel import default_perf_factory
 
-            perf = default_perf_factory(catalog)
+        perf = default_perf_factory(catalog)
+    scenario = scenario.with_perf(perf, catalog)
+    if templates is None:
         templates = templates_for_scenario(scenario, catalog, perf, out_root=out_root,
                                            workers=workers, nmax=n, progress=progress,
                                            on_message=on_message)

@@ -21,12 +21,13 @@ lengths' spread; 0 for fixed lengths). With `ca = cs = 1` it is the exact M/M/c 
 planned utilisation is the largest `rho` with `P(W > TTFT_slo - TTFT_predicted)` at most
 `WINDOW_TAIL_FACTOR * (1 - p)` (see there for why, and how it compares with the simulator).
 
+Multi-stage templates: the solver's flow model of a pipeline is more optimistic than the way
+the simulator (and vLLM) run one, so when the planner is given the perf model the rate and TPOT
+are taken from the simulator's own step-cost model at full occupancy where those are worse
+(`coral.sim.capacity`).
+
 It is per instance: a load-aware router that pools instances of a model does at least as
-well, so with many instances the plan errs safe. Known gap: the simulator runs a pipeline of
-unequal stages at the bottleneck stage's period for every micro-batch, which the templates'
-TPOT and throughput (sums along the path) do not yet model, so multi-stage templates of
-unequal nodes deliver less than planned (2 x A10G: the SLO held to 0.76 of throughput in
-simulation, planned 0.81).
+well, so with many instances the plan errs safe.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ class Headroom:
 
 
 def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
-                      output_cv: float = DEFAULT_OUTPUT_CV) -> Headroom:
+                      output_cv: float = DEFAULT_OUTPUT_CV,
+                      saturation: Any = None) -> Headroom:
     """The planned utilisation of one instance of `template` (a `coral.templates.Template`).
 
     Modes: aggregated as in the module docstring. In PD mode a request waits twice — for a
@@ -131,6 +133,12 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
     take half of what its prefill leaves, a decode-only one (`T = output_tokens * TPOT`) half of
     the whole target (it cannot know the prefill's time; the split is exact when prefills are
     short against the target).
+
+    `saturation` (a `coral.sim.capacity.Saturation`): the rate and TPOT the instance reaches at
+    full occupancy as the simulator runs it; when lower / longer than the template's own
+    figures they are used instead, and `utilisation` is still relative to the template's
+    throughput (so it also carries that shortfall). A template whose simulated step at full
+    occupancy exceeds the TPOT target gets utilisation 0: busy, it would miss TPOT.
     """
     if arrival_cv < 0 or output_cv < 0:
         raise HeadroomError(f"coefficients of variation must be >= 0, got arrival_cv="
@@ -147,17 +155,29 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
         service, slack = ttft + decode_s, slo.ttft_s - ttft
         cs = output_cv * decode_s / service if service > 0 else 0.0
     rps = float(template.throughput_rps)
+    scale = 1.0
+    if saturation is not None and template.mode == "aggregated" and rps > 0:
+        if saturation.step_s > slo.tpot_s * (1.0 + 1e-9):
+            # busy, it would miss TPOT as the simulator runs it: not plannable
+            return Headroom(0.0, 0, service, slack)
+        if saturation.rps < rps:
+            scale, rps = saturation.rps / rps, saturation.rps
+        if saturation.step_s > tpot:
+            decode_s = max(slo.output_tokens - 1, 0) * saturation.step_s
+            service = ttft + decode_s
+            cs = output_cv * decode_s / service if service > 0 else 0.0
     if not (rps > 0 and service > 0):
         return Headroom(0.0, 0, service, slack)
     slots = max(1, int(rps * service))
     tail = max((1.0 - float(slo.percentile)) * WINDOW_TAIL_FACTOR, MIN_TAIL)
     rho = max_utilisation(slots, round(slack, 9), round(service, 9),
                           round(arrival_cv**2 + cs**2, 9), round(tail, 12))
-    return Headroom(rho, slots, service, slack)
+    return Headroom(rho * scale, slots, service, slack)
 
 
 def planned_capacity(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
-                     output_cv: float = DEFAULT_OUTPUT_CV) -> float:
+                     output_cv: float = DEFAULT_OUTPUT_CV, saturation: Any = None) -> float:
     """The template's capacity (in its own unit) that the allocator plans one instance for."""
-    h = template_headroom(template, arrival_cv=arrival_cv, output_cv=output_cv)
+    h = template_headroom(template, arrival_cv=arrival_cv, output_cv=output_cv,
+                          saturation=saturation)
     return float(template.throughput) * h.utilisation

@@ -471,6 +471,8 @@ def plan_scenario(
         from coral.templates.parallel import default_perf_factory
 
         perf = default_perf_factory(catalog)
+    if scenario.saturation_of is None:
+        scenario = scenario.with_perf(perf, catalog)
     if templates is None:
         templates = templates_for_scenario(
             scenario, catalog, perf, out_root=out_root, workers=workers, nmax=nmax,

@@ -50,10 +50,10 @@ Every problem is reported as a `ScenarioError` naming the file, the entry and th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dc_field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -220,6 +220,25 @@ class Scenario:
     node_types: tuple[str, ...]
     node_prices: Mapping[NodeRegion, float]  # $/hour; only pairs priced there
     availability: Mapping[NodeRegion, int]  # nodes; only non-zero pairs
+    # template -> its rate at full occupancy as simulated (`coral.sim.capacity`), when the
+    # scenario was given a perf model (`with_perf`); None: the templates' own figures
+    saturation_of: Callable[[Any], Any] | None = dc_field(default=None, compare=False, repr=False)
+
+    def with_perf(self, perf: Any, catalog: Catalog) -> "Scenario":
+        """This scenario, planning multi-stage templates by the rate the simulator's step
+        model gives them at full occupancy (memoised per template)."""
+        from coral.sim.capacity import saturation
+
+        memo: dict[int, tuple[Any, Any]] = {}
+
+        def saturation_of(template: Any) -> Any:
+            hit = memo.get(id(template))
+            if hit is None or hit[0] is not template:
+                hit = memo[id(template)] = (template, saturation(template, perf=perf,
+                                                                 catalog=catalog))
+            return hit[1]
+
+        return replace(self, saturation_of=saturation_of)
 
     @property
     def name(self) -> str:
@@ -259,8 +278,9 @@ class Scenario:
         utilisation at which its TTFT still holds under this scenario's traffic shape for the
         model (see `coral.allocator.headroom`)."""
         m = self.model_spec(template.model)
+        sat = self.saturation_of(template) if self.saturation_of is not None else None
         return planned_capacity(template, arrival_cv=m.arrival_cv,
-                                output_cv=m.output_tokens_cv)
+                                output_cv=m.output_tokens_cv, saturation=sat)
 
     def model_spec(self, name: str) -> ScenarioModel:
         """The scenario's entry of model `name` (KeyError naming the models it serves)."""

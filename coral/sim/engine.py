@@ -547,6 +547,35 @@ class _Router:
         return pick
 
 
+def build_layout(spec: InstanceSpec, perf, catalog, net_latency_s: float,
+                 iter_cache: dict[tuple, float] | None = None) -> _Layout:
+    """The step-cost model of an instance's stages: iteration times from the perf model,
+    KV capacity per node, activation sends over the NIC plus `net_latency_s` per hop."""
+    model = spec.model
+    arch = catalog.model(model)
+    hidden_bytes = arch.hidden_size * arch.dtype_bytes
+    cache = {} if iter_cache is None else iter_cache
+
+    def iteration(node: str, layers: int, p: int, b: int, c: int, first: bool,
+                  last: bool) -> float:
+        key = (model, node, layers, p, b, c, first, last)
+        t = cache.get(key)
+        if t is None:
+            t = perf.iteration_seconds(model, node, layers, p, b, c,
+                                       first_stage=first, last_stage=last)
+            cache[key] = t
+        return t
+
+    def kv_tokens(node: str, layers: int, first: bool, last: bool) -> int:
+        return perf.max_kv_tokens(model, node, layers, first_stage=first, last_stage=last)
+
+    def send(node: str, tokens: int) -> float:
+        nic = catalog.node_type(node).nic_gbps * 1e9 / 8.0
+        return tokens * hidden_bytes / nic + net_latency_s
+
+    return _Layout(spec, iteration, kv_tokens, send)
+
+
 class Simulator:
     """Runs requests through a deployment. Build once, `run()` once (no I/O anywhere)."""
 
@@ -567,33 +596,10 @@ class Simulator:
 
         def layout(spec: InstanceSpec) -> _Layout:
             hit = layouts.get((spec.model, spec.stages))
-            if hit is not None:
-                return hit
-            model = spec.model
-            arch = catalog.model(model)
-            hidden_bytes = arch.hidden_size * arch.dtype_bytes
-            cache = self._iter_cache
-
-            def iteration(node: str, layers: int, p: int, b: int, c: int, first: bool,
-                          last: bool) -> float:
-                key = (model, node, layers, p, b, c, first, last)
-                t = cache.get(key)
-                if t is None:
-                    t = perf.iteration_seconds(model, node, layers, p, b, c,
-                                               first_stage=first, last_stage=last)
-                    cache[key] = t
-                return t
-
-            def kv_tokens(node: str, layers: int, first: bool, last: bool) -> int:
-                return perf.max_kv_tokens(model, node, layers, first_stage=first,
-                                          last_stage=last)
-
-            def send(node: str, tokens: int) -> float:
-                nic = catalog.node_type(node).nic_gbps * 1e9 / 8.0
-                return tokens * hidden_bytes / nic + lat
-
-            out = layouts[(spec.model, spec.stages)] = _Layout(spec, iteration, kv_tokens, send)
-            return out
+            if hit is None:
+                hit = layouts[(spec.model, spec.stages)] = build_layout(
+                    spec, perf, catalog, lat, self._iter_cache)
+            return hit
 
         self.instances = [_Instance(s, i, layout(s), self.cfg) for i, s in enumerate(instances)]
         by_model: dict[str, list[_Instance]] = {}

@@ -906,7 +906,7 @@ class TightMilp(_MilpBase):
         `fsnk[i] <=` of last points; `f[i,j] <= U[i,j] = min(max cap of i's non-last points,
         max cap of j's points starting after 0, NIC_ij)`; latencies in [0, 1]; `T <=` the
         upper bound. Chain topology: `used = 1`."""
-        b, L, fs = self.b, self.problem.num_layers, self.fs
+        b, fs = self.b, self.fs
         nodes = self.nodes()
         self.used, self.z, self.g, self.s, self.first = {}, {}, {}, {}, {}
         self.fsrc, self.fsnk, self.smax, self.kmax = {}, {}, {}, {}

@@ -404,6 +404,27 @@ class PlanResult:
         }
 
 
+class PlanFileError(ValueError):
+    """A file that should hold a plan written by `coral plan --out` does not."""
+
+
+def read_plan_file(path: str | Path) -> dict[str, Any]:
+    """The JSON payload of a plan file from `coral plan SCENARIO --out FILE` (it names its
+    scenario and lists its instances), or `PlanFileError` saying what is wrong."""
+    p = Path(path)
+    if not p.is_file():
+        raise PlanFileError(f"plan file {p} does not exist")
+    try:
+        payload = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise PlanFileError(f"{p} is not JSON ({exc}); expected a file from "
+                            "`coral plan SCENARIO --out FILE`") from None
+    if not isinstance(payload, dict) or "instances" not in payload or "scenario" not in payload:
+        raise PlanFileError(f"{p} is not a plan: expected 'scenario' and 'instances' (write "
+                            "one with `coral plan SCENARIO --out FILE`)")
+    return payload
+
+
 def baseline_summary(result: Any) -> dict[str, Any]:
     """A baseline result's figures as plain JSON values."""
     return {

@@ -35,23 +35,22 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
                      quiet_stdout: bool, show: bool) -> tuple[str, list, dict, dict]:
     """(name, instances, slos per model, demand req/s per model) of a plan JSON or a
     scenario (planned here)."""
-    from coral.allocator.planning import plan_scenario, scenario_slo
+    from coral.allocator.planning import (
+        PlanFileError,
+        plan_scenario,
+        read_plan_file,
+        scenario_slo,
+    )
     from coral.allocator.scenario import load_scenario
     from coral.sim.deployment import instances_from_plan
     from coral.templates.parallel import default_perf_factory
 
     path = Path(ref)
     if path.suffix == ".json":
-        if not path.is_file():
-            raise UserError(f"plan file {ref} does not exist")
         try:
-            payload = jsonlib.loads(path.read_text())
-        except jsonlib.JSONDecodeError as exc:
-            raise UserError(f"{ref} is not JSON ({exc}); expected a file from `coral plan "
-                            "--out`") from None
-        if not isinstance(payload, dict) or "instances" not in payload or "scenario" not in payload:
-            raise UserError(f"{ref} is not a plan: expected 'scenario' and 'instances' (write "
-                            "one with `coral plan SCENARIO --out FILE`)")
+            payload = read_plan_file(path)
+        except PlanFileError as exc:
+            raise UserError(str(exc)) from None
         scenario = load_scenario(payload["scenario"], level=payload.get("level"), catalog=cat)
         slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
         return (path.stem, instances_from_plan(payload, slos), slos,

@@ -15,7 +15,6 @@ How an instance then runs depends on the engine and provisioner:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -108,18 +107,12 @@ class PlannedInstance:
 
 def read_plan(path: str | Path) -> dict[str, Any]:
     """A plan JSON file written by `coral plan --out`."""
-    p = Path(path)
-    if not p.is_file():
-        raise DeploymentError(f"plan file {p} does not exist")
+    from coral.allocator.planning import PlanFileError, read_plan_file
+
     try:
-        payload = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise DeploymentError(f"{p} is not JSON ({exc}); expected a file from "
-                              "`coral plan SCENARIO --out FILE`") from None
-    if not isinstance(payload, dict) or "instances" not in payload:
-        raise DeploymentError(f"{p} is not a plan: it has no 'instances' (write one with "
-                              "`coral plan SCENARIO --out FILE`)")
-    return payload
+        return read_plan_file(path)
+    except PlanFileError as exc:
+        raise DeploymentError(str(exc)) from None
 
 
 def planned_instances(plan: Mapping[str, Any]) -> tuple[PlannedInstance, ...]:

@@ -266,3 +266,91 @@ def calibrate(
     console.print(f"[dim]Smoothed roofline exponent p = {payload['roofline_p']} (fixed).[/]")
     if written:
         console.print(f"wrote {written}", highlight=False)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def _validation_rows(results, label: str) -> list[dict]:
+    rows = []
+    for v in results:
+        pre, dec, both = v.summary("prefill"), v.summary("decode"), v.summary()
+        rows.append({
+            "model": v.model, "gpu": v.gpu, "figures": label, "points": both.points,
+            "prefill_median_error": pre.median_signed, "decode_median_error": dec.median_signed,
+            "median_abs_error": both.median_abs, "max_abs_error": both.max_abs,
+        })
+    return rows
+
+
+@app.command()
+def validate(
+    paths: Annotated[list[Path] | None, typer.Argument(
+        help="Profile tables (CSV) or directories of them (default: the measured tables "
+             "shipped with Coral).")] = None,
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help="Catalog GPU type the tables were measured on (default: from each "
+                      "table's node type or device name).")] = None,
+    fit: Annotated[bool, typer.Option(
+        "--fit", help="Also fit the GPU type's own figures to the dense models' tables and "
+                      "predict each table from a fit on the other tables only.")] = False,
+    catalog: CatalogFiles = None,
+    json: JsonFlag = False,
+) -> None:
+    """Compare the perf model's per-layer times with measured profile tables."""
+    from coral.perf.validation import (
+        PACKAGED_PROFILES,
+        compare,
+        fit_tables,
+        leave_one_model_out,
+        load_tables,
+    )
+
+    with user_errors():
+        cat = open_catalog(catalog)
+        tables = load_tables(paths or [PACKAGED_PROFILES])
+        rows = _validation_rows(compare(tables, cat, gpu=gpu), "committed")
+        fit_payload = None
+        if fit:
+            dense = [t for t in tables if cat.model(t.model).moe is None]
+            if len(dense) < 2:
+                raise UserError("--fit needs tables of at least two dense models (MoE layers "
+                                "are reported, not fitted: see the note below the table)")
+            own = fit_tables(dense, cat, gpu)
+            e = own.efficiencies
+            rows += _validation_rows(compare(tables, cat, e, gpu), "own fit")
+            loo = {v.model: v for v in leave_one_model_out(dense, cat, gpu)}
+            rows += _validation_rows(loo.values(), "others' fit")
+            fit_payload = {
+                "gpu": e.gpu, "eta_compute": e.eta_compute, "eta_memory": e.eta_memory,
+                "eta_elementwise": e.eta_elementwise, "kernel_overhead_s": e.kernel_overhead_s,
+                "fitted_on": list(own.models), "points": own.summary.points,
+                "median_abs_error": own.summary.median_abs, "max_abs_error": own.summary.max_abs,
+            }
+    if json:
+        print_json({"tables": len(tables), "rows": rows, "fit": fit_payload})
+        return
+    out = Table(title="Perf model vs measured layer times (predicted/measured - 1, %)",
+                title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("model", "GPU", "figures", "points", "prefill\nmedian", "decode\nmedian",
+                "median\n|err|", "max\n|err|"):
+        left = col in ("model", "GPU", "figures")
+        out.add_column(col, justify="left" if left else "right", no_wrap=left)
+    for r in rows:
+        out.add_row(r["model"], r["gpu"], r["figures"], str(r["points"]),
+                    _pct(r["prefill_median_error"]), _pct(r["decode_median_error"]),
+                    f"{100 * r['median_abs_error']:.1f}", f"{100 * r['max_abs_error']:.1f}")
+    console.print(out)
+    if fit_payload:
+        f = fit_payload
+        console.print(
+            f"Own fit on {len(f['fitted_on'])} dense models ({f['points']} points): "
+            f"η compute {f['eta_compute']:.3f}, η memory {f['eta_memory']:.3f}, η elem. "
+            f"{f['eta_elementwise']:.3f}, kernel {f['kernel_overhead_s'] * 1e6:.2f} µs; "
+            f"median |err| {100 * f['median_abs_error']:.1f} %.", highlight=False)
+    console.print("[dim]Negative: the model predicts faster than measured. 'committed': the "
+                  "figures plans use (own fit or borrowed by architecture). The measured layer "
+                  "is plain torch (unfused norms and rope; MoE as torch's grouped matmul), an "
+                  "upper bound on a serving engine's fused kernels; MoE tables are compared but "
+                  "not fitted.[/]")

@@ -140,7 +140,7 @@ def profile(
     warmup: Annotated[Optional[int], typer.Option(
         "--warmup", help="Untimed runs per point (default: 2 CPU, 3 CUDA).")] = None,
     cuda_graphs: Annotated[bool, typer.Option(
-        "--cuda-graphs/--no-cuda-graphs", help="Time dense decode as a CUDA graph.")] = True,
+        "--cuda-graphs/--no-cuda-graphs", help="Replay each timed step as a CUDA graph, as serving engines launch it.")] = True,
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", help="Output CSV (default: profiles/<model>__<node>.csv).")] = None,
     catalog: CatalogFiles = None,

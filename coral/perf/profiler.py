@@ -29,18 +29,18 @@ import datetime as dt
 import functools
 import os
 import platform
-import re
 import statistics
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from coral.catalog.schema import ModelArch
+from coral.perf.devices import gpu_type_for_device
 from coral.perf.profile_table import ProfileRow, ProfileTable, SkippedPoint
 
 DTYPES: dict[str, torch.dtype] = {
@@ -172,41 +172,6 @@ def device_name(device: torch.device) -> str:
     return f"{_cpu_brand()} ({torch.get_num_threads()} threads)"
 
 
-# Device-name patterns -> catalog GPU type names; first match wins (order matters).
-_GPU_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"gh200", "gh200"),
-    (r"h200", "h200"),
-    (r"h100.*nvl", "h100-nvl"),
-    (r"h100.*pcie", "h100-pcie"),
-    (r"h100", "h100-sxm"),
-    (r"h800", "h800"),
-    (r"a100.*80", "a100-80gb"),
-    (r"a100.*40", "a100-40gb"),
-    (r"a100", "a100-80gb"),
-    (r"b200", "b200"),
-    (r"l40s", "l40s"),
-    (r"l40\b", "l40"),
-    (r"a40\b", "a40"),
-    (r"a10g", "a10g"),
-    (r"a10\b", "a10"),
-    (r"\bl4\b", "l4"),
-    (r"v100", "v100"),
-    (r"\bt4\b", "t4"),
-)
-
-
-def gpu_type_for_device(name: str, known: Iterable[str] | None = None) -> str | None:
-    """Catalog GPU type of a CUDA device name ('NVIDIA H100 80GB HBM3' -> 'h100-sxm'), or
-    None when it is not recognised (or, given `known`, not in it)."""
-    lowered = name.lower()
-    for pattern, gpu in _GPU_PATTERNS:
-        if re.search(pattern, lowered):
-            if known is not None and gpu not in set(known):
-                return None
-            return gpu
-    return None
-
-
 # --------------------------------------------------------------------------------------
 # the layer
 # --------------------------------------------------------------------------------------
@@ -252,7 +217,12 @@ class MLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Softmax top-k router, routed experts run one by one, shared experts always on."""
+    """Softmax top-k router, routed experts as one grouped GEMM, shared experts always on.
+
+    Tokens are sorted by expert and every expert's slice is multiplied in one grouped matmul
+    (`torch.nn.functional.grouped_mm`), as serving engines' fused MoE kernels do: no host
+    sync, so a step can be captured as a CUDA graph. Where grouped matmul is unavailable
+    the experts run one by one (a host sync and two matmuls per touched expert)."""
 
     def __init__(self, arch: ModelArch, device: torch.device, dtype: torch.dtype):
         super().__init__()
@@ -262,13 +232,21 @@ class MoE(nn.Module):
         self.top_k = moe.experts_per_token
         self.gated = arch.gated_mlp
         self.router = _param((e, h), h, device, dtype)
-        # Stored [expert, in, out] so an expert is `x @ w[e]`.
-        self.w_in = _param((e, h, (2 if self.gated else 1) * f), h, device, dtype)
-        self.w_out = _param((e, f, h), f, device, dtype)
+        # Stored [expert, out, in] like nn.Linear; an expert is `x @ w[e].T`.
+        self.w_in = _param((e, (2 if self.gated else 1) * f, h), h, device, dtype)
+        self.w_out = _param((e, h, f), f, device, dtype)
         self.shared = (
             MLP(h, moe.shared_experts * moe.shared_expert_ffn_size, arch.gated_mlp, device, dtype)
             if moe.shared_experts else None
         )
+        self.grouped_mm = _grouped_mm_fn(device, dtype)
+        self.expert_ids = torch.arange(e, device=device)
+
+    def _act(self, h: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return F.gelu(h, approximate="tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_experts = self.router.shape[0]
@@ -277,26 +255,47 @@ class MoE(nn.Module):
         weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
         flat = experts.flatten()
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=num_experts).tolist()  # one host sync
         token_of = order // self.top_k
         weight_of = weights.flatten()[order]
         out = torch.zeros_like(x)
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            idx = token_of[start:start + n]
-            h = x.index_select(0, idx) @ self.w_in[e]
-            if self.gated:
-                gate, up = h.chunk(2, dim=-1)
-                h = F.silu(gate) * up
-            else:
-                h = F.gelu(h, approximate="tanh")
-            out.index_add_(0, idx, (h @ self.w_out[e]) * weight_of[start:start + n, None])
-            start += n
+        grouped_mm = self.grouped_mm
+        if grouped_mm is not None:
+            # End of each expert's slice of the sorted assignments, without a host sync
+            # (bincount would read its input's maximum back to the host).
+            offs = torch.searchsorted(flat[order], self.expert_ids, right=True).to(torch.int32)
+            h = grouped_mm(x.index_select(0, token_of), self.w_in.transpose(-2, -1), offs=offs)
+            h = grouped_mm(self._act(h), self.w_out.transpose(-2, -1), offs=offs)
+            out.index_add_(0, token_of, h * weight_of[:, None])
+        else:
+            start = 0
+            for e, n in enumerate(torch.bincount(flat, minlength=num_experts).tolist()):
+                if n == 0:
+                    continue
+                idx = token_of[start:start + n]
+                h = self._act(x.index_select(0, idx) @ self.w_in[e].T)
+                out.index_add_(0, idx, (h @ self.w_out[e].T) * weight_of[start:start + n, None])
+                start += n
         if self.shared is not None:
             out = out + self.shared(x)
         return out
+
+
+@functools.cache
+def _grouped_mm_fn(device: torch.device, dtype: torch.dtype) -> Callable[..., torch.Tensor] | None:
+    """torch's grouped matmul if it runs on this device and dtype (checked once), else None."""
+    fn = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    if fn is None:
+        return None
+    try:
+        a = torch.ones(16, 16, device=device, dtype=dtype)
+        b = torch.ones(2, 16, 16, device=device, dtype=dtype)
+        offs = torch.tensor([0, 16], device=device, dtype=torch.int32)
+        out = fn(a, b.transpose(-2, -1), offs=offs)
+        if not bool(torch.all(out == 16)):
+            return None
+    except Exception:  # noqa: BLE001 - unsupported device/dtype/kernel: use the loop
+        return None
+    return fn
 
 
 @functools.cache
@@ -575,7 +574,9 @@ def profile_model(
         )
 
     stack = build_layers(arch, layers, dev, torch_dtype, seed=seed)
-    use_graphs = bool(cuda_graphs and on_cuda and arch.moe is None)
+    # A MoE layer without grouped matmul syncs with the host every step: not capturable.
+    sync_free = all(getattr(layer.mlp, "grouped_mm", True) is not None for layer in stack)
+    use_graphs = bool(cuda_graphs and on_cuda and sync_free)
     points = [_Point("prefill", prefill_tokens=p) for p in grid.prefill_tokens] + [
         _Point("decode", decode_batch=b, context=c)
         for b in grid.decode_batch for c in grid.context
@@ -620,7 +621,7 @@ def profile_model(
                 else:
                     if graphs_failed:
                         use_graphs = False
-                        warnings.warn(f"CUDA graph capture failed ({graphs_failed}); decode is "
+                        warnings.warn(f"CUDA graph capture failed ({graphs_failed}); steps are "
                                       "timed eagerly from here on", ProfilerWarning, stacklevel=2)
                     rows.append(ProfileRow(point.kind, point.prefill_tokens,  # type: ignore[arg-type]
                                            point.decode_batch, point.context_tokens,
@@ -677,7 +678,7 @@ def _measure(point: _Point, arch: ModelArch, stack: nn.ModuleList, dev: torch.de
                 h = layer.prefill(h, cos, sin)
             return h
 
-        return _median_seconds(run_prefill, dev, warmup, repeats), ""
+        return _timed(run_prefill, dev, warmup, repeats, use_graphs)
 
     b, c = point.decode_batch, point.context
     shape = (b, arch.num_kv_heads, c + 1, arch.head_dim)
@@ -695,22 +696,35 @@ def _measure(point: _Point, arch: ModelArch, stack: nn.ModuleList, dev: torch.de
             h = layer.decode(h, cos, sin, k_cache, v_cache, c)
         return h
 
-    fn: Callable[[], object] = run_decode
+    try:
+        return _timed(run_decode, dev, warmup, repeats, use_graphs)
+    finally:
+        caches.clear()  # this point's KV cache goes before the next point's is allocated
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _timed(run: Callable[[], object], dev: torch.device, warmup: int, repeats: int,
+           use_graphs: bool) -> tuple[float, str]:
+    """Median seconds of `run`, replayed as a CUDA graph when asked (serving engines launch a
+    step's kernels from a graph, so eager launch gaps would overstate small steps), and why
+    capture failed ('' if it did not)."""
+    fn: Callable[[], object] = run
     failed = ""
     if use_graphs:
         try:
-            fn = _capture_cuda_graph(run_decode, dev)
+            fn = _capture_cuda_graph(run, dev)
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
             if _is_oom(exc):
                 raise
             failed = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-            fn = run_decode
+            fn = run
     try:
         return _median_seconds(fn, dev, warmup, repeats), failed
     finally:
-        del fn, caches
+        del fn
         if dev.type == "cuda":
-            torch.cuda.empty_cache()  # release the graph's pool and this point's KV cache
+            torch.cuda.empty_cache()  # release the graph's pool and this point's buffers
 
 
 def table_summary(table: ProfileTable) -> list[dict[str, object]]:

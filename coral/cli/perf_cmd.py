@@ -331,14 +331,17 @@ def validate(
     if json:
         print_json({"tables": len(tables), "rows": rows, "fit": fit_payload})
         return
-    out = Table(title="Perf model vs measured layer times (predicted/measured - 1, %)",
-                title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("model", "GPU", "figures", "points", "prefill\nmedian", "decode\nmedian",
-                "median\n|err|", "max\n|err|"):
-        left = col in ("model", "GPU", "figures")
-        out.add_column(col, justify="left" if left else "right", no_wrap=left)
+    gpus = sorted({r["gpu"] for r in rows})
+    out = Table(title=f"Perf model vs measured layer times on {', '.join(gpus)}: "
+                      "predicted/measured - 1, %", title_justify="left", box=box.SIMPLE_HEAD,
+                pad_edge=False)
+    for col in ("model", "figures", "n", "prefill\nmed.", "decode\nmed.", "|err|\nmed.",
+                "|err|\nmax"):
+        left = col in ("model", "figures")
+        out.add_column(col, justify="left" if left else "right", no_wrap=True)
     for r in rows:
-        out.add_row(r["model"], r["gpu"], r["figures"], str(r["points"]),
+        out.add_row(r["model"] if len(gpus) == 1 else f"{r['model']} ({r['gpu']})",
+                    r["figures"], str(r["points"]),
                     _pct(r["prefill_median_error"]), _pct(r["decode_median_error"]),
                     f"{100 * r['median_abs_error']:.1f}", f"{100 * r['max_abs_error']:.1f}")
     console.print(out)
@@ -351,6 +354,6 @@ def validate(
             f"median |err| {100 * f['median_abs_error']:.1f} %.", highlight=False)
     console.print("[dim]Negative: the model predicts faster than measured. 'committed': the "
                   "figures plans use (own fit or borrowed by architecture). The measured layer "
-                  "is plain torch (unfused norms and rope; MoE as torch's grouped matmul), an "
-                  "upper bound on a serving engine's fused kernels; MoE tables are compared but "
-                  "not fitted.[/]")
+                  "is plain torch (fused RMSNorm, other element-wise ops unfused; MoE as torch's "
+                  "grouped matmul), an upper bound on a serving engine's fused kernels; MoE "
+                  "tables are compared but not fitted.[/]")

@@ -13,8 +13,9 @@ log(predicted/measured), as `coral.perf.calibration` does for operator profiles)
 `leave_one_model_out` predicts each model with figures fitted on the others only — the error a
 new model on that GPU would see.
 
-The profiler's layer is plain torch (unfused norms and rope, grouped-GEMM MoE), so measured
-times are an upper bound on a serving engine's fused kernels; a fit on them is conservative.
+The profiler's layer is plain torch (fused RMSNorm; rope, residual and activation kernels
+unfused; grouped-GEMM MoE), so measured times are an upper bound on a serving engine's fused
+kernels; a fit on them is conservative.
 """
 
 from __future__ import annotations

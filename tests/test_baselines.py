@@ -120,6 +120,21 @@ def test_every_baseline_reports_cost_and_served_share(results):
         assert r.plan is not None and r.cost_per_hour == pytest.approx(r.plan.cost_usd_per_hour)
 
 
+def test_baseline_deployments_decode_their_plans(results):
+    """Every baseline with templates hands back its plan's instances with their placement,
+    count for count, so that it can be simulated like Coral's plan."""
+    for name, r in results.items():
+        if name == "helix":  # a no-SLO placement on a fixed cluster: not a template plan
+            assert r.instances == ()
+            continue
+        assert {(i.template_id, i.region): i.count for i in r.instances} == dict(r.plan.instances)
+        for inst in r.instances:
+            assert inst.placement, (name, inst.template_id)
+            assert sum(p.layers for p in inst.placement) >= 1
+            assert inst.mode in ("aggregated", "prefill", "decode")
+            assert inst.usd_per_hour > 0 and inst.capacity_rps >= 0
+
+
 def test_homo_never_cheaper_than_coral(results):
     coral, homo = results["coral"], results["homo"]
     assert coral.meets_demand and homo.meets_demand

@@ -65,6 +65,10 @@ def test_report_on_tiny_scenario(tmp_path: Path) -> None:
     assert rows and all(re.search(r"\d", r) for r in rows)
     assert re.search(r"\| x1 \| coral \| [\d,.]+ \|", text)
     assert "SLO attainment" in text and re.search(r"\d+\.\d%", text)
+    # every planner's deployment simulated alike, Coral's first
+    assert "Every planner's deployment" in text
+    assert re.search(r"\| coral \| [\d,.]+ \| \d+\.\d% \|", text)
+    assert re.search(r"\| homo \| [\d,.]+ \| (\d+\.\d%|-) \|", text)
     for png in ("goodput.png", "solve_time.png", "helix.png", "adapt/adapt.png"):
         assert (out / png).is_file() and (out / png).stat().st_size > 1000, png
     assert list(out.glob("cost_*.png"))

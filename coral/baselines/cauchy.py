@@ -36,6 +36,7 @@ from coral.allocator.scenario import Scenario
 from coral.baselines.common import (
     BaselineResult,
     columns_of,
+    deployment_of,
     heuristic_plan,
     result_of,
     scenario_problem,
@@ -214,5 +215,7 @@ def cauchy(
         "KV transfer between prefill and decode is not costed",
     )
     plan = heuristic_plan(problem, instances, notes=notes)
+    halves = (t for side in (prefill, decode) for tpls in side.values() for t in tpls)
     return result_of(name, plan, notes + (("units: " + "; ".join(used)) if used
-                                          else "no unit could be placed",))
+                                          else "no unit could be placed",),
+                     instances=deployment_of(scenario, plan, halves, prefix=name))

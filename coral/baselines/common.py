@@ -44,6 +44,9 @@ class BaselineResult:
     served_fraction: dict[str, float]  # model -> served req/s / demand, in [0, 1]
     plan: AllocationPlan | None  # instances per (template column, region), when it has one
     notes: tuple[str, ...]  # approximations and heuristics, said plainly
+    #: The plan's instances with their templates' nodes and placement (`PlannedInstances`),
+    #: so that the deployment can be simulated like Coral's; empty when not decodable.
+    instances: tuple = ()
 
     def __post_init__(self) -> None:
         clipped = {m: min(1.0, max(0.0, float(f))) for m, f in self.served_fraction.items()}
@@ -158,12 +161,30 @@ def template_column(
 def columns_of(scenario: Scenario, templates: Iterable[Template], *, prefix: str
                ) -> list[TemplateColumn]:
     """Priced columns of `templates`, one per (model, mode, combination): the best throughput."""
-    best: dict[str, TemplateColumn] = {}
+    return columns_and_templates(scenario, templates, prefix=prefix)[0]
+
+
+def columns_and_templates(scenario: Scenario, templates: Iterable[Template], *, prefix: str
+                          ) -> tuple[list[TemplateColumn], dict[str, Template]]:
+    """`columns_of`, with the template behind each column id."""
+    best: dict[str, tuple[TemplateColumn, Template]] = {}
     for t in templates:
         col = template_column(scenario, t, prefix=prefix)
-        if col is not None and (col.id not in best or col.capacity > best[col.id].capacity):
-            best[col.id] = col
-    return [best[k] for k in sorted(best)]
+        if col is not None and (col.id not in best or col.capacity > best[col.id][0].capacity):
+            best[col.id] = (col, t)
+    return [best[k][0] for k in sorted(best)], {k: best[k][1] for k in sorted(best)}
+
+
+def deployment_of(scenario: Scenario, plan: AllocationPlan, templates: Iterable[Template], *,
+                  prefix: str) -> tuple:
+    """The plan's instances decoded with their templates' nodes and placement, as Coral's own
+    plan is (`coral.allocator.planning.decode_instances`), for simulating a baseline."""
+    from coral.allocator.planning import decode_instances
+
+    columns, by_id = columns_and_templates(scenario, templates, prefix=prefix)
+    used = {tid for tid, _ in plan.instances}
+    return decode_instances(plan, [c for c in columns if c.id in used],
+                            {k: t for k, t in by_id.items() if k in used})
 
 
 def scenario_problem(
@@ -204,7 +225,8 @@ def heuristic_plan(
                      notes=tuple(notes) + ("heuristic plan: no optimality claimed (gap inf)",))
 
 
-def result_of(name: str, plan: AllocationPlan, notes: Sequence[str]) -> BaselineResult:
+def result_of(name: str, plan: AllocationPlan, notes: Sequence[str], *,
+              instances: tuple = ()) -> BaselineResult:
     """A `BaselineResult` from a plan: its $/hour and its served share per model."""
     return BaselineResult(
         name=name,
@@ -212,6 +234,7 @@ def result_of(name: str, plan: AllocationPlan, notes: Sequence[str]) -> Baseline
         served_fraction=dict(plan.served_fraction),
         plan=plan,
         notes=tuple(notes),
+        instances=instances,
     )
 
 

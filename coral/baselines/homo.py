@@ -28,6 +28,7 @@ from coral.baselines.common import (
     BaselineResult,
     TemplateBuilder,
     columns_of,
+    deployment_of,
     heuristic_plan,
     result_of,
     scenario_problem,
@@ -87,7 +88,13 @@ def homo_joint(
     return result_of(name, plan, tuple(notes) + (
         f"{len(columns)} homogeneous templates (k x one node type), one allocation ILP over "
         "all models",
-    ))
+    ), instances=_deployment(scenario, plan, homogeneous, name))
+
+
+def _deployment(scenario: Scenario, plan, homogeneous: Mapping[str, Sequence[Template]],
+                prefix: str) -> tuple:
+    return deployment_of(scenario, plan, (t for tpls in homogeneous.values() for t in tpls),
+                         prefix=prefix)
 
 
 def _fit(col: TemplateColumn, region: str, left: Mapping[tuple[str, str], int]) -> int:
@@ -144,4 +151,4 @@ def homo_independent(
         "(cheapest region) whose remaining availability meets its demand, replicated, "
         "cheapest region first; models in priority order, first come first served",
         "chosen: " + "; ".join(chosen) if chosen else "no model chose a configuration",
-    ))
+    ), instances=_deployment(scenario, plan, homogeneous, name))

@@ -17,7 +17,13 @@ from typing import Mapping, Sequence
 
 from coral.allocator.ilp import solve_allocation
 from coral.allocator.scenario import Scenario
-from coral.baselines.common import BaselineResult, columns_of, result_of, scenario_problem
+from coral.baselines.common import (
+    BaselineResult,
+    columns_of,
+    deployment_of,
+    result_of,
+    scenario_problem,
+)
 from coral.templates.build import Template
 
 NOTE_BUCKETS = ("one request-size bucket per model: the scenario gives one mean request shape "
@@ -49,4 +55,6 @@ def melange(
     if unplaceable:
         notes.append("no single node holds " + ", ".join(unplaceable) + " under its SLO: not "
                      "served")
-    return result_of(name, plan, notes)
+    singles = (t for tpls in candidates.values() for t in single_node_templates(tpls))
+    return result_of(name, plan, notes,
+                     instances=deployment_of(scenario, plan, singles, prefix=name))

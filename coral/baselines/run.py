@@ -21,6 +21,7 @@ from coral.baselines.common import (
     check_node_types,
     check_templates,
     columns_of,
+    deployment_of,
     did_you_mean,
     result_of,
     scenario_problem,
@@ -107,7 +108,10 @@ def run_baselines(
             plan = solve_allocation(scenario_problem(scenario, columns, time_limit_s=time_limit_s,
                                                      mip_gap=mip_gap))
             out[name] = result_of(name, plan, (
-                f"Coral's allocation ILP over the {len(columns)} given templates",))
+                f"Coral's allocation ILP over the {len(columns)} given templates",),
+                instances=deployment_of(scenario, plan,
+                                        (t for tpls in given.values() for t in tpls),
+                                        prefix="coral"))
         elif name == "homo":
             assert homo_sets is not None
             out[name] = homo_joint(scenario, homo_sets, time_limit_s=time_limit_s,

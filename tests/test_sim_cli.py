@@ -50,3 +50,26 @@ def test_simulate_rejects_a_json_that_is_not_a_plan(tmp_path):
     res = CliRunner().invoke(app, ["simulate", str(bad)])
     assert res.exit_code == 2
     assert "is not a plan" in res.output
+
+
+def test_a_model_without_instances_is_simulated_and_named(tmp_path):
+    """Demand of a model the plan has no instance of is not dropped: its requests are
+    rejected, counted, and the model is named; worker processes do not change the figures."""
+    path = _plan(tmp_path)
+    plan = json.loads(path.read_text())
+    plan["demand_rps"]["qwen3-14b"] = 1.0
+    path.write_text(json.dumps(plan))
+    outs = []
+    for workers in ("1", "2"):
+        res = CliRunner().invoke(app, ["simulate", str(path), "--duration", "20", "--json",
+                                       "--workers", workers, "--out", str(tmp_path / workers),
+                                       "--no-progress"])
+        assert res.exit_code == 0, res.output
+        outs.append(json.loads(res.stdout))
+    one, two = outs
+    assert one["models_without_instances"] == ["qwen3-14b"]
+    assert one["rejected"] > 0 and one["models"]["qwen3-14b"]["slo_attainment"] == 0.0
+    assert one["requests"] == two["requests"] and one["rejected"] == two["rejected"]
+    assert one["goodput_tokens_per_s"] == two["goodput_tokens_per_s"]
+    res = CliRunner().invoke(app, ["simulate", str(path), "--workers", "0"])
+    assert res.exit_code == 2 and "--workers must be >= 1" in res.output

@@ -94,6 +94,10 @@ def _workload(models: dict[str, float], slos: dict, *, trace: Path | None, rate:
     return merge(*parts)
 
 
+#: Processes `coral simulate` uses unless told (one per model group; results are the same).
+MAX_DEFAULT_WORKERS = 4
+
+
 def _write(out: Path, result: Any, summary: dict) -> None:
     from coral.sim.metrics import REQUEST_COLUMNS, request_rows
 
@@ -174,6 +178,9 @@ def simulate(
     progress: Annotated[Optional[bool], typer.Option(
         "--progress/--no-progress", help="Progress bar on stderr (default: when a terminal).")]
     = None,
+    workers: Annotated[Optional[int], typer.Option(
+        "--workers", help="Processes; models are split over them and the results do not "
+        f"depend on it (default: the CPU count, at most {MAX_DEFAULT_WORKERS}).")] = None,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:
@@ -198,13 +205,19 @@ def simulate(
         name, instances, slos, demand = _load_deployment(
             plan_or_scenario, cat=cat, nmax=nmax, templates_dir=templates_dir, level=level,
             quiet_stdout=json, show=show)
-        served = {m: d for m, d in demand.items() if any(i.model == m for i in instances)}
+        if workers is not None and workers < 1:
+            raise UserError(f"--workers must be >= 1, got {workers}")
+        # Models the deployment has no instance of are simulated too: their requests are
+        # rejected and count against the SLO, rather than vanishing from the figures.
+        unserved = sorted(m for m, d in demand.items()
+                          if d > 0 and not any(i.model == m for i in instances))
         try:
-            reqs = _workload(served or demand, slos, trace=trace, rate=rate, duration=duration,
+            reqs = _workload(demand, slos, trace=trace, rate=rate, duration=duration,
                              seed=seed, lengths=lengths)
         except WorkloadError as exc:
             raise UserError(str(exc)) from None
-        cfg = SimConfig(mode=mode, max_batched_tokens=max_batched_tokens)  # type: ignore[arg-type]
+        cfg = SimConfig(mode=mode, max_batched_tokens=max_batched_tokens,  # type: ignore[arg-type]
+                        workers=workers or min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
         sim = Simulator(instances, perf=default_perf_factory(cat), catalog=cat, config=cfg)
         horizon = reqs[-1].arrival_s if reqs else 0.0
         if show:
@@ -218,11 +231,15 @@ def simulate(
         summary["source"] = plan_or_scenario
         summary["mode"] = mode
         summary["seed"] = seed
+        summary["models_without_instances"] = unserved
         folder = out if out is not None else Path("out/simulate") / name
         _write(folder, result, summary)
     if json:
         print_json(summary)
         return
     print_summary(name, summary)
+    if unserved:
+        console.print(f"[yellow]no instance serves {', '.join(map(escape, unserved))}[/]: its "
+                      "requests were rejected and count as missing the SLO", highlight=False)
     console.print(f"written {escape(str(folder / 'requests.csv'))} and "
                   f"{escape(str(folder / 'summary.json'))}", highlight=False)

@@ -1,4 +1,5 @@
-"""Event-based simulator of a planned deployment (see `engine.py` for the model)."""
+"""Event-based simulator of a planned deployment (see `engine.py` for the model, `pd.py` for
+prefill/decode-disaggregated instances)."""
 
 from coral.sim.deployment import (
     DeploymentError,
@@ -8,13 +9,20 @@ from coral.sim.deployment import (
     instance_from_template,
     instances_from_plan,
 )
-from coral.sim.engine import RequestResult, SimConfig, SimResult, Simulator, simulate
+from coral.sim.engine import (
+    PdRequestResult,
+    RequestResult,
+    SimConfig,
+    SimResult,
+    Simulator,
+    simulate,
+)
 from coral.sim.metrics import summarize
 from coral.sim.workload import Request, WorkloadError, read_trace, synthetic, trace_requests
 
 __all__ = [
-    "DeploymentError", "InstanceSpec", "Request", "RequestResult", "SimConfig", "SimResult",
-    "Simulator", "Stage", "StageNode", "WorkloadError", "instance_from_template",
-    "instances_from_plan", "read_trace", "simulate", "summarize", "synthetic",
-    "trace_requests",
+    "DeploymentError", "InstanceSpec", "PdRequestResult", "Request", "RequestResult",
+    "SimConfig", "SimResult", "Simulator", "Stage", "StageNode", "WorkloadError",
+    "instance_from_template", "instances_from_plan", "read_trace", "simulate", "summarize",
+    "synthetic", "trace_requests",
 ]

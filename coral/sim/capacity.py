@@ -11,6 +11,13 @@ the simulator's own step-cost model at full occupancy — every slot decoding, `
 prompts per step on average — so that the planner can size instances by what they will
 deliver; and the scheduler's token budget per step, which caps how many prompts get in.
 Mean request shapes; an approximation of a busy steady state.
+
+The halves of a PD deployment (`coral.sim.pd`) are sized with the same step model: a prefill
+instance busy runs steps of its whole token chunk (stages x the smallest stage's batch, which
+counts prompt tokens), so it serves `chunk / (I x step)` requests/s and a prompt sees one such
+step; a decode instance busy runs every slot decoding with no prompt in its steps, so it serves
+`b / (O x step)` requests/s (per `O` output tokens, as the planner pairs decode capacity) at
+TPOT `step`.
 """
 
 from __future__ import annotations
@@ -28,17 +35,17 @@ class Saturation:
     """An instance of a template at full occupancy, as simulated."""
 
     rps: float  # requests/s of the template's workload mix
-    step_s: float  # one decode step, i.e. the TPOT every sequence sees
-    sequences: int  # sequences in flight
+    step_s: float  # one step: the TPOT every sequence sees (prefill: a prompt's time in it)
+    sequences: int  # sequences in flight (prefill: prompts per step, rounded up)
 
 
 def saturation(template: Any, *, perf: Any, catalog: Any,
                max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS) -> Saturation | None:
-    """The simulator's rate and TPOT for `template` at full occupancy (aggregated mode);
-    None for other modes (the simulator runs aggregated templates only)."""
+    """The simulator's rate and step for `template` at full occupancy, in any mode; None
+    for an infeasible template or one the simulator cannot run as one instance."""
     from coral.templates.operating_points import NET_LATENCY_S
 
-    if template.mode != "aggregated" or not template.feasible:
+    if not template.feasible:
         return None
     try:
         spec = instance_from_template(template)
@@ -48,8 +55,15 @@ def saturation(template: Any, *, perf: Any, catalog: Any,
     b = layout.max_seqs
     slo = template.slo
     i_tok, o_tok = slo.input_tokens, slo.output_tokens
+    if template.mode == "prefill":  # b counts prompt tokens per step here
+        prompts = -(-b // i_tok)
+        dt = layout.step_cost(b, 0, 0, min(layout.n_stages, prompts))[0]
+        return Saturation(rps=b / (i_tok * dt), step_s=dt, sequences=prompts)
     context = int(b * (i_tok + o_tok / 2))
     m = min(layout.n_stages, b)
+    if template.mode == "decode":  # prompts are prefilled elsewhere: pure decode steps
+        dt = layout.step_cost(0, b, context, m)[0]
+        return Saturation(rps=b / (o_tok * dt), step_s=dt, sequences=b)
     # a step takes whole prompts (chunked prefill fills the step's token budget first come,
     # first served), b / O of them on average: mix the steps with k and k + 1 prompts
     per_step = b / o_tok

@@ -7,14 +7,24 @@ template's flows), from a `PlanResult`, or from the JSON that `coral plan --out`
 JSON has every node's layers and batch, each instance's capacity and price, and the scenario
 name, which gives the SLO; shares then follow the nodes' batches, as the flows are not
 written).
+
+Roles: an instance is `aggregated` (prompts and decoding, the default) or one half of a
+prefill/decode-disaggregated (PD) deployment: `prefill` (runs prompts only; its nodes' batch
+counts prompt tokens per iteration, as in the template) or `decode` (decodes requests whose KV
+cache it receives from a prefill instance of the same model in the same `region`; see
+`coral.sim.pd`). Every role's `weight` is its planned capacity in requests/s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from coral.templates.slo import SloSpec
+
+
+Role = Literal["aggregated", "prefill", "decode"]
+ROLES: tuple[str, ...] = ("aggregated", "prefill", "decode")
 
 
 class DeploymentError(ValueError):
@@ -61,6 +71,13 @@ class InstanceSpec:
     weight: float  # router weight: planned capacity, requests/s
     usd_per_hour: float
     slo: SloSpec | None = None
+    role: Role = "aggregated"
+    region: str = ""  # PD: a prefill instance hands its requests to decode instances here
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise DeploymentError(f"instance {self.name}: role must be one of "
+                                  f"{', '.join(ROLES)}, got {self.role!r}")
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -95,12 +112,11 @@ def stages_from_nodes(nodes: Sequence[tuple[str, int, int, int, float]]) -> tupl
 
 
 def instance_from_template(template: Any, *, name: str | None = None, weight: float | None = None,
-                           usd_per_hour: float | None = None) -> InstanceSpec:
-    """An instance of `template` (aggregated mode); node shares from the template's flows."""
-    if template.mode != "aggregated":
-        raise DeploymentError(
-            f"template {template.combo} is in {template.mode!r} mode; the simulator runs "
-            "aggregated templates only (PD disaggregation is not simulated)")
+                           usd_per_hour: float | None = None, region: str = "") -> InstanceSpec:
+    """An instance of `template` in the template's mode (its role); node shares from the
+    template's flows, weight its throughput in requests/s unless given."""
+    if template.mode not in ROLES:
+        raise DeploymentError(f"template {template.combo} is in unknown mode {template.mode!r}")
     inflow = [0.0] * len(template.nodes)
     for src, dst, flow in template.edges:
         if dst >= 0:
@@ -110,21 +126,23 @@ def instance_from_template(template: Any, *, name: str | None = None, weight: fl
     price = usd_per_hour
     if price is None:
         price = template.min_usd_per_hour() or 0.0
+    role = "" if template.mode == "aggregated" else f"|{template.mode}"
     return InstanceSpec(
-        name=name or f"{template.model}|{'+'.join(template.combo)}",
+        name=name or f"{template.model}|{'+'.join(template.combo)}{role}",
         model=template.model, stages=stages_from_nodes(nodes),
         weight=float(template.throughput_rps if weight is None else weight),
-        usd_per_hour=float(price), slo=template.slo)
+        usd_per_hour=float(price), slo=template.slo, role=template.mode, region=region)
 
 
 def _instances_from_rows(rows: Iterable[Mapping[str, Any]],
                          slos: Mapping[str, SloSpec]) -> list[InstanceSpec]:
     out = []
     for row in rows:
-        if row.get("mode", "aggregated") != "aggregated":
+        role = row.get("mode", "aggregated")
+        if role not in ROLES:
             raise DeploymentError(
-                f"instance {row.get('template_id')!r} is in {row.get('mode')!r} mode; the "
-                "simulator runs aggregated templates only")
+                f"instance {row.get('template_id')!r} is in unknown mode {role!r}; expected "
+                + ", ".join(ROLES))
         placement = row.get("placement") or []
         if not placement:
             raise DeploymentError(
@@ -133,12 +151,24 @@ def _instances_from_rows(rows: Iterable[Mapping[str, Any]],
         nodes = [(p["node_type"], int(p["first_layer"]), int(p["layers"]), int(p["batch"]),
                   float(p["batch"])) for p in placement]
         stages = stages_from_nodes(nodes)
+        slo = slos.get(row["model"])
         for k in range(int(row["count"])):
             out.append(InstanceSpec(
                 name=f"{row['region']}/{row['template_id']}#{k}", model=row["model"],
-                stages=stages, weight=float(row["capacity_rps"]),
-                usd_per_hour=float(row["usd_per_hour"]), slo=slos.get(row["model"])))
+                stages=stages, weight=_capacity_rps(row, role, slo),
+                usd_per_hour=float(row["usd_per_hour"]), slo=slo, role=role,
+                region=str(row["region"])))
     return out
+
+
+def _capacity_rps(row: Mapping[str, Any], role: str, slo: SloSpec | None) -> float:
+    """A row's planned requests/s. A plan decoded without its templates writes 0 for PD rows
+    (their `capacity` is in tokens/s); that is converted with the SLO's request shape."""
+    rps = float(row.get("capacity_rps") or 0.0)
+    if rps > 0 or role == "aggregated" or slo is None:
+        return rps
+    per_request = slo.input_tokens if role == "prefill" else slo.output_tokens
+    return float(row.get("capacity") or 0.0) / per_request
 
 
 def instances_from_plan(result: Any, slos: Mapping[str, SloSpec]) -> list[InstanceSpec]:

@@ -48,6 +48,16 @@ Speed
     during the run. Models share no instance and no request, so `SimConfig.workers` splits
     them over forked processes. None of this changes a result: `tests/test_sim_speed.py`
     checks the engine against the straightforward form of the same model, bit for bit.
+
+Prefill/decode disaggregation
+    Instances with role `prefill` or `decode` (`InstanceSpec.role`) serve a model in two
+    halves: a request runs its prompt on a prefill instance, which emits the first token, and
+    its KV cache then travels to a decode instance of the same region that generates the rest.
+    The model, its latency accounting and how it maps onto the planner's SLO split are in
+    `coral.sim.pd`; here the loop only hands a finished prompt to its prefill instance's
+    `handoff` and lands transfers (`pd.Landing`, on the step-end heap, so a landing at the
+    time of a step end is taken in push order) when they end.
+    Aggregated instances take none of these paths.
 """
 
 from __future__ import annotations
@@ -61,8 +71,8 @@ import signal
 from bisect import insort
 from collections import Counter, deque
 from dataclasses import dataclass
-from operator import truediv
-from typing import Callable, Literal, Mapping, NamedTuple, Sequence
+from operator import itemgetter, truediv
+from typing import Callable, Iterable, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -92,7 +102,8 @@ class SimConfig:
     mode: Literal["fast", "naive"] = "fast"
     """fast: identical decode steps as one event; naive: one event per step (for checking)."""
     max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
-    """Tokens one scheduler step may process (decode tokens + prompt chunks)."""
+    """Tokens one scheduler step may process (decode tokens + prompt chunks). Prefill
+    instances (PD) take their template's prompt-token chunk per step instead."""
     context_buckets: int = DEFAULT_CONTEXT_BUCKETS
     """Context rounding: up to 1/N of its power of two; 0 keeps exact contexts (no jumps)."""
     horizon_s: float | None = None
@@ -124,7 +135,7 @@ class RequestResult(NamedTuple):
 
     id: int
     model: str
-    instance: str  # "" when never routed (no instance of its model)
+    instance: str  # "" when never routed (no instance of its model); PD: the prefill instance
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
@@ -132,6 +143,11 @@ class RequestResult(NamedTuple):
     first_token_s: float | None
     end_s: float | None
     preemptions: int
+
+    # Not fields (plain class attributes): what a request that never reached a decode
+    # instance reports; `PdRequestResult` carries a disaggregated request's own values.
+    decode_instance = ""
+    transfer_s = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -147,6 +163,42 @@ class RequestResult(NamedTuple):
         return (self.end_s - self.first_token_s) / (self.output_tokens - 1)
 
 
+class PdRequestResult(RequestResult):
+    """A request served disaggregated: `instance` ran its prompt (and emitted its first
+    token), `decode_instance` generated the rest after a KV transfer of `transfer_s` seconds.
+
+    The two values follow the ten of a `RequestResult` in the tuple, so every other field,
+    property and comparison reads as for an aggregated request."""
+
+    __slots__ = ()
+    _fields = RequestResult._fields + ("decode_instance", "transfer_s")
+    decode_instance = property(itemgetter(10), doc="Decode instance it was handed to.")
+    transfer_s = property(itemgetter(11), doc="KV transfer seconds, prefill to decode.")
+
+    def __new__(cls, *values: object) -> "PdRequestResult":
+        if len(values) != len(cls._fields):
+            raise TypeError(f"PdRequestResult takes {len(cls._fields)} values, "
+                            f"got {len(values)}")
+        return tuple.__new__(cls, values)
+
+    @classmethod
+    def _make(cls, iterable: Iterable[object]) -> "PdRequestResult":
+        return cls(*iterable)
+
+    def _replace(self, **changes: object) -> "PdRequestResult":
+        values = [changes.pop(f, v) for f, v in zip(self._fields, self)]
+        if changes:
+            raise ValueError(f"got unexpected field names: {list(changes)!r}")
+        return self._make(values)
+
+    def __getnewargs__(self) -> tuple:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return "PdRequestResult(" + ", ".join(
+            f"{f}={v!r}" for f, v in zip(self._fields, self)) + ")"
+
+
 @dataclass
 class NodeUsage:
     """Busy time of one node of one instance."""
@@ -155,6 +207,7 @@ class NodeUsage:
     stage: int
     node_type: str
     busy_s: float = 0.0
+    role: str = "aggregated"  # of its instance (InstanceSpec.role)
 
 
 @dataclass
@@ -163,7 +216,7 @@ class SimResult:
     nodes: list[NodeUsage]
     instances: list[InstanceSpec]
     end_s: float  # simulated time of the last event
-    events: int  # events handled: arrivals and step ends (those a cut made stale included)
+    events: int  # events handled: arrivals, step ends (stale ones included), KV landings
     steps: int  # scheduler steps simulated (a closed-form run counts each step)
 
 
@@ -175,7 +228,8 @@ class _Seq:
     keeps a decode step O(1) instead of O(batch))."""
 
     __slots__ = ("req", "instance", "target", "ctx", "generated", "first_token_s",
-                 "preemptions", "off", "fin", "status", "end_s")
+                 "preemptions", "off", "fin", "status", "end_s", "decode_instance",
+                 "transfer_s")
 
     def __init__(self, req: Request, instance: str):
         self.req = req
@@ -189,6 +243,8 @@ class _Seq:
         self.fin = -1  # decode clock of its last token while decoding
         self.status: Literal["done", "unfinished", "rejected"] = "unfinished"
         self.end_s: float | None = None
+        self.decode_instance = ""  # PD: the decode instance its KV cache went to
+        self.transfer_s: float | None = None  # PD: seconds of that transfer (None: none)
 
 
 IterFn = Callable[[str, int, int, int, int, bool, bool], float]
@@ -270,7 +326,7 @@ class _Instance:
         "buckets", "closed_form", "waiting", "running", "prefilling", "clock", "n_decode",
         "ctx_base", "fin", "fin_clocks", "kv_used", "step_end", "busy", "step_start",
         "step_dt", "step_n", "step_decode", "step_chunks", "step_busy", "heap", "due",
-        "on_reject", "router", "costs", "slot", "inflight")
+        "on_reject", "router", "costs", "slot", "inflight", "handoff")
 
     def __init__(self, spec: InstanceSpec, index: int, layout: _Layout, cfg: SimConfig):
         self.spec, self.index, self.layout = spec, index, layout
@@ -303,6 +359,8 @@ class _Instance:
         self.router: _Router | None = None  # set by the router of its model
         self.slot = 0  # this instance's index in its router's lists
         self.inflight: list[int] = [0]  # the router's (waiting + running) per instance
+        # PD prefill instances: takes a seq whose prompt is done to a decode instance
+        self.handoff: Callable[[_Seq, float], None] | None = None
 
     # ---- decoding seqs ----
 
@@ -592,6 +650,9 @@ class Simulator:
         self.perf, self.catalog = perf, catalog
         lat = NET_LATENCY_S if self.cfg.net_latency_s is None else self.cfg.net_latency_s
         self._iter_cache: dict[tuple, float] = {}
+        pd = None
+        if any(s.role != "aggregated" for s in instances):
+            from coral.sim import pd  # prefill/decode disaggregation (imports this module)
         layouts: dict[tuple[str, tuple], _Layout] = {}
 
         def layout(spec: InstanceSpec) -> _Layout:
@@ -601,17 +662,26 @@ class Simulator:
                     spec, perf, catalog, lat, self._iter_cache)
             return hit
 
-        self.instances = [_Instance(s, i, layout(s), self.cfg) for i, s in enumerate(instances)]
-        by_model: dict[str, list[_Instance]] = {}
+        self.instances = [(_Instance if s.role == "aggregated" else pd.instance_class(s.role))(
+            s, i, layout(s), self.cfg) for i, s in enumerate(instances)]
+        by_model: dict[str, list[_Instance]] = {}  # the instances requests arrive at
         for inst in self.instances:
-            by_model.setdefault(inst.spec.model, []).append(inst)
+            if inst.spec.role != "decode":
+                by_model.setdefault(inst.spec.model, []).append(inst)
         self.by_model = by_model
         self.routers = {m: _Router(v) for m, v in by_model.items()}
+        # PD: decode routers per (model, region), and the class of a KV transfer's landing
+        self.decode_routers: dict[tuple[str, str], _Router] = {}
+        self._landing: type | None = None
+        if pd is not None:
+            self.decode_routers = pd.wire(self.instances, self.routers, catalog)
+            self._landing = pd.Landing
 
     # ---- router ----
 
     def route(self, req: Request) -> _Instance | None:
-        """The instance `req` goes to (None when no instance serves its model)."""
+        """The instance `req` goes to (a prefill instance for a PD model; None when no
+        instance serves its model)."""
         router = self.routers.get(req.model)
         return router.pick() if router is not None else None
 
@@ -643,7 +713,7 @@ class Simulator:
         for inst in self.instances:
             acc = inst.busy if busy is None else busy.get(inst.index, inst.busy)
             for (si, ni, node, *_rest) in inst.layout.nodes:
-                nodes.append(NodeUsage(inst.spec.name, si, node, acc[ni]))
+                nodes.append(NodeUsage(inst.spec.name, si, node, acc[ni], inst.spec.role))
         return nodes
 
     # ---- several processes ----
@@ -742,6 +812,7 @@ class Simulator:
         now = 0.0
         heappop, heappush = heapq.heappop, heapq.heappush
         routers = self.routers
+        landing = self._landing  # None without PD instances: no event is one
 
         def reject(s: _Seq) -> None:
             s.status = "rejected"
@@ -768,6 +839,9 @@ class Simulator:
                     heappush(heap, t)
                 events += 1
                 now = t
+                if inst.__class__ is landing:  # PD: a KV cache reaches its decode instance
+                    inst.land(t)
+                    continue
                 if inst.step_end != t or not inst.step_n:
                     continue  # superseded by a cut
                 n = inst.step_n
@@ -812,6 +886,8 @@ class Simulator:
                             inst.kv_used -= s.ctx
                             s.status = "done"
                             s.end_s = t
+                        elif inst.handoff is not None:  # PD prefill: on to a decode instance
+                            inst.handoff(s, t)
                         else:  # decodes from now on, filed by the clock of its last token
                             s.off = clock
                             inst.n_decode += 1
@@ -865,9 +941,13 @@ class Simulator:
 
 def _record(s: _Seq | None) -> tuple | None:
     """What a request's result takes from its seq: (instance, status, first token, end,
-    preemptions); None when it never arrived."""
+    preemptions), plus (decode instance, transfer seconds) once its KV cache was sent to a
+    decode instance; None when it never arrived."""
     if s is None:
         return None
+    if s.transfer_s is not None:
+        return (s.instance, s.status, s.first_token_s, s.end_s, s.preemptions,
+                s.decode_instance, s.transfer_s)
     return (s.instance, s.status, s.first_token_s, s.end_s, s.preemptions)
 
 
@@ -914,9 +994,13 @@ def _request_results(reqs: list[Request], seqs: list[_Seq | None]) -> list[Reque
     it is unfinished and was never routed)."""
     new, cls = tuple.__new__, RequestResult  # RequestResult._make, less a call per request
     return [new(cls, (r.id, r.model, "", r.arrival_s, r.prompt_tokens, r.output_tokens,
-                      "unfinished", None, None, 0) if s is None else
-                (r.id, r.model, s.instance, r.arrival_s, r.prompt_tokens, r.output_tokens,
-                 s.status, s.first_token_s, s.end_s, s.preemptions))
+                      "unfinished", None, None, 0)) if s is None else
+            new(cls, (r.id, r.model, s.instance, r.arrival_s, r.prompt_tokens,
+                      r.output_tokens, s.status, s.first_token_s, s.end_s, s.preemptions))
+            if s.transfer_s is None else
+            new(PdRequestResult, (r.id, r.model, s.instance, r.arrival_s, r.prompt_tokens,
+                                  r.output_tokens, s.status, s.first_token_s, s.end_s,
+                                  s.preemptions, s.decode_instance, s.transfer_s))
             for r, s in zip(reqs, seqs)]
 
 
@@ -925,7 +1009,8 @@ def _request_results_from_records(reqs: list[Request], records: list[tuple | Non
     """`_request_results` from `_record`s (what forked workers send back)."""
     new, cls = tuple.__new__, RequestResult
     return [new(cls, (r.id, r.model, "", r.arrival_s, r.prompt_tokens, r.output_tokens,
-                      "unfinished", None, None, 0) if rec is None else
+                      "unfinished", None, None, 0)) if rec is None else
+            new(cls if len(rec) == 5 else PdRequestResult,
                 (r.id, r.model, rec[0], r.arrival_s, r.prompt_tokens, r.output_tokens,
                  *rec[1:]))
             for r, rec in zip(reqs, records)]

@@ -5,6 +5,10 @@ A request meets its SLO when it finished with TTFT <= the model's `ttft_s` and T
 percentile (`SloSpec.percentile`), so `slo_met` per model asks whether the TTFT and TPOT at
 that percentile (over every request of the model, unfinished ones counting as infinitely
 late) are within the targets.
+
+Prefill/decode-disaggregated requests are measured as `coral.sim.pd` says (TTFT at the
+prefill instance; the KV transfer and the wait for a decode slot inside TPOT); the summary
+adds their transfer times and the mean utilisation of each role's nodes.
 """
 
 from __future__ import annotations
@@ -87,21 +91,31 @@ def summarize(result: SimResult, slos: Mapping[str, SloSpec], *,
         }
     out["models"] = models
     util: dict[str, float] = {}
+    by_role: dict[str, list[float]] = {}
     for n in result.nodes:
-        util[f"{n.instance}/stage{n.stage}/{n.node_type}"] = n.busy_s / span
+        u = util[f"{n.instance}/stage{n.stage}/{n.node_type}"] = n.busy_s / span
+        by_role.setdefault(n.role, []).append(u)
     out["utilisation"] = util
     out["mean_utilisation"] = float(np.mean(list(util.values()))) if util else None
+    out["mean_utilisation_by_role"] = {r: float(np.mean(v)) for r, v in sorted(by_role.items())}
+    transfers = [r.transfer_s for r in reqs if r.transfer_s is not None]
+    out["kv_transfers"] = len(transfers)
+    for q in PERCENTILES:
+        out[f"kv_transfer_s_p{q}"] = _pct(transfers, q)
     out["events"] = result.events
     out["steps"] = result.steps
     return out
 
 
 REQUEST_COLUMNS = ("id", "model", "instance", "status", "arrival_s", "first_token_s", "ttft_s",
-                   "tpot_s", "end_s", "prompt_tokens", "output_tokens", "preemptions")
+                   "tpot_s", "end_s", "prompt_tokens", "output_tokens", "preemptions",
+                   "decode_instance", "transfer_s")
 
 
 def request_rows(result: SimResult) -> list[tuple[Any, ...]]:
-    """One row per request, in REQUEST_COLUMNS order."""
+    """One row per request, in REQUEST_COLUMNS order (`instance` is where the prompt ran;
+    `decode_instance` and `transfer_s` are empty / None unless it was handed to one)."""
     return [(r.id, r.model, r.instance, r.status, r.arrival_s, r.first_token_s, r.ttft_s,
-             r.tpot_s, r.end_s, r.prompt_tokens, r.output_tokens, r.preemptions)
+             r.tpot_s, r.end_s, r.prompt_tokens, r.output_tokens, r.preemptions,
+             r.decode_instance, r.transfer_s)
             for r in result.requests]

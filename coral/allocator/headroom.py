@@ -55,6 +55,9 @@ WINDOW_TAIL_FACTOR = 0.25
 #: Smallest tail planned for: a p100 target cannot hold under random arrivals, so p100 is
 #: planned as p99.99.
 MIN_TAIL = 1e-4
+#: Share of a NIC's bandwidth a PD half is planned to fill with KV-cache hand-overs: they
+#: queue at the NIC (one at a time), and the waits count in the request's TPOT.
+NIC_UTILISATION = 0.8
 #: Below this share of the percentile's tail budget the bisection stops refining, so the
 #: planned utilisation is within this of the exact root.
 _RHO_TOL = 1e-4
@@ -127,12 +130,9 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
                       saturation: Any = None) -> Headroom:
     """The planned utilisation of one instance of `template` (a `coral.templates.Template`).
 
-    Modes: aggregated as in the module docstring. In PD mode a request waits twice — for a
-    prefill slot and, its KV cache handed over, for a decode slot — so the two halves split the
-    TTFT budget: a prefill-only template (a request holds a slot for `T = TTFT`) may let waits
-    take half of what its prefill leaves, a decode-only one (`T = output_tokens * TPOT`) half of
-    the whole target (it cannot know the prefill's time; the split is exact when prefills are
-    short against the target).
+    Modes: aggregated as in the module docstring; PD halves as `_pd_headroom` says (the
+    prefill queue against the TTFT slack, the hand-over and the decode queue against the TPOT
+    slack of the later tokens, each half within its NIC).
 
     `saturation` (a `coral.sim.capacity.Saturation`): the rate and TPOT the instance reaches at
     full occupancy as the simulator runs it; when lower / longer than the template's own
@@ -146,17 +146,15 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
     slo = template.slo
     ttft = float(template.ttft_s or 0.0)
     tpot = float(template.tpot_s or 0.0)
-    decode_s = max(slo.output_tokens - 1, 0) * tpot
-    if template.mode == "prefill":
-        service, slack, cs = ttft, 0.5 * (slo.ttft_s - ttft), 0.0
-    elif template.mode == "decode":
-        service, slack, cs = slo.output_tokens * tpot, 0.5 * slo.ttft_s, output_cv
-    else:
-        service, slack = ttft + decode_s, slo.ttft_s - ttft
-        cs = output_cv * decode_s / service if service > 0 else 0.0
+    tokens_after_first = max(slo.output_tokens - 1, 0)
+    decode_s = tokens_after_first * tpot
     rps = float(template.throughput_rps)
+    if template.mode in ("prefill", "decode"):
+        return _pd_headroom(template, rps, ttft, tpot, arrival_cv, output_cv, saturation)
+    service, slack = ttft + decode_s, slo.ttft_s - ttft
+    cs = output_cv * decode_s / service if service > 0 else 0.0
     scale = 1.0
-    if saturation is not None and template.mode == "aggregated" and rps > 0:
+    if saturation is not None and rps > 0:
         if saturation.step_s > slo.tpot_s * (1.0 + 1e-9):
             # busy, it would miss TPOT as the simulator runs it: not plannable
             return Headroom(0.0, 0, service, slack)
@@ -166,6 +164,13 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
             decode_s = max(slo.output_tokens - 1, 0) * saturation.step_s
             service = ttft + decode_s
             cs = output_cv * decode_s / service if service > 0 else 0.0
+    return _queue_headroom(slo, rps, scale, service, slack, arrival_cv, cs)
+
+
+def _queue_headroom(slo: Any, rps: float, scale: float, service: float, slack: float,
+                    arrival_cv: float, cs: float) -> Headroom:
+    """The utilisation at which waits for one of `rps * service` slots fit in `slack` at the
+    SLO percentile (the window-tail rule), times `scale` (shortfall against the template)."""
     if not (rps > 0 and service > 0):
         return Headroom(0.0, 0, service, slack)
     slots = max(1, int(rps * service))
@@ -173,6 +178,39 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
     rho = max_utilisation(slots, round(slack, 9), round(service, 9),
                           round(arrival_cv**2 + cs**2, 9), round(tail, 12))
     return Headroom(rho * scale, slots, service, slack)
+
+
+def _pd_headroom(template: Any, rps: float, ttft: float, tpot: float, arrival_cv: float,
+                 output_cv: float, saturation: Any) -> Headroom:
+    """PD halves, judged as the simulator measures them (`coral.sim.pd`): TTFT ends when the
+    prefill instance emits the first token, so a prefill instance's queue may take all the
+    slack its prefill leaves; the KV hand-over and the wait for a decode slot fall between
+    the first and second token, so a decode instance's queue and the transfer share the
+    TPOT slack of the tokens after the first, `(O - 1) (TPOT target - step)`. Both halves
+    send or receive every prompt's KV cache over their slowest NIC: each is planned at no
+    more than `NIC_UTILISATION` of the rate that NIC carries (`saturation.kv_transfer_s`
+    per prompt)."""
+    slo = template.slo
+    after_first = max(slo.output_tokens - 1, 0)
+    scale = 1.0
+    transfer = 0.0
+    if saturation is not None and rps > 0:
+        if template.mode == "decode" and saturation.step_s > slo.tpot_s * (1.0 + 1e-9):
+            return Headroom(0.0, 0, after_first * saturation.step_s, 0.0)
+        if saturation.rps < rps:
+            scale, rps = saturation.rps / rps, saturation.rps
+        if template.mode == "decode":
+            tpot = max(tpot, saturation.step_s)
+        else:
+            ttft = max(ttft, saturation.step_s)
+        transfer = float(saturation.kv_transfer_s)
+        if transfer > 0 and rps > NIC_UTILISATION / transfer:
+            nic_rps = NIC_UTILISATION / transfer
+            scale, rps = scale * nic_rps / rps, nic_rps
+    if template.mode == "prefill":
+        return _queue_headroom(slo, rps, scale, ttft, slo.ttft_s - ttft, arrival_cv, 0.0)
+    slack = after_first * (slo.tpot_s - tpot) - transfer
+    return _queue_headroom(slo, rps, scale, after_first * tpot, slack, arrival_cv, output_cv)
 
 
 def planned_capacity(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,

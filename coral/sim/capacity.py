@@ -37,6 +37,9 @@ class Saturation:
     rps: float  # requests/s of the template's workload mix
     step_s: float  # one step: the TPOT every sequence sees (prefill: a prompt's time in it)
     sequences: int  # sequences in flight (prefill: prompts per step, rounded up)
+    #: PD halves: one prompt's KV cache over this instance's slowest NIC, with the fixed
+    #: hand-over latency (0 for aggregated instances, which hand nothing over)
+    kv_transfer_s: float = 0.0
 
 
 def saturation(template: Any, *, perf: Any, catalog: Any,
@@ -55,15 +58,21 @@ def saturation(template: Any, *, perf: Any, catalog: Any,
     b = layout.max_seqs
     slo = template.slo
     i_tok, o_tok = slo.input_tokens, slo.output_tokens
+    if template.mode in ("prefill", "decode"):
+        from coral.sim.pd import kv_bytes_per_token, nic_bytes_per_s, transfer_seconds
+
+        nic = nic_bytes_per_s(spec, catalog)
+        kv_s = transfer_seconds(i_tok, kv_bytes_per_token(catalog.model(template.model)),
+                                nic, nic)
     if template.mode == "prefill":  # b counts prompt tokens per step here
         prompts = -(-b // i_tok)
         dt = layout.step_cost(b, 0, 0, min(layout.n_stages, prompts))[0]
-        return Saturation(rps=b / (i_tok * dt), step_s=dt, sequences=prompts)
+        return Saturation(rps=b / (i_tok * dt), step_s=dt, sequences=prompts, kv_transfer_s=kv_s)
     context = int(b * (i_tok + o_tok / 2))
     m = min(layout.n_stages, b)
     if template.mode == "decode":  # prompts are prefilled elsewhere: pure decode steps
         dt = layout.step_cost(0, b, context, m)[0]
-        return Saturation(rps=b / (o_tok * dt), step_s=dt, sequences=b)
+        return Saturation(rps=b / (o_tok * dt), step_s=dt, sequences=b, kv_transfer_s=kv_s)
     # a step takes whole prompts (chunked prefill fills the step's token budget first come,
     # first served), b / O of them on average: mix the steps with k and k + 1 prompts
     per_step = b / o_tok

@@ -144,6 +144,13 @@ def print_summary(name: str, s: dict) -> None:
                   _ms(v["tpot_s_at_percentile"]), _ms(v["tpot_target_s"]),
                   "yes" if v["slo_met"] else "[red]no[/]", f"{v['slo_attainment'] * 100:.1f}%")
     console.print(t)
+    by_role = s.get("mean_utilisation_by_role") or {}
+    if s.get("kv_transfers"):
+        roles = ", ".join(f"{r} {u * 100:.0f}%" for r, u in by_role.items())
+        console.print(f"PD: {s['kv_transfers']} KV-cache hand-overs, transfer p50/p90/p99 "
+                      f"{_ms(s.get('kv_transfer_s_p50'))}/{_ms(s.get('kv_transfer_s_p90'))}/"
+                      f"{_ms(s.get('kv_transfer_s_p99'))} ms (queueing at the NIC included); "
+                      f"mean node utilisation by role: {roles}", highlight=False)
 
 
 def simulate(

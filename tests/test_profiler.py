@@ -10,7 +10,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from coral.catalog import ModelArch, MoeConfig
+from coral.catalog import ModelArch
 from coral.cli.main import app
 from coral.perf import profiler
 from coral.perf.profile_table import ProfileTable

@@ -271,7 +271,9 @@ class Pricer:
 
     def _pattern(self, m: int, it: ModelItems, x: np.ndarray) -> Pattern:
         counts = np.zeros(self.dec.n_cols, dtype=np.int64)
-        np.add.at(counts, it.col, x)
+        k = len(it.cols)  # `np.add.at(counts, it.col, x)`: each column, then its dear units
+        counts[it.cols] = x[:k]
+        counts[it.cols[it.split]] += x[k:]
         served = min(float(self.dec.demand[m]), float(self.dec.col_cap @ counts))
         return Pattern(m, counts, self.dec.cost(counts), float(self.dec.priority[m]) * served)
 
@@ -320,7 +322,9 @@ class Master:
         self.n_art = k + (self.floor_row >= 0)
         self.patterns: list[Pattern] = []
         self._seen: dict[tuple[int, bytes], int] = {}
-        self._enabled = np.zeros(0, dtype=bool)
+        self._enabled: list[bool] = []  # per pattern: its column may be used
+        # each model's columns (what `Bounds.allows` looks at)
+        self._own = [np.flatnonzero(dec.col_model == i) for i in range(dec.n_models)]
 
     def _col(self, cost: float, rows: list[int] | np.ndarray, values: list[float] | np.ndarray
              ) -> None:
@@ -343,8 +347,12 @@ class Master:
             values = np.concatenate([values, [pattern.goodput]])
         self._col(pattern.objective(self.kind), rows, values)
         self.patterns.append(pattern)
-        on = bounds is None or bounds.allows(pattern, self.dec.col_model)
-        self._enabled = np.append(self._enabled, on)
+        on = True
+        if bounds is not None:  # `bounds.allows`, over the model's columns
+            own = self._own[pattern.model]
+            c = pattern.counts[own]
+            on = bool((c >= bounds.lo[own]).all() and (c <= bounds.hi[own]).all())
+        self._enabled.append(on)
         if not on:
             col = self.n_art + len(self.patterns) - 1
             self.h.changeColBounds(col, 0.0, 0.0)
@@ -357,12 +365,12 @@ class Master:
         counts = np.array([p.counts for p in self.patterns])
         other = self.dec.col_model[None, :] != np.array([p.model for p in self.patterns])[:, None]
         on = (other | ((counts >= bounds.lo) & (counts <= bounds.hi))).all(axis=1)
-        changed = np.flatnonzero(on != self._enabled)
+        changed = np.flatnonzero(on != np.array(self._enabled, dtype=bool))
         if len(changed):
             cols = (self.n_art + changed).astype(np.int32)
             upper = np.where(on[changed], _INF, 0.0)
             self.h.changeColsBounds(len(cols), cols, np.zeros(len(cols)), upper)
-            self._enabled = on
+            self._enabled = on.tolist()
 
     def solve(self) -> MasterSolution | None:
         self.h.run()

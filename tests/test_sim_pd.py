@@ -152,6 +152,21 @@ def test_transfers_share_a_nic_one_after_another(cat, perf):
     assert b.transfer_s == pytest.approx(2 * send + pd.KV_TRANSFER_LATENCY_S, rel=1e-12)
 
 
+def test_a_fast_nic_takes_in_two_slow_senders_side_by_side(cat, perf):
+    """Each end's NIC is its own resource: two L4 prefill instances (10 Gbit/s) sending to one
+    H100 decode instance (25 Gbit/s) at once each take their own NIC's time; the receiver,
+    busy 10/25 of that per cache, takes both in without making either wait."""
+    insts = [spec("p1", "prefill", "", [("1x-l4", 0, 32, 4096, 1.0)]),
+             spec("p2", "prefill", "", [("1x-l4", 0, 32, 4096, 1.0)]),
+             spec("d", "decode", "", [("1x-h100-sxm", 0, 32, 64, 1.0)])]
+    reqs = [Request(0, MODEL, 0.0, 1000, 20), Request(1, MODEL, 0.0, 1000, 20)]
+    a, b = simulate(insts, reqs, perf=perf, catalog=cat).requests
+    assert {a.instance, b.instance} == {"p1", "p2"} and a.first_token_s == b.first_token_s
+    slow = 1000 * kv_bytes_per_token(cat) / (cat.node_type("1x-l4").nic_gbps * 1e9 / 8)
+    for r in (a, b):
+        assert r.transfer_s == pytest.approx(slow + pd.KV_TRANSFER_LATENCY_S, rel=1e-12)
+
+
 # ------------------------------------------------------------------ (b) conservation, determinism
 
 

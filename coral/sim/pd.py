@@ -23,10 +23,12 @@ region as the planner pairs them (`coral.allocator.problem`):
    with KV bytes per token `2 x layers x kv_dim x dtype bytes` (the model's logical cache, as
    the receiving side lays it out) and the slowest NIC over every node of both instances (a
    pipeline's stages send their layers in parallel, so this overstates a pipeline's transfer
-   a little). An instance's NIC carries one transfer at a time, first come first served: a
-   transfer starts when both ends are free of earlier ones, so a prefill instance whose KV
-   output outruns its NIC (or a decode instance fed faster than its NIC takes in) builds a
-   queue, and `transfer_s` counts that wait too. (The planner does not cost the transfer;
+   a little). Each end's NIC moves its transfers one after another, first come first served,
+   at its own rate (the sender's NIC is busy `bytes / its bandwidth`, the receiver's likewise),
+   and the cache has landed when both ends are through with it: alone, a transfer takes the
+   formula above; a prefill instance whose KV output outruns its NIC (or a decode instance fed
+   faster than its NIC takes in) builds a queue, and `transfer_s` counts that wait too. So
+   each NIC is a resource of its own bandwidth, as the planner caps each half by its own. (The planner does not cost the transfer;
    this is where a plan whose NICs cannot carry the KV shows.) The prefill instance keeps the
    request's KV blocks until the transfer ends.
 3. When the KV lands, the request queues at the decode instance; at the next scheduler step
@@ -162,9 +164,12 @@ class PrefillInstance(_Instance):
         router = self.decode_router
         dst = router.pick()
         router.inflight[dst.slot] += 1
-        start = max(t, self.nic_free, dst.nic_free)  # both NICs free of earlier transfers
-        end = start + transfer_seconds(s.ctx, self.kv_bytes, self.nic, dst.nic)
-        self.nic_free = dst.nic_free = end - KV_TRANSFER_LATENCY_S
+        # each NIC sends (receives) its transfers one after another at its own rate; the
+        # cache has landed when both ends are through with it
+        nbytes = s.ctx * self.kv_bytes
+        self.nic_free = max(t, self.nic_free) + nbytes / self.nic
+        dst.nic_free = max(t, dst.nic_free) + nbytes / dst.nic
+        end = max(self.nic_free, dst.nic_free) + KV_TRANSFER_LATENCY_S
         s.decode_instance = dst.spec.name
         s.transfer_s = end - t
         _queue(self, end, Landing(s, self, dst))

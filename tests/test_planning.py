@@ -192,6 +192,33 @@ def test_plan_cli_table(setup, fake_baselines):
         assert text in result.stdout
 
 
+def test_auto_mode_plans_both_modes_and_keeps_the_better(setup):
+    """`mode: auto` plans the aggregated and the PD deployment on the same templates and keeps
+    the better (demand met, then cheaper): its cost is the lesser of the two, and its
+    instances are all of the chosen mode."""
+    auto = setup.scenario.in_mode("auto")
+    templates = templates_for_scenario(auto, setup.catalog, setup.perf,
+                                       out_root=setup.templates_dir, workers=1)
+    alone = {m: plan_scenario(auto.in_mode(m), catalog=setup.catalog, perf=setup.perf,
+                              templates=templates, baselines=False) for m in ("aggregated", "pd")}
+    result = plan_scenario(auto, catalog=setup.catalog, perf=setup.perf, templates=templates,
+                           baselines=False)
+    assert all(r.plan.meets_demand for r in alone.values())
+    best = min(alone, key=lambda m: alone[m].cost_per_hour)
+    assert result.mode == best and result.to_dict()["mode"] == best
+    assert result.cost_per_hour == pytest.approx(alone[best].cost_per_hour)
+    wanted = {"aggregated"} if best == "aggregated" else {"prefill", "decode"}
+    assert {i.mode for i in result.instances} == wanted
+    assert any(n.startswith("mode auto: aggregated $") and n.endswith(f"-> {best}")
+               for n in result.notes)
+
+
+def test_plan_cli_refuses_an_unknown_mode(setup):
+    result = runner.invoke(app, ["plan", str(setup.scenario_path), "--mode", "hybrid",
+                                 "--templates-dir", str(setup.templates_dir)])
+    assert result.exit_code == 2 and "--mode must be one of aggregated, pd, auto" in result.output
+
+
 def test_missing_baselines_leave_a_note(setup, monkeypatch):
     monkeypatch.setitem(sys.modules, "coral.baselines", None)  # import raises ImportError
     result = plan_scenario(setup.scenario, catalog=setup.catalog, templates=setup.templates)

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from coral.allocator.ilp import infeasibility_message, solve_allocation
 from coral.allocator.problem import AllocationPlan, TemplateColumn, TemplateRegion
-from coral.allocator.scenario import Scenario
+from coral.allocator.scenario import AUTO_MODES, Scenario
 from coral.catalog.loader import Catalog
 from coral.templates.build import BuildReport, Template, build_library
 from coral.templates.operating_points import PerfLike, shared_tables
@@ -324,6 +324,7 @@ class PlanResult:
     columns: int  # priced template columns handed to the allocator
     baselines: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # for people: quick-run templates, shortfall, baselines
+    mode: str = "aggregated"  # serving mode of the plan (`auto` scenarios: the one chosen)
 
     @property
     def cost_per_hour(self) -> float:
@@ -375,6 +376,7 @@ class PlanResult:
         return {
             "scenario": self.scenario,
             "level": self.level,
+            "mode": self.mode,
             "cost_per_hour": self.cost_per_hour,
             "solve_seconds": self.solve_seconds,
             "status": self.status,
@@ -506,10 +508,18 @@ def plan_scenario(
         n_used = int(scenario.spec.n_max if nmax is None else nmax)
         n_scenario = int(scenario.spec.n_max)
         notes = list(ScenarioTemplates({}, n_used, n_scenario).notes())
-    columns = columns_from_templates(scenario, templates)
-    problem = scenario.problem(columns, current=current, time_limit_s=time_limit_s,
-                               mip_gap=mip_gap)
-    plan = solve_allocation(problem)
+    modes = AUTO_MODES if scenario.mode == "auto" else (scenario.mode,)
+    tried = []
+    for mode in modes:
+        sub = scenario.in_mode(mode)
+        cols = columns_from_templates(sub, templates)
+        prob = sub.problem(cols, current=current, time_limit_s=time_limit_s, mip_gap=mip_gap)
+        tried.append((mode, cols, prob, solve_allocation(prob)))
+    mode, columns, problem, plan = min(tried, key=lambda t: _plan_rank(t[3]))
+    if len(tried) > 1:
+        notes.append("mode auto: " + "; ".join(
+            f"{m} ${p.cost_usd_per_hour:,.2f}/hour serving {_served_share(p):.1%}"
+            for m, _, _, p in tried) + f" -> {mode}")
     if not plan.meets_demand:
         notes.append(infeasibility_message(problem, plan))
 
@@ -530,7 +540,20 @@ def plan_scenario(
         columns=len(columns),
         baselines=results,
         notes=tuple(notes),
+        mode=mode,
     )
+
+
+def _served_share(plan: AllocationPlan) -> float:
+    demand = sum(plan.demand_rps.values())
+    return sum(plan.served_rps.values()) / demand if demand > 0 else 1.0
+
+
+def _plan_rank(plan: AllocationPlan) -> tuple[float, float, float]:
+    """The better of two plans of one scenario: the one meeting demand, then the one serving
+    more requests, then the cheaper."""
+    goodput = sum(plan.served_rps.values())
+    return (0.0 if plan.meets_demand else 1.0, -round(goodput, 9), plan.cost_usd_per_hour)
 
 
 def _run_baselines(scenario: Scenario, templates: Mapping[str, Sequence[Template]],

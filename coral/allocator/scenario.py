@@ -5,7 +5,7 @@ A scenario file is YAML, validated by `ScenarioSpec` (unknown fields are errors)
 ```yaml
 name: core
 description: ...
-mode: aggregated            # or pd (prefill/decode disaggregated)
+mode: aggregated            # or pd (prefill/decode disaggregated), or auto (plan both, keep the better)
 n_max: 6                    # template size limits used to build the template libraries
 rho: 12
 startup_s: 300              # seconds a new instance loads weights before it serves
@@ -72,11 +72,14 @@ from coral.allocator.problem import (
 from coral.catalog import Catalog, default_catalog
 
 SCENARIO_SCHEMA_VERSION = 1
-ScenarioMode = Literal["aggregated", "pd"]
+ScenarioMode = Literal["aggregated", "pd", "auto"]
 _TEMPLATE_MODES: dict[str, tuple[Mode, ...]] = {
     "aggregated": ("aggregated",),
     "pd": ("prefill", "decode"),
+    "auto": ("aggregated", "prefill", "decode"),
 }
+#: The serving modes `auto` plans in, in this order (ties keep the first).
+AUTO_MODES: tuple[ScenarioMode, ...] = ("aggregated", "pd")
 
 
 class ScenarioError(ValueError):
@@ -255,6 +258,10 @@ class Scenario:
     @property
     def levels(self) -> tuple[str, ...]:
         return tuple(self.spec.levels)
+
+    def in_mode(self, mode: ScenarioMode) -> "Scenario":
+        """This scenario served in `mode` (what `auto` plans each of its modes with)."""
+        return replace(self, spec=self.spec.model_copy(update={"mode": mode}))
 
     @property
     def template_modes(self) -> tuple[Mode, ...]:

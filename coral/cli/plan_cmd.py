@@ -31,6 +31,10 @@ from coral.cli.common import (
 #: baselines). 3 is the largest that stays well under three minutes.
 DEMO_NMAX = 3
 DEMO_SCENARIO = "core"
+#: The demo plans both serving modes and keeps the better plan.
+DEMO_MODE = "auto"
+#: Serving modes `--mode` takes (`coral.allocator.scenario.ScenarioMode`).
+MODES = ("aggregated", "pd", "auto")
 
 LevelOpt = Annotated[Optional[str], typer.Option(
     "--level", "-l", help="Availability level of the scenario (default: the scenario's).")]
@@ -76,7 +80,7 @@ def _busy(message: str, enabled: bool) -> Iterator[None]:
 
 def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: int | None,
           templates_dir: Path, time_limit: float, progress: bool | None, baselines: bool,
-          catalog: list[Path] | None, quiet_stdout: bool) -> Any:
+          catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None) -> Any:
     from coral.allocator.planning import plan_scenario, templates_for_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import MissingDependencyError, default_perf_factory
@@ -84,6 +88,10 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
     _check_common(nmax, workers, time_limit)
     cat = open_catalog(catalog)
     scenario = load_scenario(scenario_ref, level=level, catalog=cat)
+    if mode is not None:
+        if mode not in MODES:
+            raise UserError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+        scenario = scenario.in_mode(mode)  # type: ignore[arg-type]
     show = sys.stderr.isatty() if progress is None else progress
     perf = default_perf_factory(cat)
     with native_stdout_to_stderr(quiet_stdout):
@@ -144,7 +152,7 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
     console.print(f"[bold]{escape(head)}[/]", highlight=False)
     gap = "-" if result.gap == float("inf") else _pct(result.gap)
     console.print(
-        f"status {result.status}, ${result.cost_per_hour:,.2f}/hour, "
+        f"{result.mode} serving, status {result.status}, ${result.cost_per_hour:,.2f}/hour, "
         f"{p.total_instances} instances on {sum(p.nodes_used.values())} nodes, solved in "
         f"{result.solve_seconds:.2f} s (gap {gap}); {result.columns} template columns from "
         f"{result.templates} templates, n_max {result.nmax}", highlight=False)
@@ -241,6 +249,9 @@ def plan(
     time_limit: TimeLimitOpt = 10.0,
     baselines: BaselinesOpt = True,
     progress: ProgressOpt = None,
+    mode: Annotated[Optional[str], typer.Option(
+        "--mode", help="Serving mode: aggregated, pd (prefill/decode disaggregated) or auto "
+        "(plan both, keep the better) (default: the scenario's).")] = None,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:
@@ -253,7 +264,7 @@ def plan(
     with user_errors():
         result = _plan(scenario, level=level, nmax=nmax, workers=workers,
                        templates_dir=templates_dir, time_limit=time_limit, progress=progress,
-                       baselines=baselines, catalog=catalog, quiet_stdout=json)
+                       baselines=baselines, catalog=catalog, quiet_stdout=json, mode=mode)
         payload = result.to_dict()
         if out is not None:
             _write_json(payload, out)
@@ -273,6 +284,9 @@ def demo(
     templates_dir: TemplatesDirOpt = DEFAULT_TEMPLATES_DIR,
     time_limit: TimeLimitOpt = 10.0,
     progress: ProgressOpt = None,
+    mode: Annotated[str, typer.Option(
+        "--mode", help="Serving mode: aggregated, pd or auto (plan both, keep the better)."
+    )] = DEMO_MODE,
     json: JsonFlag = False,
 ) -> None:
     """Plan the core scenario end to end and show Coral against the baselines.
@@ -297,7 +311,7 @@ def demo(
                           highlight=False)
         result = _plan(DEMO_SCENARIO, level=None, nmax=nmax, workers=workers,
                        templates_dir=templates_dir, time_limit=time_limit, progress=progress,
-                       baselines=True, catalog=None, quiet_stdout=json)
+                       baselines=True, catalog=None, quiet_stdout=json, mode=mode)
     if json:
         print_json(result.to_dict())
         return

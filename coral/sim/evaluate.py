@@ -43,6 +43,9 @@ class EvalConfig:
     # Long enough for an overloaded instance's queue to show in TTFT (a short run from an
     # empty system hides it).
     sim_seconds: float = 600.0
+    # Serving mode Coral plans the cost section in: `auto` plans aggregated and PD and keeps
+    # the cheaper (the other sections keep each scenario's own mode).
+    cost_mode: str = "auto"
     goodput_scenario: str = "core"
     levels: tuple[str, ...] = ("abundant", "limited", "scarce")
     solve_scenario: str = "core"
@@ -150,7 +153,7 @@ class _Ctx:
         self.say = say
         self.catalog = load_catalog(())
         self.perf = default_perf_factory(self.catalog)
-        self._templates: dict[tuple[str, str | None], Any] = {}
+        self._templates: dict[tuple[str, str | None, str], Any] = {}
 
     def scenario(self, name: str, level: str | None = None) -> Any:
         from coral.allocator.scenario import load_scenario
@@ -160,7 +163,7 @@ class _Ctx:
     def templates(self, scenario: Any) -> Any:
         from coral.allocator.planning import templates_for_scenario
 
-        key = (scenario.name, scenario.level)
+        key = (scenario.name, scenario.level, scenario.mode)
         if key not in self._templates:
             self._templates[key] = templates_for_scenario(
                 scenario, self.catalog, self.perf, out_root=self.cfg.templates_dir,
@@ -224,20 +227,23 @@ def section_cost(ctx: _Ctx, head: dict[str, Any]) -> Section:
         f", templates with n_max {cfg.nmax}, allocation time limit {cfg.time_limit_s:g} s; every "
         "baseline on the same templates, prices and availability. Coral's plan at 1x is then "
         f"simulated for {cfg.sim_seconds:g} s of Poisson arrivals at the scenario's demand "
-        "(fixed request shapes from the SLOs).")
+        "(fixed request shapes from the SLOs). Coral plans in serving mode "
+        f"`{cfg.cost_mode}`" + (" (aggregated and prefill/decode-disaggregated, the cheaper kept)"
+                                if cfg.cost_mode == "auto" else "") + ".")
     sec.body.append("")
     sec.body.append("Approximate: costs come from catalog list prices and capacities from the "
                     "performance model (not measured GPUs); the simulation is the project's "
                     "event simulator, short, and starts from an empty system.")
     sec.body.append("")
     for name in cfg.scenarios:
-        base = ctx.scenario(name)
+        base = ctx.scenario(name).in_mode(cfg.cost_mode)
         tpl = ctx.templates(base)
-        rows, labels, costs = [], [], {}
+        rows, labels, costs, modes = [], [], {}, []
         for scale in cfg.demand_scales:
             sc = _scaled(base, demand=scale)
             ctx.say(f"[cost] {name} demand x{scale:g}: planning")
             res = ctx.plan(sc, tpl)
+            modes.append(f"x{scale:g} {res.mode}")
             demand = dict(res.plan.demand_rps)
             coral_served = _overall(dict(res.served_fraction), demand)
             entries = [("coral", res.cost_per_hour, coral_served)]
@@ -265,6 +271,8 @@ def section_cost(ctx: _Ctx, head: dict[str, Any]) -> Section:
                         f"{sum(m.demand_rps for m in base.spec.models):g} req/s:")
         sec.body.append("")
         sec.body += _table(["demand", "planner", "$/hour", "x Coral's cost", "served"], rows)
+        sec.body.append(f"Coral's serving mode per demand scale: {', '.join(modes)}.")
+        sec.body.append("")
         fig = _bar_plot(cfg.out / f"cost_{base.name}.png", labels, costs, "$/hour",
                         f"Cost to meet demand, {base.name}")
         sec.figures.append(fig)

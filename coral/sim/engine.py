@@ -389,6 +389,25 @@ class _Instance:
 
     # ---- scheduling ----
 
+    def start_decoding(self, s: _Seq) -> None:
+        """`s` (its prompt done, or its KV cache landed) decodes from this step on, filed by
+        the decode clock at which its last token comes."""
+        clock = self.clock
+        s.off = clock
+        self.n_decode += 1
+        self.ctx_base += s.ctx - clock
+        f = s.fin = clock + s.req.output_tokens - s.generated
+        filed = self.fin.get(f)
+        if filed is None:
+            self.fin[f] = [s]
+            fc = self.fin_clocks
+            if not fc or f > fc[-1]:
+                fc.append(f)
+            else:
+                insort(fc, f)
+        else:
+            filed.append(s)
+
     def schedule(self, now: float) -> None:
         """Form the next step from `now` and queue its end (the instance idles when there is
         nothing to run):
@@ -888,21 +907,8 @@ class Simulator:
                             s.end_s = t
                         elif inst.handoff is not None:  # PD prefill: on to a decode instance
                             inst.handoff(s, t)
-                        else:  # decodes from now on, filed by the clock of its last token
-                            s.off = clock
-                            inst.n_decode += 1
-                            inst.ctx_base += s.ctx - clock
-                            f = s.fin = clock + s.req.output_tokens - s.generated
-                            filed = inst.fin.get(f)
-                            if filed is None:
-                                inst.fin[f] = [s]
-                                fc = inst.fin_clocks
-                                if not fc or f > fc[-1]:
-                                    fc.append(f)
-                                else:
-                                    insort(fc, f)
-                            else:
-                                filed.append(s)
+                        else:
+                            inst.start_decoding(s)
                 inst.schedule(t)
                 continue
             # ---- the next request arrives

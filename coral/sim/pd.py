@@ -66,7 +66,6 @@ Latency accounting
 
 from __future__ import annotations
 
-from bisect import insort
 from typing import Any, Mapping, Sequence
 
 from coral.sim.deployment import DeploymentError, InstanceSpec
@@ -185,25 +184,6 @@ class DecodeInstance(_Instance):
         super().__init__(spec, index, layout, cfg)
         self.nic = 0.0  # slowest NIC, bytes/s
         self.nic_free = 0.0  # when the NIC has taken in every transfer started so far
-
-    def start_decoding(self, s: _Seq) -> None:
-        """`s` decodes from this step on, filed by the clock of its last token (as a seq
-        whose prefill ends in the event loop)."""
-        clock = self.clock
-        s.off = clock
-        self.n_decode += 1
-        self.ctx_base += s.ctx - clock
-        f = s.fin = clock + s.req.output_tokens - s.generated
-        filed = self.fin.get(f)
-        if filed is None:
-            self.fin[f] = [s]
-            fc = self.fin_clocks
-            if not fc or f > fc[-1]:
-                fc.append(f)
-            else:
-                insort(fc, f)
-        else:
-            filed.append(s)
 
     def schedule(self, now: float) -> None:
         """Form the next step from `now` (see `_Instance.schedule`, which this follows):

@@ -18,6 +18,12 @@
    the global bound (the least open bound) rises.
 
 The answer says what is proven: the best plan, its objective and the least bound.
+
+Plans without the search: `round_and_repair` (per model, from the master's counts),
+`improve_by_model` (the cost problem's local search), and for goodput `goodput_plan`: the
+counts rounded down, the nodes left filled greedily, most goodput per shadow price of the
+nodes first (`fill_goodput`), then one instance out and the nodes filled again while that
+gains. The scarcity phases of `ilp.py` start from it.
 """
 
 from __future__ import annotations
@@ -458,4 +464,67 @@ def improve_by_model(dec: Decomposition, counts: np.ndarray, *, node_price: np.n
                                                           * float(dec.col_price.max())), 0.0)
         if not better:
             break
+    return x
+
+
+def fill_goodput(dec: Decomposition, counts: np.ndarray, node_value: np.ndarray, *,
+                 skip: int = -1) -> np.ndarray:
+    """Add instances to `counts` while any fits in the nodes left and serves demand not yet
+    served: each time the one of most goodput per node value (`node_value`: a price per node
+    of each row, e.g. the LP's shadow prices) first. `skip`: a column not to add to."""
+    x = counts.copy()
+    left = dec.avail - dec.used(x)
+    have = np.zeros(dec.n_models)
+    np.add.at(have, dec.col_model, dec.col_cap * x)
+    need = np.maximum(dec.demand - have, 0.0)
+    use = dec.usage
+    value = use @ node_value
+    value = value + 1e-6 * max(float(value.max(initial=0.0)), 1e-9)
+    weight = dec.priority[dec.col_model]
+    room = dec.col_ub - x
+    if skip >= 0:
+        room[skip] = 0
+    fits = (use <= left[None, :] + 1e-9).all(axis=1) & (room > 0)
+    while True:
+        gain = weight * np.minimum(dec.col_cap, need[dec.col_model])
+        ok = fits & (gain > 1e-12)
+        if not ok.any():
+            return x
+        j = int(np.argmax(np.where(ok, gain / value, -np.inf)))
+        x[j] += 1
+        room[j] -= 1
+        left -= use[j]
+        m = dec.col_model[j]
+        need[m] = max(0.0, need[m] - dec.col_cap[j])
+        touched = use[:, use[j] > 0]  # only columns sharing a row with j can stop fitting
+        fits &= (touched <= left[use[j] > 0][None, :] + 1e-9).all(axis=1)
+        fits[j] &= room[j] > 0
+
+
+def goodput_plan(dec: Decomposition, xbar: np.ndarray, node_value: np.ndarray, *,
+                 deadline: float) -> np.ndarray:
+    """A plan of high goodput near fractional counts `xbar` (e.g. the LP optimum): round down,
+    fill the nodes left (`fill_goodput`), then, until no move gains or `deadline`, take one
+    instance out and fill again without it, keeping the change when goodput rises."""
+    x = np.clip(np.floor(xbar + INTEGRALITY_TOL).astype(np.int64), 0, dec.col_ub)
+    if not dec.fits(x):
+        x = np.zeros(dec.n_cols, dtype=np.int64)
+    x = fill_goodput(dec, x, node_value)
+    best = dec.goodput(x)
+    value = dec.usage @ node_value + 1e-9
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        on = np.flatnonzero(x > 0)
+        per_value = dec.col_cap[on] * dec.priority[dec.col_model[on]] / value[on]
+        for j in on[np.argsort(per_value, kind="stable")]:  # least goodput per value first
+            if time.perf_counter() >= deadline:
+                break
+            y = x.copy()
+            y[j] -= 1
+            y = fill_goodput(dec, y, node_value, skip=j)
+            got = dec.goodput(y)
+            if got > best + 1e-9 * max(1.0, best):
+                x, best, improved = y, got, True
+                break
     return x

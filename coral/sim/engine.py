@@ -72,7 +72,7 @@ from bisect import insort
 from collections import Counter, deque
 from dataclasses import dataclass
 from operator import itemgetter, truediv
-from typing import Callable, Iterable, Literal, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -534,14 +534,19 @@ class _Instance:
     def queue(self, t: float) -> None:
         """Make `t` the end of the step in progress (its earlier entry, if any, is stale)."""
         self.step_end = t
+        self.push_due(t, self)
+
+    def push_due(self, t: float, item: Any) -> None:
+        """Put `item` (this instance's step end, or a PD hand-over landing) on the shared
+        heap of due times at `t`; items due together run in push order."""
         other = self.due.get(t)
         if other is None:
-            self.due[t] = self
+            self.due[t] = item
             _heappush(self.heap, t)
         elif other.__class__ is list:
-            other.append(self)
+            other.append(item)
         else:
-            self.due[t] = [other, self]
+            self.due[t] = [other, item]
 
 
 #: Smooth weighted round robin picks are drawn this many at a time.

@@ -73,7 +73,6 @@ from coral.sim.engine import (
     _NO_CHUNKS,
     SimConfig,
     StepCost,
-    _heappush,
     _Instance,
     _Layout,
     _Router,
@@ -100,19 +99,6 @@ def transfer_seconds(tokens: int, kv_bytes: float, src_nic: float, dst_nic: floa
     """Seconds to move `tokens` tokens of KV cache (`kv_bytes` each) between two instances
     whose slowest NICs move `src_nic` and `dst_nic` bytes/s."""
     return tokens * kv_bytes / min(src_nic, dst_nic) + KV_TRANSFER_LATENCY_S
-
-
-def _queue(inst: _Instance, t: float, item: Any) -> None:
-    """Put `item` on the step-end heap at `t` (ties in push order, as `_Instance.queue`)."""
-    due = inst.due
-    other = due.get(t)
-    if other is None:
-        due[t] = item
-        _heappush(inst.heap, t)
-    elif other.__class__ is list:
-        other.append(item)
-    else:
-        due[t] = [other, item]
 
 
 class Landing:
@@ -171,7 +157,7 @@ class PrefillInstance(_Instance):
         end = max(self.nic_free, dst.nic_free) + KV_TRANSFER_LATENCY_S
         s.decode_instance = dst.spec.name
         s.transfer_s = end - t
-        _queue(self, end, Landing(s, self, dst))
+        self.push_due(end, Landing(s, self, dst))
 
 
 class DecodeInstance(_Instance):

@@ -90,3 +90,24 @@ def test_state_cap_binds() -> None:
             _check((cost, cap, ub, 413.98), {"max_states": max_states, **kw})
             capped = knapsack_dp(cost, cap, ub, 413.98, max_states=max_states, **kw)
             assert capped.lower_bound <= capped.value
+
+
+def test_import_without_a_writable_cache_compiles_in_memory() -> None:
+    """A read-only install with no writable home (numba finds no cache locator) still
+    imports and solves, compiling in memory, and says so once."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np\n"
+            "from coral.allocator.knapsack import cover_dp\n"
+            "print(cover_dp(np.array([1.0, 2.0]), np.array([1.0, 3.0]), np.array([5, 5]),"
+            " 4.0).value)\n")
+    # only the zip-import locator: none applies to a file on disk, as when none is writable
+    env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "ZipCacheLocator"}
+    env.pop("NUMBA_CACHE_DIR", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "3.0"
+    assert out.stderr.count("no writable cache directory") == 1

@@ -5,8 +5,10 @@ types) and availability level, it builds one synthetic template set over the sce
 models, then re-plans `--draws` times: each draw perturbs every model's demand (log-normal,
 sigma 0.25) and every (node type, region) availability (uniform x0.7-1.3), and takes the
 previous draw's plan as the current deployment, as the online loop does. It prints per
-(size, level): templates, template-region columns kept by presolve, solve time median / p95 /
-max, the largest proven gap, and how many plans met every demand.
+(size, serving mode, level): templates, template-region columns kept by presolve, solve time
+median / p95 / max, the largest proven gap, and how many plans met every demand. `--modes pd`
+plans prefill/decode deployments instead (each combination a prefill and a decode template,
+halves paired per region), as `coral plan --mode pd` (and `auto`) does.
 
 Synthetic templates stand in for real libraries at the solver level: random node multisets
 of up to `n_max` nodes (mostly one or two node types) whose memory holds the weights and is at
@@ -25,12 +27,14 @@ stops as soon as the target gap is proven.
     python benchmarks/allocator.py                       # both sizes, three levels, 20 draws
     python benchmarks/allocator.py --sizes core --draws 5
     python benchmarks/allocator.py --mip-gap 0.005       # stop at the target gap
+    python benchmarks/allocator.py --modes pd            # prefill/decode templates (PD plans)
     python benchmarks/allocator.py --json results.json
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -178,6 +182,7 @@ def synthetic_templates(scenario: Scenario, catalog: Catalog, per_model: int, se
 @dataclass
 class Row:
     size: str
+    mode: str
     level: str
     templates: int
     columns: int
@@ -204,8 +209,9 @@ class Row:
 
 
 def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
-              time_limit_s: float, mip_gap: float, catalog: Catalog) -> Row:
-    scenario = load_scenario(size, level=level, catalog=catalog)
+              time_limit_s: float, mip_gap: float, catalog: Catalog,
+              mode: str = "aggregated") -> Row:
+    scenario = load_scenario(size, level=level, catalog=catalog).in_mode(mode)
     templates = synthetic_templates(scenario, catalog, per_model, seed)
     rng = random.Random(seed + 1)
     times: list[float] = []
@@ -234,7 +240,7 @@ def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
         met += plan.meets_demand
         columns = int(plan.notes[0].split()[0])
         current = dict(plan.instances)
-    return Row(size, level, len(templates), columns, draws, statistics.median(times),
+    return Row(size, mode, level, len(templates), columns, draws, statistics.median(times),
                _quantile(times, 0.95), max(times), max(gaps), met, dict(statuses),
                statistics.fmean(costs))
 
@@ -244,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", nargs="+", default=["core", "advanced"],
                     choices=["core", "advanced"])
     ap.add_argument("--levels", nargs="+", default=["abundant", "limited", "scarce"])
+    ap.add_argument("--modes", nargs="+", default=["aggregated"], choices=["aggregated", "pd"],
+                    help="serving modes of the templates (pd: prefill and decode halves, "
+                         "paired per region)")
     ap.add_argument("--draws", type=int, default=20)
     ap.add_argument("--templates", type=int, default=None,
                     help="templates per model (default: 400 core, 2000 advanced)")
@@ -259,20 +268,20 @@ def main(argv: list[str] | None = None) -> int:
           "targets: median <= "
           + ", ".join(f"{k} {v:g} s" for k, v in TARGET_MEDIAN_S.items())
           + f", proven gap <= {TARGET_GAP:.1%}")
-    header = (f"{'size':9} {'level':9} {'templates':>9} {'columns':>7} {'median_s':>9} "
+    header = (f"{'size':9} {'mode':10} {'level':9} {'templates':>9} {'columns':>7} {'median_s':>9} "
               f"{'p95_s':>7} {'max_s':>7} {'max_gap':>8} {'met':>5} {'$/h mean':>10}  "
               f"{'target':6}  status")
     print(header)
-    for size in args.sizes:
+    for size, mode in itertools.product(args.sizes, args.modes):
         per_model = args.templates or DEFAULT_TEMPLATES[size]
         for level in args.levels:
             t0 = time.perf_counter()
             row = run_level(size, level, draws=args.draws, per_model=per_model,
                             seed=args.seed, time_limit_s=args.time_limit,
-                            mip_gap=args.mip_gap, catalog=catalog)
+                            mip_gap=args.mip_gap, catalog=catalog, mode=mode)
             rows.append(row)
             verdict = "yes" if row.target_met else "NO"
-            print(f"{row.size:9} {row.level:9} {row.templates:>9} {row.columns:>7} "
+            print(f"{row.size:9} {row.mode:10} {row.level:9} {row.templates:>9} {row.columns:>7} "
                   f"{row.median_s:>9.3f} {row.p95_s:>7.3f} {row.max_s:>7.3f} "
                   f"{row.max_gap:>8.2%} {row.met:>2}/{row.draws:<2} {row.mean_cost:>10.0f}  "
                   f"{verdict:6}  {row.statuses}  ({time.perf_counter() - t0:.0f} s)",
@@ -282,10 +291,9 @@ def main(argv: list[str] | None = None) -> int:
             why = [] if row.median_ok else [
                 f"median {row.median_s:.3f} s > {TARGET_MEDIAN_S[row.size]:g} s"]
             why += [] if row.gap_ok else [f"max gap {row.max_gap:.2%} > {TARGET_GAP:.1%}"]
-            print(f"target not met: {row.size} {row.level}: " + "; ".join(why))
+            print(f"target not met: {row.size} {row.mode} {row.level}: " + "; ".join(why))
     met = sum(row.target_met for row in rows)
-    print(f"targets: {'met' if met == len(rows) else 'NOT met'} ({met} of {len(rows)} size x "
-          "level rows)")
+    print(f"targets: {'met' if met == len(rows) else 'NOT met'} ({met} of {len(rows)} rows)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([{**row.__dict__, "target_met": row.target_met} for row in rows], fh,

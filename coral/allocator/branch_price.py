@@ -32,12 +32,13 @@ import heapq
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import highspy
 import numpy as np
 
 from coral.allocator.knapsack import knapsack_dp
+from coral.allocator.pd_cover import pd_cover
 from coral.allocator.lagrange import (
     Bounds,
     Decomposition,
@@ -260,7 +261,7 @@ def _split(dec: Decomposition, counts: np.ndarray) -> list[Pattern]:
     out = []
     for m in range(dec.n_models):
         part = np.where(dec.col_model == m, counts, 0)
-        served = min(float(dec.demand[m]), float(dec.col_cap @ part))
+        served = float(dec.served(part)[m])
         out.append(Pattern(m, part, dec.cost(part), float(dec.priority[m]) * served))
     return out
 
@@ -369,7 +370,7 @@ def round_and_repair(dec: Decomposition, kind: Kind, xbar: np.ndarray, *, floor:
             break
         for m in order:
             cols = np.flatnonzero(dec.col_model == m)
-            have = float(dec.col_cap[cols] @ x[cols])
+            have = float(dec.capacity(x)[m])
             need = float(dec.demand[m]) - have
             if need <= 1e-9 * max(1.0, float(dec.demand[m])):
                 continue
@@ -384,8 +385,15 @@ def round_and_repair(dec: Decomposition, kind: Kind, xbar: np.ndarray, *, floor:
                 continue
             price = dec.col_price[cols] + dec.col_penalty[cols] * (x[cols] >= dec.col_current[
                 cols])
-            if mode == "cover":
+            if mode == "cover" and dec.is_pd(m):  # what the units there now lack
+                sol = pd_cover(price, dec.col_cap[cols], x[cols], x[cols] + room,
+                               dec.col_half[cols], dec.col_region[cols], float(dec.demand[m]))
+                if sol.x is not None:
+                    sol = replace(sol, x=sol.x - x[cols])
+            elif mode == "cover":
                 sol = knapsack_dp(price, dec.col_cap[cols], room, need)
+            elif dec.is_pd(m):
+                raise NotImplementedError("goodput repair of PD models")
             else:
                 reward = weight * float(dec.priority[m])
                 cost = price if kind is Kind.COST_AT_GOODPUT and weight < 1e5 else 1e-6 * price
@@ -448,8 +456,12 @@ def improve_by_model(dec: Decomposition, counts: np.ndarray, *, node_price: np.n
             price = np.zeros(dec.n_rows)
             for attempt in range(3):
                 extra = dec.usage[it.col] @ price
-                sol = knapsack_dp(it.cost + extra, it.cap, hi_i, float(dec.demand[m]),
-                                  lo=lo_i, rel_gap=1e-6)
+                if it.pd:  # the model's units now are a cover (a hint, when within bounds)
+                    sol = pd_cover(it.cost + extra, it.cap, lo_i, hi_i, it.half, it.region,
+                                   float(dec.demand[m]), hints=(it.units(x),))
+                else:
+                    sol = knapsack_dp(it.cost + extra, it.cap, hi_i, float(dec.demand[m]),
+                                      lo=lo_i, rel_gap=1e-6)
                 if sol.x is None:
                     break
                 new = np.zeros(dec.n_cols, dtype=np.int64)

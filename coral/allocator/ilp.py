@@ -80,6 +80,7 @@ from coral.allocator.branch_price import (
     solve_decomposed,
 )
 from coral.allocator.lagrange import Bounds, Decomposition, Kind, Pattern, Pricer
+from coral.allocator.pd_cover import AGG, DECODE, PREFILL
 from coral.allocator.problem import (
     MODES,
     AllocationPlan,
@@ -639,7 +640,7 @@ def add_goodput_floor_row(lp: _LpBuilder, ix: _Index, v: _Vars) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# The decomposition: per-model knapsacks tied by availability (no PD models)
+# The decomposition: per-model covers tied by availability
 # ---------------------------------------------------------------------------------------------
 
 
@@ -654,17 +655,24 @@ def _decomposition(ix: _Index, v: _Vars, lp: _LpBuilder) -> Decomposition:
     for g in np.flatnonzero(need.any(axis=0)):
         on = (need[:, g] > 0) & (row_of[g, v.x_r] >= 0)
         usage[on, row_of[g, v.x_r[on]]] = need[on, g]
+    mode = ix.t_mode[v.x_t]
+    model = ix.t_model[v.x_t]
+    # PD halves in requests/s (tokens/s over tokens per request), as aggregated capacity
+    per_request = np.where(mode == _AGG, 1.0, ix.tokens[model, mode])
+    half = np.select([mode == _PREFILL, mode == _DECODE], [PREFILL, DECODE], AGG)
     return Decomposition(
         demand=ix.demand.copy(),
         priority=ix.priority.copy(),
-        col_model=ix.t_model[v.x_t],
-        col_cap=ix.cap[v.x_t],
+        col_model=model,
+        col_cap=ix.cap[v.x_t] / per_request,
         col_price=v.price,
         col_penalty=v.penalty,
         col_current=ix.current[v.x_t, v.x_r],
         col_ub=v.x_ub.astype(np.int64),
         usage=usage,
         avail=ix.avail[gs, rs].astype(float),
+        col_half=half.astype(np.int64),
+        col_region=v.x_r.astype(np.int64),
     )
 
 
@@ -672,7 +680,7 @@ def _solve_by_model(dec: Decomposition, rel_gap: float
                     ) -> tuple[str, np.ndarray, list[Pattern], float]:
     """Solve each model's demand on its own (`knapsack.knapsack_dp`, to half the gap).
 
-    Without PD models the models share only the availability rows, so when the union of the
+    The models share only the availability rows, so when the union of the
     per-model covers fits within availability it is a plan, and the sum of their proven
     bounds bounds every plan. Returns (outcome, counts per x column, the per-model covers,
     the bound): "optimal" when the union fits, "short" when some model cannot be served even
@@ -807,8 +815,7 @@ def solve_allocation(
                          solve_s=time.perf_counter() - t0, goodput_gap=goodput_gap,
                          notes=notes)
 
-    decomposed = decompose and not len(v.d)
-    dec = _decomposition(ix, v, lp) if decomposed else None
+    dec = _decomposition(ix, v, lp) if decompose else None
 
     # ---- cost problem: every demand met
     proven_short = _capacity_bound_short(ix, v)
@@ -857,7 +864,10 @@ def solve_allocation(
     # ---- scarcity: most goodput (phase 1), then the cheapest plan at it (phase 2)
     col_lb = arr.col_lb.copy()
     col_lb[v.s] = 0.0
-    if dec is not None and SCARCITY_BY_DECOMPOSITION:
+    if dec is not None and dec.has_pd:  # the goodput pieces of PD models are not priced
+        best, gap, goodput_gap = _scarcity_highs(problem, arr, lp, ix, v, col_lb, floor_row,
+                                                 t0=t0, notes=notes, threads=threads)
+    elif dec is not None and SCARCITY_BY_DECOMPOSITION:
         best, gap, goodput_gap = _scarcity_decomposed(problem, dec, arr, lp, ix, v, col_lb,
                                                       t0=t0, notes=notes)
     elif dec is not None:

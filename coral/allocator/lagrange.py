@@ -56,6 +56,7 @@ import highspy
 import numpy as np
 
 from coral.allocator.knapsack import knapsack_dp
+from coral.allocator.pd_cover import AGG, pd_cover
 from coral.solvers import quiet_highs
 
 _INF = highspy.kHighsInf
@@ -79,10 +80,13 @@ class Kind(str, Enum):
 
 @dataclass
 class Decomposition:
-    """An allocation problem without PD models, as per-model knapsacks and coupling rows.
+    """An allocation problem as per-model covers and coupling rows.
 
     Columns are the ILP's x variables; rows are the availability rows that some combination
-    of columns within their bounds could overdraw (the others never bind).
+    of columns within their bounds could overdraw (the others never bind). A model's columns
+    are aggregated instances (capacity adds up) or halves of prefill/decode pairs
+    (`col_half`, `col_region`: a region serves what both its halves carry, `pd_cover.py`);
+    PD columns' capacity is in requests/s too (tokens/s over tokens per request).
     """
 
     demand: np.ndarray  # (models,) requests/s to serve
@@ -95,6 +99,24 @@ class Decomposition:
     col_ub: np.ndarray  # (columns,) most instances
     usage: np.ndarray  # (columns, rows) nodes of the row's (node type, region) per instance
     avail: np.ndarray  # (rows,) nodes available
+    col_half: np.ndarray | None = None  # (columns,) AGG, PREFILL or DECODE (None: all AGG)
+    col_region: np.ndarray | None = None  # (columns,) region index (for PD columns)
+
+    def __post_init__(self) -> None:
+        if self.col_half is None:
+            self.col_half = np.full(self.n_cols, AGG, dtype=np.int64)
+        if self.col_region is None:
+            self.col_region = np.zeros(self.n_cols, dtype=np.int64)
+        pd = self.col_half != AGG
+        self.pd_models = np.unique(self.col_model[pd])
+        self._pd_cols = np.flatnonzero(pd)
+
+    @property
+    def has_pd(self) -> bool:
+        return bool(len(self.pd_models))
+
+    def is_pd(self, m: int) -> bool:
+        return bool(np.isin(m, self.pd_models))
 
     @property
     def n_models(self) -> int:
@@ -113,11 +135,24 @@ class Decomposition:
         return float(self.col_price @ counts
                      + self.col_penalty @ np.maximum(counts - self.col_current, 0))
 
+    def capacity(self, counts: np.ndarray) -> np.ndarray:
+        """Requests/s each model's instances can serve: aggregated capacity plus, per region,
+        the lesser of its prefill and decode halves."""
+        got = np.zeros(self.n_models)
+        if not self.has_pd:
+            np.add.at(got, self.col_model, self.col_cap * counts)
+            return got
+        agg = self.col_half == AGG
+        np.add.at(got, self.col_model[agg], self.col_cap[agg] * counts[agg])
+        j = self._pd_cols
+        halves = np.zeros((self.n_models, int(self.col_region.max()) + 1, 2))
+        np.add.at(halves, (self.col_model[j], self.col_region[j], self.col_half[j]),
+                  self.col_cap[j] * counts[j])
+        return got + halves.min(axis=2).sum(axis=1)
+
     def served(self, counts: np.ndarray) -> np.ndarray:
         """Requests/s served per model: min(demand, capacity)."""
-        got = np.zeros(self.n_models)
-        np.add.at(got, self.col_model, self.col_cap * counts)
-        return np.minimum(got, self.demand)
+        return np.minimum(self.capacity(counts), self.demand)
 
     def goodput(self, counts: np.ndarray) -> float:
         return float(self.priority @ self.served(counts))
@@ -131,9 +166,7 @@ class Decomposition:
         return bool((self.used(counts) <= self.avail + 1e-9).all())
 
     def covers(self, counts: np.ndarray) -> bool:
-        got = np.zeros(self.n_models)
-        np.add.at(got, self.col_model, self.col_cap * counts)
-        return bool((got >= self.demand * (1.0 - 1e-9)).all())
+        return bool((self.capacity(counts) >= self.demand * (1.0 - 1e-9)).all())
 
     def objective(self, kind: Kind, counts: np.ndarray) -> float:
         return -self.goodput(counts) if kind is Kind.GOODPUT else self.cost(counts)
@@ -197,6 +230,16 @@ class ModelItems:
         self.cost = np.concatenate([price + np.where(current > 0, 0.0, penalty),
                                     price[split] + penalty[split]])
         self.cap = dec.col_cap[self.col]
+        self.half = dec.col_half[self.col]
+        self.region = dec.col_region[self.col]
+        self.pd = dec.is_pd(m)
+
+    def units(self, counts: np.ndarray) -> np.ndarray:
+        """Item units of instance counts per column: a running column's first units on its
+        cheap item."""
+        own = counts[self.cols].astype(np.int64)
+        first = np.where(self.split, np.minimum(own, self.current), own)
+        return np.concatenate([first, (own - first)[self.split]])
 
     def bounds(self, b: Bounds) -> tuple[np.ndarray, np.ndarray]:
         """Item bounds for column bounds `b`. A running column's first units are its cheap
@@ -254,6 +297,12 @@ class Pricer:
             if last is not None and last[0] == reward and np.array_equal(last[1], cost) \
                     and np.array_equal(last[2], lo) and np.array_equal(last[3], hi):
                 sol = last[4]  # nothing this model sees has changed
+            elif it.pd:
+                if kind is not Kind.COST:
+                    raise NotImplementedError("goodput pricing of PD models")
+                sol = pd_cover(cost, it.cap, lo, hi, it.half, it.region, float(dec.demand[m]),
+                               hints=tuple(self.hints[m]))
+                self.last[m] = (reward, cost, lo, hi, sol)
             else:
                 sol = knapsack_dp(cost, it.cap, hi, float(dec.demand[m]), reward=reward,
                                   hard=kind is Kind.COST, lo=lo, pool=pool,
@@ -274,7 +323,7 @@ class Pricer:
         k = len(it.cols)  # `np.add.at(counts, it.col, x)`: each column, then its dear units
         counts[it.cols] = x[:k]
         counts[it.cols[it.split]] += x[k:]
-        served = min(float(self.dec.demand[m]), float(self.dec.col_cap @ counts))
+        served = float(self.dec.served(counts)[m])
         return Pattern(m, counts, self.dec.cost(counts), float(self.dec.priority[m]) * served)
 
 
@@ -455,7 +504,7 @@ def column_generation(master: Master, pricer: Pricer, bounds: Bounds, *, deadlin
                 return NodeResult(bound, sol, rounds, True)
         if time.perf_counter() >= deadline:
             break
-        if not added and sol is None:
+        if not added and sol is None and rounds > 1:
             break  # the master cannot mix the patterns at all (not expected)
         exact = not added and not exact and sol is not None  # mispriced: retry exactly
         price = None

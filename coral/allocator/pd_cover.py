@@ -112,6 +112,7 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
         if served(cap, half, region, hi) < demand - tol:
             return KnapsackSolution(None, math.inf, math.inf)
     limit_in = limit * (1.0 + 1e-12) + 1e-12 if math.isfinite(limit) else math.inf
+    hi = _undominated(cost, cap, lo, hi, groups, demand)
     # what each group can add beyond its least units at best (per request/s), and serves
     # for nothing at most
     rates, frees, half_rates, half_frees = [], [], [], []
@@ -148,22 +149,29 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
             q, c, ip, idd = _pair(qp, cp, qd, cd, limit_in)
             p_idx, d_idx = items
             fronts.append((q, c, [(p_idx, parp, kp, offp, ip), (d_idx, pard, kd, offd, idd)]))
-    # min-plus over the groups, keeping where each state came from
+    # min-plus over the groups, keeping where each state came from; the last group only
+    # completes each state to the demand at least cost
+    if any(not len(q) for q, _, _ in fronts):
+        return _fallback(best_x, cost)
     q_all = np.zeros(1)
     c_all = np.zeros(1)
     trail: list[tuple[np.ndarray, np.ndarray]] = []
-    for g, (q, c, _) in enumerate(fronts):
-        if not len(q):
-            return _fallback(best_x, cost)
+    if len(fronts) == 1:
+        fronts.insert(0, (q_all, c_all, []))
+    for g, (q, c, _) in enumerate(fronts[:-2]):
         rest_rate, rest_free = rest(set(range(g + 1)))
         q_all, c_all, ia, ib = _kernel.combine(q_all, c_all, q, c, demand, limit_in, COST_TOL,
-                                        rest_rate, rest_free)
+                                               rest_rate, rest_free)
         trail.append((ia, ib))
         if not len(q_all):
             return _fallback(best_x, cost)
-    if not len(q_all) or q_all[-1] < demand - tol:
+    (qb, cb, _), (qc, cc, _) = fronts[-2], fronts[-1]
+    total, a, b, k = _kernel.finish(q_all, c_all, qb, cb, qc, cc, demand, limit_in, tol)
+    if not math.isfinite(total):
         return _fallback(best_x, cost)
-    state = len(q_all) - 1  # the cheapest state at the demand
+    trail.append((np.array([a]), np.array([b])))
+    trail.append((np.array([0]), np.array([k])))
+    state = 0
     x = lo.copy()
     for g in range(len(fronts) - 1, -1, -1):
         ia, ib = trail[g]
@@ -175,6 +183,27 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     if best_x is not None and float(cost @ best_x) <= value:
         x, value = best_x, float(cost @ best_x)
     return KnapsackSolution(x, value, value)
+
+
+def _undominated(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                 groups: list[tuple[str, tuple[np.ndarray, ...]]], demand: float
+                 ) -> np.ndarray:
+    """`hi` with no units left to the items another item of their group beats (at least
+    as much capacity for no more cost) when that one has units enough to serve the demand
+    alone: a cover using the first is no cheaper with the second instead."""
+    hi = hi.copy()
+    for _, items in groups:
+        for idx in items:
+            free = idx[(hi[idx] > lo[idx]) & (cap[idx] > 0)]
+            if len(free) < 2:
+                continue
+            order = free[np.lexsort((free, cost[free], -cap[free]))]  # most capacity first
+            enough = hi[order] - lo[order] >= np.ceil(demand / cap[order] - 1e-12)
+            cheapest = np.minimum.accumulate(np.where(enough, cost[order], np.inf))
+            beaten = np.zeros(len(order), dtype=bool)
+            beaten[1:] = cheapest[:-1] <= cost[order[1:]]
+            hi[order[beaten]] = lo[order[beaten]]
+    return hi
 
 
 def _fallback(best_x: np.ndarray | None, cost: np.ndarray) -> KnapsackSolution:

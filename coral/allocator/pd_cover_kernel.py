@@ -197,3 +197,46 @@ def combine(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray, dema
         out_a[a] = ia[b]
         out_b[a] = ib[b]
     return out_q, out_c, out_a, out_b
+
+
+@jit
+def finish(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray, qc: np.ndarray,
+           cc: np.ndarray, demand: float, limit: float, tol: float
+           ) -> tuple[float, int, int, int]:
+    """The cheapest choice of one state from each of three frontiers (capacity ascending,
+    cost ascending) whose capacities reach `demand`: (its cost, a, b and c indices), cost inf
+    when none costs at most `limit`. A pair of states is completed by the cheapest state of
+    the third that reaches the rest (binary search); pairs whose cost with the third's
+    cheapest state cannot beat the best so far are skipped (costs only rise along each)."""
+    best = limit
+    bi, bj, bk = -1, -1, -1
+    nc = len(qc)
+    if nc == 0:
+        return np.inf, -1, -1, -1
+    for i in range(len(qa)):
+        if ca[i] + cb[0] + cc[0] > best:
+            break
+        for j in range(len(qb)):
+            base = ca[i] + cb[j]
+            if base + cc[0] > best:
+                break
+            need = demand - tol - qa[i] - qb[j]
+            k = 0
+            if need > 0.0:
+                lo, hi = 0, nc
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if qc[mid] < need:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                k = lo
+                if k >= nc:
+                    continue
+            total = base + cc[k]
+            if total <= best:
+                if total < best or bi < 0:
+                    best, bi, bj, bk = total, i, j, k
+    if bi < 0:
+        return np.inf, -1, -1, -1
+    return best, bi, bj, bk

@@ -70,6 +70,9 @@ PLAN_SEARCH_EVERY = 400
 PRICING_REL_GAP = 1e-5
 #: Passes of `round_and_repair` over the models.
 REPAIR_PASSES = 4
+#: Plans dearer than the best by more than this share are not improved by model (each
+#: model's cover solved again: the dearest step of a PD plan).
+IMPROVE_WITHIN = 0.02
 
 
 @dataclass
@@ -160,7 +163,8 @@ def solve_decomposed(dec: Decomposition, kind: Kind, *, deadline: float, rel_gap
     def consider(counts: np.ndarray, price: np.ndarray | None = None) -> None:
         nonlocal best_x, best
         if _feasible(dec, kind, counts, floor):
-            if kind is Kind.COST:
+            if kind is Kind.COST and (not math.isfinite(best) or dec.cost(counts) < best * (
+                    1.0 + IMPROVE_WITHIN)):
                 counts = improve_by_model(dec, counts, node_price=np.zeros(dec.n_rows)
                                           if price is None else price)
             value = dec.objective(kind, counts)
@@ -392,8 +396,14 @@ def round_and_repair(dec: Decomposition, kind: Kind, xbar: np.ndarray, *, floor:
                     sol = replace(sol, x=sol.x - x[cols])
             elif mode == "cover":
                 sol = knapsack_dp(price, dec.col_cap[cols], room, need)
-            elif dec.is_pd(m):
-                raise NotImplementedError("goodput repair of PD models")
+            elif dec.is_pd(m):  # as below, on top of the units there now
+                reward = weight * float(dec.priority[m])
+                cost = price if kind is Kind.COST_AT_GOODPUT and weight < 1e5 else 1e-6 * price
+                sol = pd_cover(cost, dec.col_cap[cols], x[cols], x[cols] + room,
+                               dec.col_half[cols], dec.col_region[cols], float(dec.demand[m]),
+                               reward=reward)
+                if sol.x is not None:
+                    sol = replace(sol, x=sol.x - x[cols])
             else:
                 reward = weight * float(dec.priority[m])
                 cost = price if kind is Kind.COST_AT_GOODPUT and weight < 1e5 else 1e-6 * price
@@ -486,9 +496,7 @@ def fill_goodput(dec: Decomposition, counts: np.ndarray, node_value: np.ndarray,
     of each row, e.g. the LP's shadow prices) first. `skip`: a column not to add to."""
     x = counts.copy()
     left = dec.avail - dec.used(x)
-    have = np.zeros(dec.n_models)
-    np.add.at(have, dec.col_model, dec.col_cap * x)
-    need = np.maximum(dec.demand - have, 0.0)
+    need = np.maximum(dec.demand - dec.capacity(x), 0.0)
     use = dec.usage
     value = use @ node_value
     value = value + 1e-6 * max(float(value.max(initial=0.0)), 1e-9)

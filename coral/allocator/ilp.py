@@ -676,6 +676,26 @@ def _decomposition(ix: _Index, v: _Vars, lp: _LpBuilder) -> Decomposition:
     )
 
 
+#: The decomposition prices a PD model by its exact per-model cover (`pd_cover.py`), whose
+#: frontiers grow with the regions it pairs in and the instances its demand takes: measured
+#: on `core` (3 regions, at most ~22 instances of the median template) 0.3-10 ms a cover; on
+#: `advanced` (12 regions, up to ~170) one round of pricing took minutes. Beyond these sizes
+#: HiGHS solves the ILP alone (as every PD problem before).
+PD_MAX_REGIONS = 4
+PD_MAX_UNITS = 40.0
+
+
+def _pd_covers_small(dec: Decomposition) -> bool:
+    """Whether every PD model's cover is small enough to solve exactly, many times a solve."""
+    for m in dec.pd_models:
+        own = (dec.col_model == m) & (dec.col_half != AGG)
+        if len(np.unique(dec.col_region[own])) > PD_MAX_REGIONS:
+            return False
+        if dec.demand[m] / float(np.median(dec.col_cap[own])) > PD_MAX_UNITS:
+            return False
+    return True
+
+
 def _solve_by_model(dec: Decomposition, rel_gap: float
                     ) -> tuple[str, np.ndarray, list[Pattern], float]:
     """Solve each model's demand on its own (`knapsack.knapsack_dp`, to half the gap).
@@ -816,6 +836,9 @@ def solve_allocation(
                          notes=notes)
 
     dec = _decomposition(ix, v, lp) if decompose else None
+    if dec is not None and not _pd_covers_small(dec):
+        notes.append("PD models too large for exact per-model covers: HiGHS alone")
+        dec = None
 
     # ---- cost problem: every demand met
     proven_short = _capacity_bound_short(ix, v)
@@ -864,7 +887,7 @@ def solve_allocation(
     # ---- scarcity: most goodput (phase 1), then the cheapest plan at it (phase 2)
     col_lb = arr.col_lb.copy()
     col_lb[v.s] = 0.0
-    if dec is not None and dec.has_pd:  # the goodput pieces of PD models are not priced
+    if dec is not None and dec.has_pd:  # measured: the decomposition finds poor PD plans
         best, gap, goodput_gap = _scarcity_highs(problem, arr, lp, ix, v, col_lb, floor_row,
                                                  t0=t0, notes=notes, threads=threads)
     elif dec is not None and SCARCITY_BY_DECOMPOSITION:

@@ -298,10 +298,9 @@ class Pricer:
                     and np.array_equal(last[2], lo) and np.array_equal(last[3], hi):
                 sol = last[4]  # nothing this model sees has changed
             elif it.pd:
-                if kind is not Kind.COST:
-                    raise NotImplementedError("goodput pricing of PD models")
                 sol = pd_cover(cost, it.cap, lo, hi, it.half, it.region, float(dec.demand[m]),
-                               hints=tuple(self.hints[m]))
+                               hints=tuple(self.hints[m]),
+                               reward=None if kind is Kind.COST else reward)
                 self.last[m] = (reward, cost, lo, hi, sol)
             else:
                 sol = knapsack_dp(cost, it.cap, hi, float(dec.demand[m]), reward=reward,

@@ -40,6 +40,9 @@ from coral.allocator.knapsack import DEMAND_TOL, KnapsackSolution, cover_dp
 #: Aggregated items' half.
 AGG = -1
 PREFILL, DECODE = 0, 1
+#: States kept per frontier (those of least completion bound when there are more; the least
+#: bound of the dropped ones then bounds the answer, which may no longer be exact).
+MAX_STATES = 4_000
 #: Costs within this relative distance are equal (a state must be dearer than its better by
 #: more to be kept).
 COST_TOL = 1e-12
@@ -74,9 +77,16 @@ def served(cap: np.ndarray, half: np.ndarray, region: np.ndarray, x: np.ndarray)
 
 def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
              half: np.ndarray, region: np.ndarray, demand: float, *,
-             hints: tuple[np.ndarray, ...] = ()) -> KnapsackSolution:
+             hints: tuple[np.ndarray, ...] = (), reward: float | None = None
+             ) -> KnapsackSolution:
     """Cheapest units within `lo`..`hi` that serve `demand` (see the module's docstring);
-    `cost` >= 0. Exact: the lower bound is the value. `x` None when nothing serves it."""
+    `cost` >= 0. Exact (the lower bound is the value) unless a frontier outgrew `MAX_STATES`;
+    the lower bound is proven either way. `x` None when nothing serves it.
+
+    With a `reward` per request/s served (up to the demand), the goodput problems' piece as
+    `knapsack_dp` without `hard` solves it: minimise `cost x - reward min(demand, served)`,
+    nothing has to be served. It is the cover with the shortfall bought at `reward` per
+    request/s: a group of unlimited, divisible capacity at that rate."""
     # imported on first use: numba and the compiled code take a while to load
     from coral.allocator import pd_cover_kernel as _kernel
 
@@ -93,19 +103,26 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(cap > 0, cost / np.where(cap > 0, cap, 1.0), np.inf)
     groups = _groups(half, region, ratio)
+    slack = math.inf if reward is None else max(float(reward), 0.0)
+
+    def value_of(x: np.ndarray) -> float:  # cost with the shortfall bought at `slack`
+        short = max(0.0, demand - served(cap, half, region, x))
+        if short <= tol:
+            return float(cost @ x)
+        return float(cost @ x) + slack * short if math.isfinite(slack) else math.inf
+
     limit = math.inf
     best_x: np.ndarray | None = None
-    for h in hints:
+    for h in hints + ((lo,) if reward is not None else ()):
         h = np.asarray(h, dtype=np.int64)
-        if len(h) == n and (h >= lo).all() and (h <= hi).all() \
-                and served(cap, half, region, h) >= demand - tol:
-            value = float(cost @ h)
+        if len(h) == n and (h >= lo).all() and (h <= hi).all():
+            value = value_of(h)
             if value < limit:
                 limit, best_x = value, h.copy()
-    quick = [] if best_x is not None else _one_group_plans(cost, cap, lo, hi, half, region,
-                                                           groups, demand, tol)
+    quick = [] if best_x is not None and reward is None else _one_group_plans(
+        cost, cap, lo, hi, half, region, groups, demand, tol)
     for x in quick:
-        value = float(cost @ x)
+        value = value_of(x)
         if value < limit:
             limit, best_x = value, x
     if best_x is None:  # not even every unit serves it
@@ -126,25 +143,29 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 
     def rest(skip: set[int]) -> tuple[float, float]:
         others = [g for g in range(len(groups)) if g not in skip]
-        return (min((rates[g] for g in others), default=math.inf),
-                sum(frees[g] for g in others))
+        return (min([rates[g] for g in others] + [slack]), sum(frees[g] for g in others))
 
     # each group's frontier, regions as the sum of their halves
     fronts = []
+    dropped = math.inf  # least completion bound of the states dropped by the state cap
     for g, (kind, items) in enumerate(groups):
         rest_rate, rest_free = rest({g})
         if kind == "agg":
             (idx,) = items
-            q, c, par, kk, off = _kernel.frontier(cost[idx], cap[idx], lo[idx], hi[idx], demand,
-                                           limit_in, COST_TOL, 0.0, math.inf, rest_rate,
-                                           rest_free)
+            q, c, par, kk, off, cut = _kernel.frontier(
+                cost[idx], cap[idx], lo[idx], hi[idx], demand, limit_in, COST_TOL, 0.0,
+                math.inf, rest_rate, rest_free, MAX_STATES)
+            dropped = min(dropped, cut)
             fronts.append((q, c, [(idx, par, kk, off, np.arange(len(q)))]))
         else:
             built = []
             for h, idx in enumerate(items):
-                built.append(_kernel.frontier(cost[idx], cap[idx], lo[idx], hi[idx], demand,
-                                       limit_in, COST_TOL, half_rates[g][1 - h],
-                                       half_frees[g][1 - h], rest_rate, rest_free))
+                *front, cut = _kernel.frontier(
+                    cost[idx], cap[idx], lo[idx], hi[idx], demand, limit_in, COST_TOL,
+                    half_rates[g][1 - h], half_frees[g][1 - h], rest_rate, rest_free,
+                    MAX_STATES)
+                dropped = min(dropped, cut)
+                built.append(front)
             (qp, cp, parp, kp, offp), (qd, cd, pard, kd, offd) = built
             q, c, ip, idd = _pair(qp, cp, qd, cd, limit_in)
             p_idx, d_idx = items
@@ -152,26 +173,39 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     # min-plus over the groups, keeping where each state came from; the last group only
     # completes each state to the demand at least cost
     if any(not len(q) for q, _, _ in fronts):
-        return _fallback(best_x, cost)
+        return _fallback(best_x, cost, dropped)
     q_all = np.zeros(1)
     c_all = np.zeros(1)
     trail: list[tuple[np.ndarray, np.ndarray]] = []
+    if reward is not None:
+        return _best_with_shortfall(fronts, rest, lo, cost, demand, slack, limit_in, best_x,
+                                    value_of, dropped)
     if len(fronts) == 1:
         fronts.insert(0, (q_all, c_all, []))
     for g, (q, c, _) in enumerate(fronts[:-2]):
         rest_rate, rest_free = rest(set(range(g + 1)))
-        q_all, c_all, ia, ib = _kernel.combine(q_all, c_all, q, c, demand, limit_in, COST_TOL,
-                                               rest_rate, rest_free)
+        q_all, c_all, ia, ib, cut = _kernel.combine(q_all, c_all, q, c, demand, limit_in,
+                                                    COST_TOL, rest_rate, rest_free, MAX_STATES)
+        dropped = min(dropped, cut)
         trail.append((ia, ib))
         if not len(q_all):
-            return _fallback(best_x, cost)
+            return _fallback(best_x, cost, dropped)
     (qb, cb, _), (qc, cc, _) = fronts[-2], fronts[-1]
     total, a, b, k = _kernel.finish(q_all, c_all, qb, cb, qc, cc, demand, limit_in, tol)
     if not math.isfinite(total):
-        return _fallback(best_x, cost)
+        return _fallback(best_x, cost, dropped)
     trail.append((np.array([a]), np.array([b])))
     trail.append((np.array([0]), np.array([k])))
-    state = 0
+    x = _units(fronts, trail, 0, lo)
+    value = float(cost @ x)
+    if best_x is not None and float(cost @ best_x) <= value:
+        x, value = best_x, float(cost @ best_x)
+    return KnapsackSolution(x, value, min(value, dropped))
+
+
+def _units(fronts: list, trail: list[tuple[np.ndarray, np.ndarray]], state: int,
+           lo: np.ndarray) -> np.ndarray:
+    """Units per item of the combined state `state`, group by group back to the first."""
     x = lo.copy()
     for g in range(len(fronts) - 1, -1, -1):
         ia, ib = trail[g]
@@ -179,10 +213,38 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
         state = int(ia[state])
         for idx, par, kk, off, pick in fronts[g][2]:
             x[idx] = _rebuild(int(pick[own]), lo[idx], par, kk, off)
-    value = float(cost @ x)
-    if best_x is not None and float(cost @ best_x) <= value:
-        x, value = best_x, float(cost @ best_x)
-    return KnapsackSolution(x, value, value)
+    return x
+
+
+def _best_with_shortfall(fronts: list, rest, lo: np.ndarray, cost: np.ndarray,
+                         demand: float, slack: float, limit: float,
+                         best_x: np.ndarray | None, value_of, dropped: float
+                         ) -> KnapsackSolution:
+    """Reward mode: every group combined, then the state of least cost plus shortfall."""
+    from coral.allocator import pd_cover_kernel as _kernel
+
+    assert best_x is not None  # the least units at least
+    q_all = np.zeros(1)
+    c_all = np.zeros(1)
+    trail: list[tuple[np.ndarray, np.ndarray]] = []
+    for g, (q, c, _) in enumerate(fronts):
+        if not len(q):
+            break
+        rest_rate, rest_free = rest(set(range(g + 1)))
+        q_all, c_all, ia, ib, cut = _kernel.combine(q_all, c_all, q, c, demand, limit,
+                                                    COST_TOL, rest_rate, rest_free, MAX_STATES)
+        dropped = min(dropped, cut)
+        trail.append((ia, ib))
+        if not len(q_all):
+            break
+    else:
+        total = c_all + slack * np.maximum(demand - q_all, 0.0)
+        state = int(np.argmin(total))
+        x = _units(fronts, trail, state, lo)
+        if value_of(x) < value_of(best_x):
+            best_x = x
+    value = value_of(best_x)
+    return KnapsackSolution(best_x, value - slack * demand, min(value, dropped) - slack * demand)
 
 
 def _undominated(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
@@ -206,12 +268,14 @@ def _undominated(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarr
     return hi
 
 
-def _fallback(best_x: np.ndarray | None, cost: np.ndarray) -> KnapsackSolution:
-    """Nothing cheaper than the known plan: it is optimal (or nothing serves the demand)."""
+def _fallback(best_x: np.ndarray | None, cost: np.ndarray, dropped: float = math.inf
+              ) -> KnapsackSolution:
+    """Nothing cheaper than the known plan among the states kept: it is optimal unless a
+    dropped state's bound is lower (or nothing serves the demand)."""
     if best_x is None:
-        return KnapsackSolution(None, math.inf, math.inf)
+        return KnapsackSolution(None, math.inf, dropped)
     value = float(cost @ best_x)
-    return KnapsackSolution(best_x, value, value)
+    return KnapsackSolution(best_x, value, min(value, dropped))
 
 
 def _rate(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:

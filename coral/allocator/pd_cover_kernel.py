@@ -40,14 +40,15 @@ def least_rest(q: float, demand: float, pair_rate: float, pair_free: float,
 
 @jit
 def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-              demand: float, limit: float, tol: float, pair_rate: float, pair_free: float,
-              rest_rate: float, rest_free: float
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+             demand: float, limit: float, tol: float, pair_rate: float, pair_free: float,
+             rest_rate: float, rest_free: float, max_states: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """Pareto frontier of one group's covers: (capacity capped at `demand`, cost) of every
     cover within `lo`..`hi` that no other beats on both counts and whose cheapest completion
     (`least_rest`) costs at most `limit`, capacity ascending. Returns (capacity, cost, and
     for rebuilding: per state its parent index in the step before, the units of that step's
-    item, and the steps' offsets)."""
+    item, and the steps' offsets; and the least completion bound of the states dropped to keep
+    at most `max_states` after a step, inf when none was: no cover through them is cheaper)."""
     n = len(cost)
     q0 = 0.0
     c0 = 0.0
@@ -58,9 +59,10 @@ def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     c = np.empty(1)
     q[0] = min(q0, demand)
     c[0] = c0
+    dropped = np.inf
     if c0 > limit:
         return (np.empty(0), np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64),
-                np.zeros(n + 1, np.int64))
+                np.zeros(n + 1, np.int64), dropped)
     # a state can still grow by the items after it: their least cost per request/s bounds
     # that part of its completion as the other groups' rate bounds theirs
     after = np.full(n + 1, np.inf)
@@ -117,12 +119,24 @@ def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                     keep[kept] = b
                     kept += 1
                 best = cc[b]
+        ascending = keep[:kept][::-1].copy()
+        if kept > max_states:  # keep the states of least completion bound
+            key = np.empty(kept)
+            for a in range(kept):
+                b = ascending[a]
+                key[a] = cc[b] + least_rest(cq[b], demand, pair_rate, pair_free, grow_rate,
+                                            rest_free)
+            by_key = np.argsort(key, kind="mergesort")
+            for a in range(max_states, kept):
+                dropped = min(dropped, key[by_key[a]])
+            ascending = ascending[np.sort(by_key[:max_states])]
+            kept = max_states
         nq = np.empty(kept)
         nc = np.empty(kept)
         npar = np.empty(kept, np.int64)
         nk = np.empty(kept, np.int64)
         for a in range(kept):
-            b = keep[kept - 1 - a]
+            b = ascending[a]
             nq[a] = cq[b]
             nc[a] = cc[b]
             npar[a] = cp[b]
@@ -138,18 +152,26 @@ def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     for i in range(n):
         hist_par[offsets[i]:offsets[i + 1]] = parts_par[i]
         hist_k[offsets[i]:offsets[i + 1]] = parts_k[i]
-    return q, c, hist_par, hist_k, offsets
+    return q, c, hist_par, hist_k, offsets, dropped
 
 
 @jit
 def combine(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray, demand: float,
-             limit: float, tol: float, rest_rate: float, rest_free: float
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            limit: float, tol: float, rest_rate: float, rest_free: float, max_states: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """Frontier of the sums of two frontiers (capacity capped at `demand`), of the sums
     whose cheapest completion by the groups still to come costs at most `limit`. Returns
-    (capacity, cost, index in a, index in b), capacity ascending."""
+    (capacity, cost, index in a, index in b), capacity ascending, and the least completion
+    bound of the states dropped to keep at most `max_states` (inf when none was)."""
     na, nb = len(qa), len(qb)
-    m = na * nb
+    m = 0  # the sums within the limit, counted first
+    for i in range(na):
+        for j in range(nb):
+            if ca[i] + cb[j] > limit:
+                break
+            m += 1
+            if qa[i] + qb[j] >= demand - tol:
+                break
     cq = np.empty(m)
     cc = np.empty(m)
     ia = np.empty(m, np.int64)
@@ -186,17 +208,31 @@ def combine(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray, dema
                 keep[kept] = b
                 kept += 1
             best = cc[b]
+    ascending = keep[:kept][::-1].copy()
+    dropped = np.inf
+    if kept > max_states:  # keep the states of least completion bound
+        key = np.empty(kept)
+        for a in range(kept):
+            b = ascending[a]
+            key[a] = cc[b]
+            if demand - cq[b] > rest_free:
+                key[a] += rest_rate * (demand - cq[b] - rest_free)
+        by_key = np.argsort(key, kind="mergesort")
+        for a in range(max_states, kept):
+            dropped = min(dropped, key[by_key[a]])
+        ascending = ascending[np.sort(by_key[:max_states])]
+        kept = max_states
     out_q = np.empty(kept)
     out_c = np.empty(kept)
     out_a = np.empty(kept, np.int64)
     out_b = np.empty(kept, np.int64)
     for a in range(kept):
-        b = keep[kept - 1 - a]
+        b = ascending[a]
         out_q[a] = cq[b]
         out_c[a] = cc[b]
         out_a[a] = ia[b]
         out_b[a] = ib[b]
-    return out_q, out_c, out_a, out_b
+    return out_q, out_c, out_a, out_b, dropped
 
 
 @jit

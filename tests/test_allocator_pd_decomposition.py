@@ -1,0 +1,94 @@
+"""PD plans by the decomposition (per-model exact PD covers priced in column generation)
+against HiGHS on the whole ILP, on random problems too large for the exhaustive oracle:
+three PD models and an aggregated one, prefill and decode templates in two regions, limited
+availability, some instances running now."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from test_allocator_support import column
+
+from coral.allocator import AllocationProblem, ModelDemand, PlanStatus, ilp
+from coral.allocator.ilp import solve_allocation
+
+NODES = ("g1", "g2", "g3")
+REGIONS = ("r1", "r2")
+
+
+def pd_problem(seed: int, *, mip_gap: float) -> AllocationProblem:
+    rng = random.Random(seed)
+    node_price = {(g, r): round(rng.uniform(0.5, 4.0), 2) for g in NODES for r in REGIONS}
+    templates = []
+    demands = []
+    for m in ("m1", "m2", "m3", "m4"):
+        pd = m != "m4"
+        demands.append(ModelDemand(m, round(rng.uniform(2.0, 6.0), 3),
+                                   input_tokens=1000.0 if pd else 1.0,
+                                   output_tokens=100.0 if pd else 1.0))
+        for i in range(4):
+            mode = ("prefill", "decode")[i % 2] if pd else "aggregated"
+            nodes = {g: rng.choice((1, 1, 2)) for g in rng.sample(NODES, rng.choice((1, 1, 2)))}
+            per_node = {"prefill": 2000.0, "decode": 150.0, "aggregated": 1.2}[mode]
+            prices = {r: round(sum(n * node_price[(g, r)] for g, n in nodes.items()), 4)
+                      for r in REGIONS if rng.random() < 0.85}
+            if not prices:
+                continue
+            capacity = round(per_node * sum(nodes.values()) * rng.uniform(0.7, 1.3), 2)
+            templates.append(column(f"{m}-t{i}", m, nodes, capacity, prices, mode=mode))
+    availability = {(g, r): rng.randint(3, 9) for g in NODES for r in REGIONS}
+    current = {(t.id, r): 1 for t in templates for r in t.price_usd_per_hour
+               if rng.random() < 0.15}
+    return AllocationProblem(demands=tuple(demands), templates=tuple(templates),
+                             regions=REGIONS, availability=availability, current=current,
+                             startup_s=600.0, time_limit_s=20.0, mip_gap=mip_gap)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_pd_decomposition_matches_highs(seed: int) -> None:
+    problem = pd_problem(seed, mip_gap=0.0)
+    plan = solve_allocation(problem)
+    reference = solve_allocation(problem, decompose=False)
+    assert plan.status is reference.status
+    if plan.status is PlanStatus.OPTIMAL:
+        assert any("per-model covers" in n for n in plan.notes)
+        assert plan.meets_demand
+        assert plan.objective == pytest.approx(reference.objective, rel=1e-6)
+        for (g, r), n in plan.nodes_used.items():
+            assert n <= problem.availability.get((g, r), 0)
+
+
+def test_large_pd_models_go_to_highs(monkeypatch) -> None:
+    """Past the size limits the ILP goes to HiGHS alone, and says so."""
+    problem = pd_problem(3, mip_gap=0.0)
+    monkeypatch.setattr(ilp, "PD_MAX_REGIONS", 1)
+    plan = solve_allocation(problem)
+    assert any("HiGHS alone" in n for n in plan.notes)
+    assert plan.objective == pytest.approx(
+        solve_allocation(problem, decompose=False).objective, rel=1e-6)
+
+
+def test_capacity_of_pd_columns_is_the_lesser_half_per_region() -> None:
+    problem = pd_problem(5, mip_gap=0.0)
+    ix = ilp._Index.build(problem)
+    cols = ilp._presolve(problem, ix, dominance=True)
+    lp = ilp._LpBuilder()
+    v = ilp._add_variables(lp, problem, ix, cols)
+    ilp.add_capacity_rows(lp, ix, v)
+    ilp.add_availability_rows(lp, ix, v)
+    dec = ilp._decomposition(ix, v, lp)
+    rng = np.random.default_rng(0)
+    counts = rng.integers(0, 3, dec.n_cols)
+    got = dec.capacity(counts)
+    for m in range(dec.n_models):
+        own = dec.col_model == m
+        agg = own & (dec.col_half == -1)
+        want = float(dec.col_cap[agg] @ counts[agg])
+        for r in range(len(REGIONS)):
+            halves = [float(dec.col_cap[own & (dec.col_half == h) & (dec.col_region == r)]
+                            @ counts[own & (dec.col_half == h) & (dec.col_region == r)])
+                      for h in (0, 1)]
+            want += min(halves)
+        assert got[m] == pytest.approx(want)

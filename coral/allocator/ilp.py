@@ -29,10 +29,13 @@ How it is solved
 HiGHS on this ILP is slow whenever availability binds: each demand row is a knapsack over a
 hundred columns of almost equal cost per request/s, the LP bound sits 1-2% below the optimum,
 and neither HiGHS's cuts and tree nor its sub-MIP heuristics close that to 0.1% in seconds
-(`lagrange.py` says why in full). Without PD models the cost problem is therefore solved by
-decomposition instead (`decompose=True`, the default):
+(`lagrange.py` says why in full). With PD models it is worse: the LP splits a model's demand
+into fractions of instances in every region at once and lies 3-5% below the optimum on
+`core`-size problems, and HiGHS stopped at its 10 s limit with 1-3% gaps. The cost problem is
+therefore solved by decomposition instead (`decompose=True`, the default):
 
-1. each model's cheapest cover on its own (`knapsack.knapsack_dp`); if their union fits
+1. each model's cheapest cover on its own (`knapsack.knapsack_dp`; for a PD model the exact
+   cover of `pd_cover.py`, regions serving what both their halves carry); if their union fits
    within availability it is optimal;
 2. else the LP relaxation: infeasible means the demand cannot be met; feasible, it gives a
    bound, node prices, and a first plan (its counts rounded down, each model's rest covered);
@@ -53,9 +56,11 @@ HiGHS only for the gap those leave (`_scarcity_bounded`):
    HiGHS runs on nearly every draw; a cutoff at phase 1's cost and the columns fixed by
    reduced cost are what it is given.
 
-Phase 1 may take `PHASE1_SHARE` of the time left, so that phase 2 always gets some. PD models
-run on this ILP with HiGHS throughout, and `decompose=False` solves every phase with HiGHS on
-the full ILP, as the reference the tests compare against.
+Phase 1 may take `PHASE1_SHARE` of the time left, so that phase 2 always gets some. The
+scarcity phases of PD problems, and PD problems whose per-model covers are too large to solve
+exactly many times a solve (`PD_MAX_REGIONS`, `PD_MAX_UNITS`: `advanced`-size), run on this ILP
+with HiGHS throughout, and `decompose=False` solves every phase with HiGHS on the full ILP, as
+the reference the tests compare against.
 """
 
 from __future__ import annotations

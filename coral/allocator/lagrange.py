@@ -2,8 +2,8 @@
 
 Why the ILP alone is slow
 -------------------------
-Without PD models, every allocation problem is one knapsack per model (its demand row) tied
-together only by the availability rows::
+Every allocation problem is one knapsack per model (its demand row; for PD models, one per
+half and region, paired) tied together only by the availability rows::
 
     minimise   sum_t cost_t(x_t)
     subject to sum_{t in T_m} cap_t x_t >= D_m             for every model m
@@ -25,7 +25,10 @@ one knapsack per model with costs `cost_t + sum_g pi[g] nodes[g,t]`, each solved
 
     L(pi) = sum_m z_m(pi) - sum_g pi[g] A[g]   <=   optimum, for every pi >= 0
 
-(z_m: the least value of model m's knapsack; a proven lower bound of it is enough.) Its maximum
+(z_m: the least value of model m's knapsack; a proven lower bound of it is enough.) A PD
+model's piece is its cover with each region serving the lesser of its prefill and decode
+capacity (`pd_cover.py`, exact, with a reward for the goodput problems); its rows to pair the
+halves per region stay inside the piece, so the decomposition is the same. Its maximum
 over `pi` is the LP over the convex hulls of the per-model knapsacks (the Dantzig-Wolfe bound),
 which on the benchmark problems lies 0.02-0.2% below the optimum. `pi` comes from column
 generation: a master LP mixes known per-model solutions ("patterns") within availability, its

@@ -683,11 +683,11 @@ def _decomposition(ix: _Index, v: _Vars, lp: _LpBuilder) -> Decomposition:
 
 #: The decomposition prices a PD model by its exact per-model cover (`pd_cover.py`), whose
 #: frontiers grow with the regions it pairs in and the instances its demand takes: measured
-#: on `core` (3 regions, at most ~22 instances of the median template) 0.3-10 ms a cover; on
+#: on `core` (3 regions, up to ~43 instances of the median template) 0.3-10 ms a cover; on
 #: `advanced` (12 regions, up to ~170) one round of pricing took minutes. Beyond these sizes
 #: HiGHS solves the ILP alone (as every PD problem before).
 PD_MAX_REGIONS = 4
-PD_MAX_UNITS = 40.0
+PD_MAX_UNITS = 100.0
 
 
 def _pd_covers_small(dec: Decomposition) -> bool:

@@ -174,22 +174,15 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     # completes each state to the demand at least cost
     if any(not len(q) for q, _, _ in fronts):
         return _fallback(best_x, cost, dropped)
-    q_all = np.zeros(1)
-    c_all = np.zeros(1)
-    trail: list[tuple[np.ndarray, np.ndarray]] = []
     if reward is not None:
         return _best_with_shortfall(fronts, rest, lo, cost, demand, slack, limit_in, best_x,
                                     value_of, dropped)
-    if len(fronts) == 1:
-        fronts.insert(0, (q_all, c_all, []))
-    for g, (q, c, _) in enumerate(fronts[:-2]):
-        rest_rate, rest_free = rest(set(range(g + 1)))
-        q_all, c_all, ia, ib, cut = _kernel.combine(q_all, c_all, q, c, demand, limit_in,
-                                                    COST_TOL, rest_rate, rest_free, MAX_STATES)
-        dropped = min(dropped, cut)
-        trail.append((ia, ib))
-        if not len(q_all):
-            return _fallback(best_x, cost, dropped)
+    if len(fronts) == 1:  # nothing to pair with: the empty state
+        fronts.insert(0, (np.zeros(1), np.zeros(1), []))
+    q_all, c_all, trail, cut = _combined(fronts[:-2], rest, demand, limit_in)
+    dropped = min(dropped, cut)
+    if not len(q_all):
+        return _fallback(best_x, cost, dropped)
     (qb, cb, _), (qc, cc, _) = fronts[-2], fronts[-1]
     total, a, b, k = _kernel.finish(q_all, c_all, qb, cb, qc, cc, demand, limit_in, tol)
     if not math.isfinite(total):
@@ -216,20 +209,17 @@ def _units(fronts: list, trail: list[tuple[np.ndarray, np.ndarray]], state: int,
     return x
 
 
-def _best_with_shortfall(fronts: list, rest, lo: np.ndarray, cost: np.ndarray,
-                         demand: float, slack: float, limit: float,
-                         best_x: np.ndarray | None, value_of, dropped: float
-                         ) -> KnapsackSolution:
-    """Reward mode: every group combined, then the state of least cost plus shortfall."""
+def _combined(fronts: list, rest, demand: float, limit: float
+              ) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]], float]:
+    """The min-plus frontier of `fronts` in order, with where each step's states came from
+    and the least bound of the states the cap dropped; empty when every state was cut off."""
     from coral.allocator import pd_cover_kernel as _kernel
 
-    assert best_x is not None  # the least units at least
     q_all = np.zeros(1)
     c_all = np.zeros(1)
     trail: list[tuple[np.ndarray, np.ndarray]] = []
+    dropped = math.inf
     for g, (q, c, _) in enumerate(fronts):
-        if not len(q):
-            break
         rest_rate, rest_free = rest(set(range(g + 1)))
         q_all, c_all, ia, ib, cut = _kernel.combine(q_all, c_all, q, c, demand, limit,
                                                     COST_TOL, rest_rate, rest_free, MAX_STATES)
@@ -237,7 +227,18 @@ def _best_with_shortfall(fronts: list, rest, lo: np.ndarray, cost: np.ndarray,
         trail.append((ia, ib))
         if not len(q_all):
             break
-    else:
+    return q_all, c_all, trail, dropped
+
+
+def _best_with_shortfall(fronts: list, rest, lo: np.ndarray, cost: np.ndarray,
+                         demand: float, slack: float, limit: float,
+                         best_x: np.ndarray | None, value_of, dropped: float
+                         ) -> KnapsackSolution:
+    """Reward mode: every group combined, then the state of least cost plus shortfall."""
+    assert best_x is not None  # the least units at least
+    q_all, c_all, trail, cut = _combined(fronts, rest, demand, limit)
+    dropped = min(dropped, cut)
+    if len(q_all):  # else every state was cut off: nothing beats `best_x`
         total = c_all + slack * np.maximum(demand - q_all, 0.0)
         state = int(np.argmin(total))
         x = _units(fronts, trail, state, lo)

@@ -39,6 +39,39 @@ def least_rest(q: float, demand: float, pair_rate: float, pair_free: float,
 
 
 @jit
+def _pareto(cq: np.ndarray, cc: np.ndarray, t: int, tol: float) -> np.ndarray:
+    """Positions among the first `t` candidates (capacity, cost) that no other beats on both
+    counts (equal capacity: the cheaper), capacity ascending: a sweep from the most capacity
+    down keeps each state cheaper than every state above it."""
+    order = np.argsort(cq[:t], kind="mergesort")
+    keep = np.empty(t, np.int64)
+    kept = 0
+    best = np.inf
+    for a in range(t - 1, -1, -1):
+        b = order[a]
+        if best == np.inf or cc[b] < best - tol * max(1.0, abs(best)):
+            if kept > 0 and cq[keep[kept - 1]] == cq[b]:
+                keep[kept - 1] = b  # same capacity, cheaper: replaces it
+            else:
+                keep[kept] = b
+                kept += 1
+            best = cc[b]
+    return keep[:kept][::-1].copy()
+
+
+@jit
+def _least_keys(ascending: np.ndarray, key: np.ndarray, max_states: int
+                ) -> tuple[np.ndarray, float]:
+    """The `max_states` states of least key (their order kept), and the least key of the
+    others."""
+    by_key = np.argsort(key, kind="mergesort")
+    dropped = np.inf
+    for a in range(max_states, len(ascending)):
+        dropped = min(dropped, key[by_key[a]])
+    return ascending[np.sort(by_key[:max_states])], dropped
+
+
+@jit
 def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
              demand: float, limit: float, tol: float, pair_rate: float, pair_free: float,
              rest_rate: float, rest_free: float, max_states: int
@@ -105,31 +138,16 @@ def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                 t += 1
                 if cap_k >= demand:
                     break
-        order = np.argsort(cq[:t], kind="mergesort")
-        # sweep from the most capacity down, keeping states cheaper than all above them
-        keep = np.empty(t, np.int64)
-        kept = 0
-        best = np.inf
-        for a in range(t - 1, -1, -1):
-            b = order[a]
-            if best == np.inf or cc[b] < best - tol * max(1.0, abs(best)):
-                if kept > 0 and cq[keep[kept - 1]] == cq[b]:
-                    keep[kept - 1] = b  # same capacity, cheaper: replaces it
-                else:
-                    keep[kept] = b
-                    kept += 1
-                best = cc[b]
-        ascending = keep[:kept][::-1].copy()
+        ascending = _pareto(cq, cc, t, tol)
+        kept = len(ascending)
         if kept > max_states:  # keep the states of least completion bound
             key = np.empty(kept)
             for a in range(kept):
                 b = ascending[a]
                 key[a] = cc[b] + least_rest(cq[b], demand, pair_rate, pair_free, grow_rate,
                                             rest_free)
-            by_key = np.argsort(key, kind="mergesort")
-            for a in range(max_states, kept):
-                dropped = min(dropped, key[by_key[a]])
-            ascending = ascending[np.sort(by_key[:max_states])]
+            ascending, cut = _least_keys(ascending, key, max_states)
+            dropped = min(dropped, cut)
             kept = max_states
         nq = np.empty(kept)
         nc = np.empty(kept)
@@ -195,20 +213,8 @@ def combine(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray, dema
             t += 1
             if cap >= demand:
                 break
-    order = np.argsort(cq[:t], kind="mergesort")
-    keep = np.empty(t, np.int64)
-    kept = 0
-    best = np.inf
-    for a in range(t - 1, -1, -1):
-        b = order[a]
-        if best == np.inf or cc[b] < best - tol * max(1.0, abs(best)):
-            if kept > 0 and cq[keep[kept - 1]] == cq[b]:
-                keep[kept - 1] = b
-            else:
-                keep[kept] = b
-                kept += 1
-            best = cc[b]
-    ascending = keep[:kept][::-1].copy()
+    ascending = _pareto(cq, cc, t, tol)
+    kept = len(ascending)
     dropped = np.inf
     if kept > max_states:  # keep the states of least completion bound
         key = np.empty(kept)
@@ -217,10 +223,7 @@ def combine(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray, dema
             key[a] = cc[b]
             if demand - cq[b] > rest_free:
                 key[a] += rest_rate * (demand - cq[b] - rest_free)
-        by_key = np.argsort(key, kind="mergesort")
-        for a in range(max_states, kept):
-            dropped = min(dropped, key[by_key[a]])
-        ascending = ascending[np.sort(by_key[:max_states])]
+        ascending, dropped = _least_keys(ascending, key, max_states)
         kept = max_states
     out_q = np.empty(kept)
     out_c = np.empty(kept)

@@ -9,6 +9,7 @@ import random
 
 import numpy as np
 import pytest
+from test_allocator_scarcity import _internals
 from test_allocator_support import column
 
 from coral.allocator import AllocationProblem, ModelDemand, PlanStatus, ilp
@@ -71,14 +72,7 @@ def test_large_pd_models_go_to_highs(monkeypatch) -> None:
 
 
 def test_capacity_of_pd_columns_is_the_lesser_half_per_region() -> None:
-    problem = pd_problem(5, mip_gap=0.0)
-    ix = ilp._Index.build(problem)
-    cols = ilp._presolve(problem, ix, dominance=True)
-    lp = ilp._LpBuilder()
-    v = ilp._add_variables(lp, problem, ix, cols)
-    ilp.add_capacity_rows(lp, ix, v)
-    ilp.add_availability_rows(lp, ix, v)
-    dec = ilp._decomposition(ix, v, lp)
+    *_, dec, _ = _internals(pd_problem(5, mip_gap=0.0))
     rng = np.random.default_rng(0)
     counts = rng.integers(0, 3, dec.n_cols)
     got = dec.capacity(counts)

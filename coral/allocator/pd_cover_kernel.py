@@ -149,20 +149,10 @@ def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
             ascending, cut = _least_keys(ascending, key, max_states)
             dropped = min(dropped, cut)
             kept = max_states
-        nq = np.empty(kept)
-        nc = np.empty(kept)
-        npar = np.empty(kept, np.int64)
-        nk = np.empty(kept, np.int64)
-        for a in range(kept):
-            b = ascending[a]
-            nq[a] = cq[b]
-            nc[a] = cc[b]
-            npar[a] = cp[b]
-            nk[a] = ck[b]
-        q = nq
-        c = nc
-        parts_par.append(npar)
-        parts_k.append(nk)
+        q = cq[ascending]
+        c = cc[ascending]
+        parts_par.append(cp[ascending])
+        parts_k.append(ck[ascending])
         offsets[i + 1] = offsets[i] + kept
     total = offsets[n]
     hist_par = np.empty(total, np.int64)
@@ -224,18 +214,7 @@ def combine(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray, dema
             if demand - cq[b] > rest_free:
                 key[a] += rest_rate * (demand - cq[b] - rest_free)
         ascending, dropped = _least_keys(ascending, key, max_states)
-        kept = max_states
-    out_q = np.empty(kept)
-    out_c = np.empty(kept)
-    out_a = np.empty(kept, np.int64)
-    out_b = np.empty(kept, np.int64)
-    for a in range(kept):
-        b = ascending[a]
-        out_q[a] = cq[b]
-        out_c[a] = cc[b]
-        out_a[a] = ia[b]
-        out_b[a] = ib[b]
-    return out_q, out_c, out_a, out_b, dropped
+    return cq[ascending], cc[ascending], ia[ascending], ib[ascending], dropped
 
 
 @jit

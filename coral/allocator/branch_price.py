@@ -38,7 +38,6 @@ import highspy
 import numpy as np
 
 from coral.allocator.knapsack import knapsack_dp
-from coral.allocator.pd_cover import pd_cover
 from coral.allocator.lagrange import (
     Bounds,
     Decomposition,
@@ -49,6 +48,7 @@ from coral.allocator.lagrange import (
     Pricer,
     column_generation,
 )
+from coral.allocator.pd_cover import pd_cover
 from coral.solvers import quiet_highs
 
 log = logging.getLogger(__name__)

@@ -389,24 +389,20 @@ def round_and_repair(dec: Decomposition, kind: Kind, xbar: np.ndarray, *, floor:
                 continue
             price = dec.col_price[cols] + dec.col_penalty[cols] * (x[cols] >= dec.col_current[
                 cols])
-            if mode == "cover" and dec.is_pd(m):  # what the units there now lack
-                sol = pd_cover(price, dec.col_cap[cols], x[cols], x[cols] + room,
-                               dec.col_half[cols], dec.col_region[cols], float(dec.demand[m]))
-                if sol.x is not None:
-                    sol = replace(sol, x=sol.x - x[cols])
-            elif mode == "cover":
-                sol = knapsack_dp(price, dec.col_cap[cols], room, need)
-            elif dec.is_pd(m):  # as below, on top of the units there now
+            if mode == "cover":
+                cost, reward = price, None
+            else:
                 reward = weight * float(dec.priority[m])
                 cost = price if kind is Kind.COST_AT_GOODPUT and weight < 1e5 else 1e-6 * price
+            if dec.is_pd(m):  # on top of the units there now (its pairs are per region)
                 sol = pd_cover(cost, dec.col_cap[cols], x[cols], x[cols] + room,
                                dec.col_half[cols], dec.col_region[cols], float(dec.demand[m]),
                                reward=reward)
                 if sol.x is not None:
                     sol = replace(sol, x=sol.x - x[cols])
+            elif reward is None:
+                sol = knapsack_dp(cost, dec.col_cap[cols], room, need)
             else:
-                reward = weight * float(dec.priority[m])
-                cost = price if kind is Kind.COST_AT_GOODPUT and weight < 1e5 else 1e-6 * price
                 sol = knapsack_dp(cost, dec.col_cap[cols], room, need, reward=reward,
                                   hard=False)
             if sol.x is None or not sol.x.any():

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from coral.allocator.pd_cover import AGG, DECODE, PREFILL, pd_cover, served
+from coral.allocator.pd_cover import AGG, DECODE, PREFILL, pd_cover, pd_cover_rest, served
 
 
 def _instance(seed: int) -> tuple[np.ndarray, ...]:
@@ -117,3 +117,20 @@ def test_a_state_cap_keeps_the_bound_proven(seed: int, monkeypatch) -> None:
         return
     assert sol.x is not None and served(cap, half, region, sol.x) >= demand * (1 - 1e-9)
     assert sol.lower_bound <= best + 1e-9 <= sol.value + 2e-9
+
+
+@pytest.mark.parametrize("seed", range(170, 230))
+def test_pd_cover_rest_covers_whenever_the_units_can(seed: int) -> None:
+    """The quick cover for large models: a cover within lo..hi whenever hi serves the demand
+    (each group in turn may take all it can), never cheaper than the exact one."""
+    cost, cap, lo, hi, half, region, (demand,) = _instance(seed)
+    sol = pd_cover_rest(cost, cap, lo, hi, half, region, float(demand))
+    if served(cap, half, region, hi) < demand - 1e-9 * max(1.0, demand):
+        assert sol.x is None
+        return
+    assert sol.x is not None
+    assert (sol.x >= lo).all() and (sol.x <= hi).all()
+    assert served(cap, half, region, sol.x) >= demand - 1e-9 * max(1.0, demand)
+    assert sol.value == pytest.approx(float(cost @ sol.x))
+    assert sol.lower_bound <= _cheapest(cost, cap, lo, hi, half, region, demand) + 1e-9
+    assert sol.value >= _cheapest(cost, cap, lo, hi, half, region, demand) - 1e-9

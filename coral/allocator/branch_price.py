@@ -48,7 +48,7 @@ from coral.allocator.lagrange import (
     Pricer,
     column_generation,
 )
-from coral.allocator.pd_cover import pd_cover
+from coral.allocator.pd_cover import pd_cover, pd_cover_rest
 from coral.solvers import quiet_highs
 
 log = logging.getLogger(__name__)
@@ -347,7 +347,7 @@ def best_pattern_plan(dec: Decomposition, kind: Kind, patterns: list[Pattern], *
 
 
 def round_and_repair(dec: Decomposition, kind: Kind, xbar: np.ndarray, *, floor: float = 0.0,
-                     goodput_price: float = 0.0) -> np.ndarray | None:
+                     goodput_price: float = 0.0, exact_pd: bool = True) -> np.ndarray | None:
     """A plan near the master's fractional counts: round them down (which keeps availability,
     the counts being a mix of patterns within it), then give each model what it lacks from
     the nodes left, model by model (`knapsack_dp` with each column bounded by the nodes left
@@ -394,7 +394,13 @@ def round_and_repair(dec: Decomposition, kind: Kind, xbar: np.ndarray, *, floor:
             else:
                 reward = weight * float(dec.priority[m])
                 cost = price if kind is Kind.COST_AT_GOODPUT and weight < 1e5 else 1e-6 * price
-            if dec.is_pd(m):  # on top of the units there now (its pairs are per region)
+            if dec.is_pd(m) and not exact_pd:
+                sol = pd_cover_rest(cost, dec.col_cap[cols], x[cols], x[cols] + room,
+                                    dec.col_half[cols], dec.col_region[cols],
+                                    float(dec.demand[m]))
+                if sol.x is not None:
+                    sol = replace(sol, x=sol.x - x[cols])
+            elif dec.is_pd(m):  # on top of the units there now (its pairs are per region)
                 sol = pd_cover(cost, dec.col_cap[cols], x[cols], x[cols] + room,
                                dec.col_half[cols], dec.col_region[cols], float(dec.demand[m]),
                                reward=reward)

@@ -79,6 +79,7 @@ from coral.solvers import quiet_highs
 import numpy as np
 
 from coral.allocator.branch_price import (
+    INTEGRALITY_TOL,
     goodput_plan,
     relative_gap,
     round_and_repair,
@@ -116,6 +117,9 @@ PHASE1_SHARE = 0.5
 #: column at a time closes that at 0.1-0.2 s a node; and `best_pattern_plan`, one pattern per
 #: model, finds goodput plans 20-70% short of the bound after 10 rounds when every row binds.
 SCARCITY_BY_DECOMPOSITION = False
+#: Share of the time left that HiGHS on a rounded PD plan's columns may take
+#: (`_rounded_start`); HiGHS on the whole ILP gets the rest.
+SUPPORT_SHARE = 0.3
 #: Share of scarcity phase 1's time the goodput heuristic may take.
 HEURISTIC_SHARE = 0.1
 #: Scarcity phase 1 keeps a plan once its proven gap is within this share of the gap target,
@@ -841,11 +845,14 @@ def solve_allocation(
                          notes=notes)
 
     dec = _decomposition(ix, v, lp) if decompose else None
+    large_pd = None  # PD models past exact covers: HiGHS, from a rounded LP plan
     if dec is not None and not _pd_covers_small(dec):
-        notes.append("PD models too large for exact per-model covers: HiGHS alone")
-        dec = None
+        notes.append("PD models too large for exact per-model covers: HiGHS from a rounded "
+                     "LP plan")
+        large_pd, dec = dec, None
 
     # ---- cost problem: every demand met
+    start: _Start | None = None  # a plan found before HiGHS runs (large PD models)
     proven_short = _capacity_bound_short(ix, v)
     if proven_short:
         notes.append("demand cannot be met in full (capacity or per-model bound)")
@@ -876,8 +883,23 @@ def solve_allocation(
             notes.append("demand cannot be met in full (Lagrangian bound)" if proven_short
                          else "no plan meeting every demand found in time")
     elif not proven_short:
+        if large_pd is not None:
+            relaxed, start = _rounded_start(large_pd, arr, lp, v, mip_gap=problem.mip_gap,
+                                            deadline=t0 + problem.time_limit_s,
+                                            threads=threads, notes=notes)
+            proven_short = relaxed is None
+            if start is not None and relative_gap(start.cost, start.bound) <= problem.mip_gap:
+                return plan_of(start.counts, PlanStatus.OPTIMAL,
+                               relative_gap(start.cost, start.bound))
+    if not proven_short and dec is None:
         run = _run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
-                         time_limit_s=remaining(), mip_gap=problem.mip_gap, threads=threads)
+                         time_limit_s=remaining(), mip_gap=problem.mip_gap, threads=threads,
+                         cutoff=math.inf if start is None else start.cost)
+        if start is not None and not run.ok:  # nothing cheaper than the rounded plan
+            notes.append(f"HiGHS on the whole ILP: nothing cheaper ({run.detail})")
+            gap = relative_gap(start.cost, _bound_with_limit(run, start.cost, start.bound))
+            return plan_of(start.counts, PlanStatus.OPTIMAL if gap <= problem.mip_gap
+                           else PlanStatus.TIME_LIMIT, gap)
         if run.ok and not run.infeasible:
             assert run.values is not None
             if not run.optimal:
@@ -912,6 +934,50 @@ def solve_allocation(
         if plan.meets_demand:  # the cost phase found no plan in time; the goodput phases did
             plan = plan_of(best, PlanStatus.TIME_LIMIT, gap, goodput_gap)
     return _finish(problem, plan, strict)
+
+
+@dataclass
+class _Start:
+    """A plan meeting every demand found before HiGHS runs on the whole ILP."""
+    counts: np.ndarray
+    cost: float
+    bound: float  # the LP relaxation's value
+
+
+def _rounded_start(dec: Decomposition, arr: "_LpArrays", lp: _LpBuilder, v: _Vars, *,
+                   mip_gap: float, deadline: float, threads: int | None, notes: list[str]
+                   ) -> tuple["_Relaxation | None", _Start | None]:
+    """A first plan for problems whose PD models are past exact covers, where HiGHS alone
+    found none in 10 s on `advanced`-size problems: the LP optimum rounded down, each model's
+    rest covered by one group at a time (`round_and_repair` without exact PD covers; ~5 %
+    above the LP bound), then HiGHS on the columns that plan or the LP use (the LP's support:
+    a few dozen columns; ~3 % above it). Returns (the LP relaxation, None when infeasible;
+    the plan, None when rounding found none)."""
+    relaxed = _lp_relaxation(arr, arr.cost, arr.col_lb, arr.row_lb, lp, len(v.x))
+    if relaxed is None:
+        notes.append("demand cannot be met in full (LP relaxation infeasible)")
+        return None, None
+    x = round_and_repair(dec, Kind.COST, relaxed.x, exact_pd=False)
+    if x is None:
+        notes.append("rounded LP plan: none (the nodes left after rounding down fall short)")
+        return relaxed, None
+    cost = dec.cost(x)
+    how = "rounded down, rest covered"
+    if relative_gap(cost, relaxed.value) > mip_gap:
+        hi = arr.col_ub.astype(float).copy()
+        support = (relaxed.x > INTEGRALITY_TOL) | (x > 0)
+        hi[v.x] = np.where(support, hi[v.x], arr.col_lb[v.x])
+        run = _run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False,
+                                      col_ub=hi),
+                         time_limit_s=SUPPORT_SHARE * (deadline - time.perf_counter()),
+                         mip_gap=mip_gap, threads=threads, cutoff=cost)
+        better = _plan_of_run(run, v)
+        if better is not None and dec.fits(better) and dec.covers(better) \
+                and dec.cost(better) < cost:
+            x, cost = better, dec.cost(better)
+            how = f"HiGHS on the LP's support, {int(support.sum())} columns ({run.detail})"
+    notes.append(f"rounded LP plan: cost {cost:.6g}, LP bound {relaxed.value:.6g} ({how})")
+    return relaxed, _Start(x, cost, relaxed.value)
 
 
 def _phase_deadline(problem: AllocationProblem, t0: float, share: float) -> float:

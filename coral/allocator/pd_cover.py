@@ -356,3 +356,49 @@ def _one_group_plans(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.n
         if ok:
             out.append(x)
     return out
+
+
+def pd_cover_rest(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                  half: np.ndarray, region: np.ndarray, demand: float) -> KnapsackSolution:
+    """A quick cover on top of units already placed (`lo`): the cheapest single group (the
+    aggregated items, or one region's pair of halves) serving all the rest, else the group
+    adding the most serves what it can and the next one the rest. A heuristic for models too
+    large for `pd_cover`'s frontiers (its lower bound is only the cost of `lo`); it is cheap
+    when `lo` already serves most of the demand, as after rounding down an LP optimum."""
+    cost = np.asarray(cost, dtype=float)
+    cap = np.asarray(cap, dtype=float)
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    half = np.asarray(half, dtype=np.int64)
+    region = np.asarray(region, dtype=np.int64)
+    if (lo > hi).any():
+        return KnapsackSolution(None, math.inf, math.inf)
+    tol = DEMAND_TOL * max(1.0, demand)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(cap > 0, cost / np.where(cap > 0, cap, 1.0), np.inf)
+    groups = _groups(half, region, ratio)
+    bound = float(cost @ lo)
+    x = lo.copy()
+    for _ in range(len(groups) + 1):
+        plans = _one_group_plans(cost, cap, x, hi, half, region, groups, demand, tol)
+        if plans:
+            best = min(plans, key=lambda y: float(cost @ y))
+            return KnapsackSolution(best, float(cost @ best), bound)
+        # no group serves the rest alone: the one that can add the most takes all it can,
+        # at least cost, and the next round covers what is left
+        have = served(cap, half, region, x)
+        gains = []
+        for _kind, items in groups:
+            top = x.copy()
+            for idx in items:
+                top[idx] = hi[idx]
+            gains.append(served(cap, half, region, top) - have)
+        g = int(np.argmax(gains))
+        if gains[g] <= tol:
+            break
+        step = _one_group_plans(cost, cap, x, hi, half, region, [groups[g]], have + gains[g],
+                                tol)
+        if not step:
+            break
+        x = step[0]
+    return KnapsackSolution(None, math.inf, math.inf)

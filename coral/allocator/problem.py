@@ -51,11 +51,15 @@ class PlanStatus(str, Enum):
       `gap` is its proven gap. Check `AllocationPlan.meets_demand`.
     - `INFEASIBLE`: the demand cannot be met in full with this availability (proven). The plan
       is the scarcity plan: the most priority-weighted goodput, then the lowest cost at it.
+    - `FEASIBLE`: every model's demand is met, `gap` is the proven gap, above the target; the
+      search ended before the time limit since no method it has could close the rest (see the
+      plan's notes).
     """
 
     OPTIMAL = "optimal"
     TIME_LIMIT = "time_limit"
     INFEASIBLE = "infeasible"
+    FEASIBLE = "feasible"
 
     @property
     def is_ok(self) -> bool:

@@ -72,6 +72,42 @@ def _least_keys(ascending: np.ndarray, key: np.ndarray, max_states: int
 
 
 @jit
+def _merge_pareto(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray,
+                  tol: float) -> np.ndarray:
+    """The frontier of two lists each sorted by capacity: positions in their merge (a's
+    first, then b's offset by len(a)) of the states no other beats on both counts, capacity
+    ascending. Linear: a merge, then `_pareto`'s sweep from the most capacity down."""
+    na, nb = len(qa), len(qb)
+    order = np.empty(na + nb, np.int64)
+    i = j = t = 0
+    while i < na or j < nb:
+        if j >= nb or (i < na and qa[i] <= qb[j]):
+            order[t] = i
+            i += 1
+        else:
+            order[t] = na + j
+            j += 1
+        t += 1
+    keep = np.empty(na + nb, np.int64)
+    kept = 0
+    best = np.inf
+    last_q = np.inf
+    for a in range(na + nb - 1, -1, -1):
+        b = order[a]
+        q = qa[b] if b < na else qb[b - na]
+        c = ca[b] if b < na else cb[b - na]
+        if best == np.inf or c < best - tol * max(1.0, abs(best)):
+            if kept > 0 and last_q == q:
+                keep[kept - 1] = b  # same capacity, cheaper: replaces it
+            else:
+                keep[kept] = b
+                kept += 1
+            best = c
+            last_q = q
+    return keep[:kept][::-1].copy()
+
+
+@jit
 def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
              demand: float, limit: float, tol: float, pair_rate: float, pair_free: float,
              rest_rate: float, rest_free: float, max_states: int
@@ -81,7 +117,11 @@ def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     (`least_rest`) costs at most `limit`, capacity ascending. Returns (capacity, cost, and
     for rebuilding: per state its parent index in the step before, the units of that step's
     item, and the steps' offsets; and the least completion bound of the states dropped to keep
-    at most `max_states` after a step, inf when none was: no cover through them is cheaper)."""
+    at most `max_states` after a step, inf when none was: no cover through them is cheaper).
+
+    An item's units are added in binary parts (1, 2, 4, ... units, then the remainder), each
+    part a 0/1 choice: the frontier with and without it are two lists sorted by capacity,
+    merged in linear time, where adding 0..k units at once would sort k + 1 shifted copies."""
     n = len(cost)
     q0 = 0.0
     c0 = 0.0
@@ -108,52 +148,87 @@ def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     parts_k = []
     for i in range(n):
         free = hi[i] - lo[i]
-        s = len(q)
         if free > 0 and cap[i] > 0 and q0 < demand - tol:
             most = min(free, int(math.ceil((demand - q0) / cap[i] - 1e-12)))
         else:
             most = 0
-        m = s * (most + 1)
-        grow_rate = min(rest_rate, after[i + 1])
-        cq = np.empty(m)
-        cc = np.empty(m)
-        cp = np.empty(m, np.int64)
-        ck = np.empty(m, np.int64)
-        t = 0
-        for j in range(s):
-            for k in range(most + 1):
-                cost_k = c[j] + k * cost[i]
-                if cost_k > limit:
-                    break
-                cap_k = q[j] + k * cap[i]
-                if cap_k >= demand - tol:
-                    cap_k = demand
-                if cost_k + least_rest(cap_k, demand, pair_rate, pair_free, grow_rate,
-                                        rest_free) > limit:
+        # this item's states: parent in the last item's frontier, units of this item so far
+        par = np.arange(len(q))
+        kk = np.zeros(len(q), np.int64)
+        done = 0
+        unit = 1  # parts 1, 2, 4, ... then the remainder: every count 0..most is a sum
+        while True:
+            part = min(unit, most - done)
+            unit *= 2
+            last = done + part >= most
+            grow_rate = min(rest_rate, after[i + 1] if last else after[i])
+            s = len(q)
+            # without the part: the states kept whose completion is still within the limit
+            qa = np.empty(s)
+            ca = np.empty(s)
+            pa = np.empty(s, np.int64)
+            ka = np.empty(s, np.int64)
+            ta = 0
+            for j in range(s):
+                if c[j] + least_rest(q[j], demand, pair_rate, pair_free, grow_rate,
+                                     rest_free) > limit:
                     continue
-                cq[t] = cap_k
-                cc[t] = cost_k
-                cp[t] = j
-                ck[t] = k
-                t += 1
-                if cap_k >= demand:
-                    break
-        ascending = _pareto(cq, cc, t, tol)
-        kept = len(ascending)
-        if kept > max_states:  # keep the states of least completion bound
-            key = np.empty(kept)
+                qa[ta] = q[j]
+                ca[ta] = c[j]
+                pa[ta] = par[j]
+                ka[ta] = kk[j]
+                ta += 1
+            # with it
+            qb = np.empty(s)
+            cb = np.empty(s)
+            pb = np.empty(s, np.int64)
+            kb = np.empty(s, np.int64)
+            tb = 0
+            if part > 0:
+                for j in range(s):
+                    if q[j] >= demand:
+                        continue
+                    cost_k = c[j] + part * cost[i]
+                    if cost_k > limit:
+                        continue
+                    cap_k = q[j] + part * cap[i]
+                    if cap_k >= demand - tol:
+                        cap_k = demand
+                    if cost_k + least_rest(cap_k, demand, pair_rate, pair_free, grow_rate,
+                                            rest_free) > limit:
+                        continue
+                    qb[tb] = cap_k
+                    cb[tb] = cost_k
+                    pb[tb] = par[j]
+                    kb[tb] = kk[j] + part
+                    tb += 1
+            ascending = _merge_pareto(qa[:ta], ca[:ta], qb[:tb], cb[:tb], tol)
+            kept = len(ascending)
+            q = np.empty(kept)
+            c = np.empty(kept)
+            par = np.empty(kept, np.int64)
+            kk = np.empty(kept, np.int64)
             for a in range(kept):
                 b = ascending[a]
-                key[a] = cc[b] + least_rest(cq[b], demand, pair_rate, pair_free, grow_rate,
-                                            rest_free)
-            ascending, cut = _least_keys(ascending, key, max_states)
-            dropped = min(dropped, cut)
-            kept = max_states
-        q = cq[ascending]
-        c = cc[ascending]
-        parts_par.append(cp[ascending])
-        parts_k.append(ck[ascending])
-        offsets[i + 1] = offsets[i] + kept
+                if b < ta:
+                    q[a], c[a], par[a], kk[a] = qa[b], ca[b], pa[b], ka[b]
+                else:
+                    b -= ta
+                    q[a], c[a], par[a], kk[a] = qb[b], cb[b], pb[b], kb[b]
+            if kept > max_states:  # keep the states of least completion bound
+                key = np.empty(kept)
+                for a in range(kept):
+                    key[a] = c[a] + least_rest(q[a], demand, pair_rate, pair_free, grow_rate,
+                                               rest_free)
+                chosen, cut = _least_keys(np.arange(kept), key, max_states)
+                dropped = min(dropped, cut)
+                q, c, par, kk = q[chosen], c[chosen], par[chosen], kk[chosen]
+            done += part
+            if last:
+                break
+        parts_par.append(par)
+        parts_k.append(kk)
+        offsets[i + 1] = offsets[i] + len(q)
     total = offsets[n]
     hist_par = np.empty(total, np.int64)
     hist_k = np.empty(total, np.int64)

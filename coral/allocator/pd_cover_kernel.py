@@ -72,42 +72,6 @@ def _least_keys(ascending: np.ndarray, key: np.ndarray, max_states: int
 
 
 @jit
-def _merge_pareto(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray,
-                  tol: float) -> np.ndarray:
-    """The frontier of two lists each sorted by capacity: positions in their merge (a's
-    first, then b's offset by len(a)) of the states no other beats on both counts, capacity
-    ascending. Linear: a merge, then `_pareto`'s sweep from the most capacity down."""
-    na, nb = len(qa), len(qb)
-    order = np.empty(na + nb, np.int64)
-    i = j = t = 0
-    while i < na or j < nb:
-        if j >= nb or (i < na and qa[i] <= qb[j]):
-            order[t] = i
-            i += 1
-        else:
-            order[t] = na + j
-            j += 1
-        t += 1
-    keep = np.empty(na + nb, np.int64)
-    kept = 0
-    best = np.inf
-    last_q = np.inf
-    for a in range(na + nb - 1, -1, -1):
-        b = order[a]
-        q = qa[b] if b < na else qb[b - na]
-        c = ca[b] if b < na else cb[b - na]
-        if best == np.inf or c < best - tol * max(1.0, abs(best)):
-            if kept > 0 and last_q == q:
-                keep[kept - 1] = b  # same capacity, cheaper: replaces it
-            else:
-                keep[kept] = b
-                kept += 1
-            best = c
-            last_q = q
-    return keep[:kept][::-1].copy()
-
-
-@jit
 def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
              demand: float, limit: float, tol: float, pair_rate: float, pair_free: float,
              rest_rate: float, rest_free: float, max_states: int
@@ -121,7 +85,8 @@ def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 
     An item's units are added in binary parts (1, 2, 4, ... units, then the remainder), each
     part a 0/1 choice: the frontier with and without it are two lists sorted by capacity,
-    merged in linear time, where adding 0..k units at once would sort k + 1 shifted copies."""
+    swept together in linear time, where adding 0..k units at once would sort k + 1 shifted
+    copies."""
     n = len(cost)
     q0 = 0.0
     c0 = 0.0
@@ -163,58 +128,59 @@ def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
             last = done + part >= most
             grow_rate = min(rest_rate, after[i + 1] if last else after[i])
             s = len(q)
-            # without the part: the states kept whose completion is still within the limit
-            qa = np.empty(s)
-            ca = np.empty(s)
-            pa = np.empty(s, np.int64)
-            ka = np.empty(s, np.int64)
-            ta = 0
-            for j in range(s):
-                if c[j] + least_rest(q[j], demand, pair_rate, pair_free, grow_rate,
-                                     rest_free) > limit:
-                    continue
-                qa[ta] = q[j]
-                ca[ta] = c[j]
-                pa[ta] = par[j]
-                ka[ta] = kk[j]
-                ta += 1
-            # with it
-            qb = np.empty(s)
-            cb = np.empty(s)
-            pb = np.empty(s, np.int64)
-            kb = np.empty(s, np.int64)
-            tb = 0
-            if part > 0:
-                for j in range(s):
-                    if q[j] >= demand:
-                        continue
-                    cost_k = c[j] + part * cost[i]
-                    if cost_k > limit:
-                        continue
-                    cap_k = q[j] + part * cap[i]
-                    if cap_k >= demand - tol:
-                        cap_k = demand
-                    if cost_k + least_rest(cap_k, demand, pair_rate, pair_free, grow_rate,
-                                            rest_free) > limit:
-                        continue
-                    qb[tb] = cap_k
-                    cb[tb] = cost_k
-                    pb[tb] = par[j]
-                    kb[tb] = kk[j] + part
-                    tb += 1
-            ascending = _merge_pareto(qa[:ta], ca[:ta], qb[:tb], cb[:tb], tol)
-            kept = len(ascending)
-            q = np.empty(kept)
-            c = np.empty(kept)
-            par = np.empty(kept, np.int64)
-            kk = np.empty(kept, np.int64)
-            for a in range(kept):
-                b = ascending[a]
-                if b < ta:
-                    q[a], c[a], par[a], kk[a] = qa[b], ca[b], pa[b], ka[b]
+            # the frontier of the states without the part and with it, both sorted by
+            # capacity: a sweep from the most capacity down over the two at once keeps each
+            # state cheaper than every state above it, written from the end of the buffers
+            m = 2 * s
+            nq = np.empty(m)
+            nc = np.empty(m)
+            npar = np.empty(m, np.int64)
+            nk = np.empty(m, np.int64)
+            w = m  # states kept so far: nq[w:], capacity ascending
+            best = np.inf
+            add_q = part * cap[i]
+            add_c = part * cost[i]
+            ja = s - 1
+            jb = s - 1 if part > 0 else -1
+            qa_j = ca_j = qb_j = cb_j = 0.0
+            have_a = have_b = False
+            while True:
+                while not have_a and ja >= 0:  # next state without the part, if kept
+                    qa_j, ca_j = q[ja], c[ja]
+                    if ca_j + least_rest(qa_j, demand, pair_rate, pair_free, grow_rate,
+                                         rest_free) <= limit:
+                        have_a = True
+                    else:
+                        ja -= 1
+                while not have_b and jb >= 0:  # next state with it, if kept
+                    if q[jb] < demand and c[jb] + add_c <= limit:
+                        qb_j = q[jb] + add_q
+                        if qb_j >= demand - tol:
+                            qb_j = demand
+                        cb_j = c[jb] + add_c
+                        if cb_j + least_rest(qb_j, demand, pair_rate, pair_free, grow_rate,
+                                             rest_free) <= limit:
+                            have_b = True
+                            continue
+                    jb -= 1
+                if not have_a and not have_b:
+                    break
+                if have_b and (not have_a or qb_j >= qa_j):
+                    qx, cx, px, kx = qb_j, cb_j, par[jb], kk[jb] + part
+                    have_b = False
+                    jb -= 1
                 else:
-                    b -= ta
-                    q[a], c[a], par[a], kk[a] = qb[b], cb[b], pb[b], kb[b]
+                    qx, cx, px, kx = qa_j, ca_j, par[ja], kk[ja]
+                    have_a = False
+                    ja -= 1
+                if best == np.inf or cx < best - tol * max(1.0, abs(best)):
+                    if w < m and nq[w] == qx:
+                        w += 1  # same capacity, cheaper: replaces it
+                    w -= 1
+                    nq[w], nc[w], npar[w], nk[w] = qx, cx, px, kx
+                    best = cx
+            q, c, par, kk = nq[w:], nc[w:], npar[w:], nk[w:]
+            kept = m - w
             if kept > max_states:  # keep the states of least completion bound
                 key = np.empty(kept)
                 for a in range(kept):

@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from test_allocator_scarcity import _internals
+from test_allocator_scarcity import _bounds_hold, _internals
 from test_allocator_support import column
 
 from coral.allocator import AllocationProblem, ModelDemand, PlanStatus, ilp
@@ -19,7 +19,8 @@ NODES = ("g1", "g2", "g3")
 REGIONS = ("r1", "r2")
 
 
-def pd_problem(seed: int, *, mip_gap: float) -> AllocationProblem:
+def pd_problem(seed: int, *, mip_gap: float, nodes_per_type: tuple[int, int] = (3, 9)
+               ) -> AllocationProblem:
     rng = random.Random(seed)
     node_price = {(g, r): round(rng.uniform(0.5, 4.0), 2) for g in NODES for r in REGIONS}
     templates = []
@@ -39,7 +40,7 @@ def pd_problem(seed: int, *, mip_gap: float) -> AllocationProblem:
                 continue
             capacity = round(per_node * sum(nodes.values()) * rng.uniform(0.7, 1.3), 2)
             templates.append(column(f"{m}-t{i}", m, nodes, capacity, prices, mode=mode))
-    availability = {(g, r): rng.randint(3, 9) for g in NODES for r in REGIONS}
+    availability = {(g, r): rng.randint(*nodes_per_type) for g in NODES for r in REGIONS}
     current = {(t.id, r): 1 for t in templates for r in t.price_usd_per_hour
                if rng.random() < 0.15}
     return AllocationProblem(demands=tuple(demands), templates=tuple(templates),
@@ -74,6 +75,25 @@ def test_large_pd_models_go_to_highs_from_a_rounded_plan(seed: int, monkeypatch)
         assert any("HiGHS from a rounded LP plan" in n for n in plan.notes)
         assert any(n.startswith("rounded LP plan") for n in plan.notes)
         assert plan.objective == pytest.approx(reference.objective, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pd_scarcity_matches_highs_within_the_gap(seed: int) -> None:
+    """Scarcity with PD models by the decomposition's path (LP bound, heuristic plan, HiGHS
+    near them) against HiGHS on the whole ILP: each one's proven bounds hold for the other's
+    plan."""
+    gap = 0.005
+    problem = pd_problem(seed, mip_gap=gap, nodes_per_type=(0, 2))
+    plan = solve_allocation(problem)
+    reference = solve_allocation(problem, decompose=False)
+    assert plan.status is reference.status is PlanStatus.INFEASIBLE
+    assert any(n.startswith("scarcity phase 1") for n in plan.notes)
+    for p in (plan, reference):
+        assert p.gap <= gap + 1e-12 and p.goodput_gap <= gap + 1e-12
+        for (g, r), n in p.nodes_used.items():
+            assert n <= problem.availability.get((g, r), 0)
+    _bounds_hold(plan, reference)
+    _bounds_hold(reference, plan)
 
 
 def test_capacity_of_pd_columns_is_the_lesser_half_per_region() -> None:

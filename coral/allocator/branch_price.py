@@ -95,6 +95,8 @@ class DecomposedResult:
 
 def relative_gap(objective: float, bound: float) -> float:
     """(objective - bound) / |objective|; 0 within rounding (`ROUNDING_REL`)."""
+    if not math.isfinite(objective):
+        return math.inf
     if bound >= objective - ROUNDING_REL * max(1.0, abs(objective)):
         return 0.0
     if not math.isfinite(bound):

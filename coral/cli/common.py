@@ -14,8 +14,19 @@ from rich.console import Console
 
 from coral.catalog import Catalog, CatalogError, UnknownNameError, load_catalog
 
-console = Console()
-err_console = Console(stderr=True)
+#: Width of tables written to a file or pipe (Rich's default there, 80 columns, crops the
+#: wider plan and baseline tables); a terminal's own width, or $COLUMNS, wins.
+PIPE_WIDTH = 160
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=PIPE_WIDTH if piped else None)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 CatalogFiles = Annotated[
     list[Path] | None,

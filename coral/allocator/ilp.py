@@ -124,6 +124,11 @@ SUPPORT_GROWTH = (0, 100, 300, 1000)
 #: ILP, whose bound then holds (measured: `advanced` with real libraries, 1,044 columns, to
 #: a 0.23 % gap in 3.7 s; synthetic `advanced` PD, 15,153 columns, root cuts alone 20-36 s).
 WHOLE_ILP_MAX_COLUMNS = 5_000
+#: Share of scarcity phase 2's time HiGHS may take on the LP's and phase 1's columns before
+#: the run on every column reduced costs leave. Measured on 8 `advanced` scarce draws
+#: (benchmarks/allocator.py problems, gap 0.5%): on one draw that run took 8.6 s and left a
+#: 2.3% gap at the limit; at half the time that draw ends at 0.25%, the others as before.
+SUPPORT_SHARE = 0.5
 #: Share of scarcity phase 1's time the goodput heuristic may take.
 HEURISTIC_SHARE = 0.1
 #: Scarcity phase 1 keeps a plan once its proven gap is within this share of the gap target,
@@ -1133,7 +1138,8 @@ def _scarcity_bounded(problem: AllocationProblem, dec: Decomposition, arr: "_LpA
         # 0.25 -> 0.21 s; advanced 8.1 -> 3.4 s, largest gap 3.1 -> 0.9%
         run, x = _run_on_support(arr, v, arr.cost, col_lb, row_lb,
                                  _support(relaxed, x2, np.zeros(0, dtype=np.int64)),
-                                 cutoff=c2, time_limit_s=end - time.perf_counter(),
+                                 cutoff=c2,
+                                 time_limit_s=SUPPORT_SHARE * (end - time.perf_counter()),
                                  mip_gap=gap, threads=threads)
         if x is not None and dec.fits(x) and dec.goodput(x) >= floor - 1e-9 * max(1.0, floor) \
                 and dec.cost(x) < c2:

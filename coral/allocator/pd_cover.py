@@ -90,19 +90,12 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     # imported on first use: numba and the compiled code take a while to load
     from coral.allocator import pd_cover_kernel as _kernel
 
-    cost = np.asarray(cost, dtype=float)
-    cap = np.asarray(cap, dtype=float)
-    lo = np.asarray(lo, dtype=np.int64)
-    hi = np.asarray(hi, dtype=np.int64)
-    half = np.asarray(half, dtype=np.int64)
-    region = np.asarray(region, dtype=np.int64)
+    cost, cap, lo, hi, half, region = _arrays(cost, cap, lo, hi, half, region)
     n = len(cost)
     if (lo > hi).any():
         return KnapsackSolution(None, math.inf, math.inf)
     tol = DEMAND_TOL * max(1.0, demand)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(cap > 0, cost / np.where(cap > 0, cap, 1.0), np.inf)
-    groups = _groups(half, region, ratio)
+    groups = _groups(cost, cap, half, region)
     slack = math.inf if reward is None else max(float(reward), 0.0)
 
     def value_of(x: np.ndarray) -> float:  # cost with the shortfall bought at `slack`
@@ -305,10 +298,21 @@ def _pair(qp: np.ndarray, cp: np.ndarray, qd: np.ndarray, cd: np.ndarray, limit:
     return levels[keep], c[keep], ip[keep], idd[keep]
 
 
-def _groups(half: np.ndarray, region: np.ndarray, ratio: np.ndarray
+def _arrays(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+            half: np.ndarray, region: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The items' figures as the kernels take them: costs and capacities as floats, the rest
+    as integers."""
+    return (np.asarray(cost, dtype=float), np.asarray(cap, dtype=float),
+            *(np.asarray(a, dtype=np.int64) for a in (lo, hi, half, region)))
+
+
+def _groups(cost: np.ndarray, cap: np.ndarray, half: np.ndarray, region: np.ndarray
             ) -> list[tuple[str, tuple[np.ndarray, ...]]]:
     """The aggregated items, then each region's (prefill, decode) items; each group's items
     by cost per request/s, cheapest first (the frontier then prunes on the dearer rest)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(cap > 0, cost / np.where(cap > 0, cap, 1.0), np.inf)
+
     def by_ratio(idx: np.ndarray) -> np.ndarray:
         return idx[np.argsort(ratio[idx], kind="stable")]
 
@@ -365,18 +369,11 @@ def pd_cover_rest(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndar
     adding the most serves what it can and the next one the rest. A heuristic for models too
     large for `pd_cover`'s frontiers (its lower bound is only the cost of `lo`); it is cheap
     when `lo` already serves most of the demand, as after rounding down an LP optimum."""
-    cost = np.asarray(cost, dtype=float)
-    cap = np.asarray(cap, dtype=float)
-    lo = np.asarray(lo, dtype=np.int64)
-    hi = np.asarray(hi, dtype=np.int64)
-    half = np.asarray(half, dtype=np.int64)
-    region = np.asarray(region, dtype=np.int64)
+    cost, cap, lo, hi, half, region = _arrays(cost, cap, lo, hi, half, region)
     if (lo > hi).any():
         return KnapsackSolution(None, math.inf, math.inf)
     tol = DEMAND_TOL * max(1.0, demand)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(cap > 0, cost / np.where(cap > 0, cap, 1.0), np.inf)
-    groups = _groups(half, region, ratio)
+    groups = _groups(cost, cap, half, region)
     bound = float(cost @ lo)
     x = lo.copy()
     for _ in range(len(groups) + 1):

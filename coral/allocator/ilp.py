@@ -124,11 +124,12 @@ SUPPORT_GROWTH = (0, 100, 300, 1000)
 #: ILP, whose bound then holds (measured: `advanced` with real libraries, 1,044 columns, to
 #: a 0.23 % gap in 3.7 s; synthetic `advanced` PD, 15,153 columns, root cuts alone 20-36 s).
 WHOLE_ILP_MAX_COLUMNS = 5_000
-#: Share of scarcity phase 2's time HiGHS may take on the LP's and phase 1's columns before
-#: the run on every column reduced costs leave. Measured on the 20 `advanced` scarce draws of
+#: Share of a scarcity phase's time HiGHS may take on the columns the LP and the plan so far
+#: use, before the run on every column reduced costs leave (which brings the bound). Measured on the 20 `advanced` scarce draws of
 #: benchmarks/allocator.py (gap 0.5%), all time to it -> half: two draws whose run on these
 #: columns ran out the clock end at 0.25% instead of 2.34% and 0.87% (one with a cheaper
-#: plan), the other 18 with the same plans and gaps; median 6.9 -> 7.1 s (noise level).
+#: plan), the other 18 with the same plans and gaps; median 6.9 -> 7.1 s (noise level). Phase
+#: 1 holds its run to the same share for the same reason.
 SUPPORT_SHARE = 0.5
 #: Share of scarcity phase 1's time the goodput heuristic may take.
 HEURISTIC_SHARE = 0.1
@@ -1103,7 +1104,8 @@ def _scarcity_bounded(problem: AllocationProblem, dec: Decomposition, arr: "_LpA
         # more columns fixed below (the heuristic's PD plans are far from the bound)
         run, x = _run_on_support(arr, v, neg_goodput, col_lb, arr.row_lb,
                                  _support(relaxed, x1, np.zeros(0, dtype=np.int64)),
-                                 cutoff=f1, time_limit_s=end - time.perf_counter(),
+                                 cutoff=f1,
+                                 time_limit_s=SUPPORT_SHARE * (end - time.perf_counter()),
                                  mip_gap=gap, threads=threads)
         if x is not None and dec.fits(x) and -dec.goodput(x) < f1:
             x1, f1 = x, -dec.goodput(x)

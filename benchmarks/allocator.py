@@ -8,7 +8,8 @@ previous draw's plan as the current deployment, as the online loop does. It prin
 (size, serving mode, level): templates, template-region columns kept by presolve, solve time
 median / p95 / max, the largest proven gap, and how many plans met every demand. `--modes pd`
 plans prefill/decode deployments instead (each combination a prefill and a decode template,
-halves paired per region), as `coral plan --mode pd` (and `auto`) does.
+halves paired per region), as `coral plan --mode pd` (and `auto`) does; `--modes mixed` gives
+every combination all three templates, so each model may mix aggregated instances and PD pairs.
 
 Synthetic templates stand in for real libraries at the solver level: random node multisets
 of up to `n_max` nodes (mostly one or two node types) whose memory holds the weights and is at
@@ -161,9 +162,9 @@ def synthetic_templates(scenario: Scenario, catalog: Catalog, per_model: int, se
         for combo, rps in _superadditive(caps).items():
             counts = Counter(combo)
             tid = f"{m.name}/{'+'.join(combo)}"
-            if scenario.mode == "aggregated":
+            if scenario.mode in ("aggregated", "mixed"):
                 out.append(scenario.column(tid, m.name, "aggregated", counts, round(rps, 4)))
-            else:
+            if scenario.mode in ("pd", "mixed"):
                 # prefill is compute-bound: prompt tokens/s well above decode's share
                 prefill = rps * m.input_tokens * rng.uniform(2.0, 3.0)
                 decode = rps * m.output_tokens * rng.uniform(1.2, 1.6)
@@ -250,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", nargs="+", default=["core", "advanced"],
                     choices=["core", "advanced"])
     ap.add_argument("--levels", nargs="+", default=["abundant", "limited", "scarce"])
-    ap.add_argument("--modes", nargs="+", default=["aggregated"], choices=["aggregated", "pd"],
+    ap.add_argument("--modes", nargs="+", default=["aggregated"],
+                    choices=["aggregated", "pd", "mixed"],
                     help="serving modes of the templates (pd: prefill and decode halves, "
-                         "paired per region)")
+                         "paired per region; mixed: both, as `coral plan --mode mixed`)")
     ap.add_argument("--draws", type=int, default=20)
     ap.add_argument("--templates", type=int, default=None,
                     help="templates per model (default: 400 core, 2000 advanced)")

@@ -145,6 +145,27 @@ def test_pd_capacity_counts_the_scarcer_half() -> None:
     assert plan.instances == {("pre", "r1"): 2, ("dec", "r1"): 4}
 
 
+def test_a_model_mixes_aggregated_instances_and_pd_pairs() -> None:
+    # 3 req/s; a PD pair serves 1 req/s for $2 but only two decode nodes exist, an aggregated
+    # instance 1 req/s for $3: aggregated alone costs $9, PD alone falls short, both $7
+    demand = ModelDemand("m", 3.0, input_tokens=1000, output_tokens=100)
+    pre = column("pre", "m", {"a": 1}, 1000.0, {"r1": 1.0}, mode="prefill")
+    dec = column("dec", "m", {"b": 1}, 100.0, {"r1": 1.0}, mode="decode")
+    agg = column("agg", "m", {"c": 1}, 1.0, {"r1": 3.0})
+    avail = {("a", "r1"): 9, ("b", "r1"): 2, ("c", "r1"): 9}
+
+    def plan_of(templates):
+        return solve_allocation(_problem(templates, [demand], avail, regions=("r1",)))
+
+    assert plan_of([agg]).cost_usd_per_hour == pytest.approx(9.0)
+    assert not plan_of([pre, dec]).meets_demand
+    mixed = _problem([pre, dec, agg], [demand], avail, regions=("r1",))
+    plan = solve_allocation(mixed)
+    assert plan.meets_demand and plan.cost_usd_per_hour == pytest.approx(7.0)
+    assert plan.instances == {("pre", "r1"): 2, ("dec", "r1"): 2, ("agg", "r1"): 1}
+    assert plan.cost_usd_per_hour == pytest.approx(solve_bruteforce(mixed).cost_usd_per_hour)
+
+
 # ------------------------------------------------------------------------- scarcity
 
 
@@ -174,6 +195,19 @@ def test_scarcity_then_cheapest_at_that_goodput() -> None:
     assert plan.cost_usd_per_hour == pytest.approx(oracle.cost_usd_per_hour)
     assert plan.served_rps["a"] == pytest.approx(3.0)
     assert plan.served_rps["b"] == pytest.approx(1.0)
+
+
+def test_thread_count_can_change_between_solves() -> None:
+    # HiGHS's scheduler is global: a solve asking for another thread count than the one it
+    # started with used to fail inside HiGHS and leave the phases without a plan
+    default = solve_allocation(_scarce(priority_b=1.0))
+    for threads in (1, 2, 1):
+        plan = solve_allocation(_scarce(priority_b=1.0), threads=threads)
+        assert plan.goodput == pytest.approx(default.goodput)
+        assert plan.cost_usd_per_hour == pytest.approx(default.cost_usd_per_hour)
+        assert plan.gap <= 1e-9 and plan.goodput_gap <= 1e-9
+    with pytest.raises(ValueError, match="threads"):
+        solve_allocation(_scarce(priority_b=1.0), threads=0)
 
 
 def test_strict_mode_names_the_short_model() -> None:

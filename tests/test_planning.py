@@ -192,31 +192,36 @@ def test_plan_cli_table(setup, fake_baselines):
         assert text in result.stdout
 
 
-def test_auto_mode_plans_both_modes_and_keeps_the_better(setup):
-    """`mode: auto` plans the aggregated and the PD deployment on the same templates and keeps
-    the better (demand met, then cheaper): its cost is the lesser of the two, and its
-    instances are all of the chosen mode."""
+def test_auto_mode_plans_every_mode_and_keeps_the_best(setup):
+    """`mode: auto` plans the aggregated, the PD and the mixed deployment on the same
+    templates and keeps the best (demand met, then cheaper): its cost is the least of the
+    three; the mixed plan, which may use any of the others' instances, is within the gap of
+    the cheaper single-mode plan; and the instances are all of the chosen mode."""
     auto = setup.scenario.in_mode("auto")
     templates = templates_for_scenario(auto, setup.catalog, setup.perf,
                                        out_root=setup.templates_dir, workers=1)
     alone = {m: plan_scenario(auto.in_mode(m), catalog=setup.catalog, perf=setup.perf,
-                              templates=templates, baselines=False) for m in ("aggregated", "pd")}
+                              templates=templates, baselines=False)
+             for m in ("aggregated", "pd", "mixed")}
     result = plan_scenario(auto, catalog=setup.catalog, perf=setup.perf, templates=templates,
                            baselines=False)
     assert all(r.plan.meets_demand for r in alone.values())
+    single = min(alone["aggregated"].cost_per_hour, alone["pd"].cost_per_hour)
+    assert alone["mixed"].cost_per_hour <= single * (1 + alone["mixed"].gap) + 1e-9
     best = min(alone, key=lambda m: alone[m].cost_per_hour)
     assert result.mode == best and result.to_dict()["mode"] == best
     assert result.cost_per_hour == pytest.approx(alone[best].cost_per_hour)
-    wanted = {"aggregated"} if best == "aggregated" else {"prefill", "decode"}
-    assert {i.mode for i in result.instances} == wanted
-    assert any(n.startswith("mode auto: aggregated $") and n.endswith(f"-> {best}")
-               for n in result.notes)
+    wanted = {"aggregated": {"aggregated"}, "pd": {"prefill", "decode"},
+              "mixed": {"aggregated", "prefill", "decode"}}[best]
+    assert {i.mode for i in result.instances} <= wanted
+    assert any(n.startswith("mode auto: aggregated $") and "; mixed $" in n
+               and n.endswith(f"-> {best}") for n in result.notes)
 
 
 def test_plan_cli_refuses_an_unknown_mode(setup):
     result = runner.invoke(app, ["plan", str(setup.scenario_path), "--mode", "hybrid",
                                  "--templates-dir", str(setup.templates_dir)])
-    assert result.exit_code == 2 and "--mode must be one of aggregated, pd, auto" in result.output
+    assert result.exit_code == 2 and "--mode must be one of aggregated, pd, mixed, auto" in result.output
 
 
 def test_missing_baselines_leave_a_note(setup, monkeypatch):

@@ -297,13 +297,28 @@ def test_deployments_that_cannot_be_paired_are_refused(cat, perf):
               spec("d", "decode", "b", [("1x-l40s", 0, 32, 64, 1.0)])]
     with pytest.raises(DeploymentError, match="no decode instance .* region 'a'"):
         Simulator(lonely, perf=perf, catalog=cat)
-    mixed = [spec("p", "prefill", "", [("1x-l40s", 0, 32, 4096, 1.0)]),
-             spec("d", "decode", "", [("1x-l40s", 0, 32, 64, 1.0)]),
-             spec("x", "aggregated", "", [("1x-l40s", 0, 32, 64, 1.0)])]
-    with pytest.raises(DeploymentError, match="both aggregated and"):
-        Simulator(mixed, perf=perf, catalog=cat)
+    unfed = [spec("x", "aggregated", "", [("1x-l40s", 0, 32, 64, 1.0)]),
+             spec("d", "decode", "", [("1x-l40s", 0, 32, 64, 1.0)])]
+    with pytest.raises(DeploymentError, match="decode instances but no prefill"):
+        Simulator(unfed, perf=perf, catalog=cat)
     with pytest.raises(DeploymentError, match="role must be one of"):
         spec("y", "prompt", "", [("1x-l40s", 0, 32, 64, 1.0)])
+
+
+def test_a_mixed_deployment_routes_by_planned_rates_and_pairs_only_pd_requests(cat, perf):
+    """A model with an aggregated instance beside a PD pair (a `mixed` plan): arrivals split
+    by planned requests/s (the pair's prefill weight capped by its decode half's), requests of
+    the aggregated instance never reach the decode instance, those of the pair all do."""
+    insts = [spec("x", "aggregated", "a", [("1x-l40s", 0, 32, 128, 1.0)], 3.0),
+             spec("p", "prefill", "a", [("1x-l40s", 0, 32, 4096, 1.0)], 2.0),
+             spec("d", "decode", "a", [("1x-l40s", 0, 32, 128, 1.0)], 1.0)]
+    sim = Simulator(insts, perf=perf, catalog=cat)
+    assert sim.routers[MODEL].weights == [3.0, 1.0]
+    res = sim.run([Request(k, MODEL, 10.0 * k, 64, 4) for k in range(100)])
+    assert all(r.status == "done" for r in res.requests)
+    assert Counter(r.instance for r in res.requests) == {"x": 75, "p": 25}
+    assert {r.decode_instance for r in res.requests if r.instance == "p"} == {"d"}
+    assert {r.decode_instance for r in res.requests if r.instance == "x"} == {""}
 
 
 def test_a_prompt_no_decode_cache_holds_is_rejected_there(cat, perf):

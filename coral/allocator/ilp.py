@@ -75,7 +75,7 @@ from typing import Iterator, Mapping, Sequence
 
 import highspy
 
-from coral.solvers import quiet_highs
+from coral.solvers import quiet_highs, set_threads
 import numpy as np
 
 from coral.allocator.branch_price import (
@@ -767,15 +767,17 @@ def _run_highs(lp_in: highspy.HighsLp, *, time_limit_s: float, mip_gap: float,
     # Feasibility jump costs more than it finds on these covering problems (measured with
     # benchmarks/allocator.py: 0.9 s -> 0.3 s on a core-size problem, same optimum).
     h.setOptionValue("mip_heuristic_run_feasibility_jump", False)
-    if threads is not None:
-        h.setOptionValue("threads", int(threads))
+    set_threads(h, threads)
     if math.isfinite(cutoff):
         h.setOptionValue("objective_bound", float(cutoff))
     if math.isfinite(target):
         h.setOptionValue("objective_target", float(target))
     h.passModel(lp_in)
-    h.run()
+    outcome = h.run()
     status = h.getModelStatus()
+    if outcome == highspy.HighsStatus.kError and status == highspy.HighsModelStatus.kNotset:
+        raise RuntimeError("HiGHS did not run the allocation MILP (it rejected its options "
+                           "or model)")
     info = h.getInfo()
     has_sol = info.primal_solution_status == 2  # kSolutionStatusFeasible
     infeasible = status in (highspy.HighsModelStatus.kInfeasible,

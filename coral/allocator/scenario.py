@@ -5,7 +5,7 @@ A scenario file is YAML, validated by `ScenarioSpec` (unknown fields are errors)
 ```yaml
 name: core
 description: ...
-mode: aggregated            # or pd (prefill/decode disaggregated), or auto (plan both, keep the better)
+mode: aggregated            # or pd (prefill/decode disaggregated), mixed (both, per model), or auto (plan each, keep the best)
 n_max: 6                    # template size limits used to build the template libraries
 rho: 12
 startup_s: 300              # seconds a new instance loads weights before it serves
@@ -72,14 +72,17 @@ from coral.allocator.problem import (
 from coral.catalog import Catalog, default_catalog
 
 SCENARIO_SCHEMA_VERSION = 1
-ScenarioMode = Literal["aggregated", "pd", "auto"]
+ScenarioMode = Literal["aggregated", "pd", "mixed", "auto"]
 _TEMPLATE_MODES: dict[str, tuple[Mode, ...]] = {
     "aggregated": ("aggregated",),
     "pd": ("prefill", "decode"),
+    # each model may run aggregated instances beside prefill/decode pairs
+    "mixed": ("aggregated", "prefill", "decode"),
     "auto": ("aggregated", "prefill", "decode"),
 }
-#: The serving modes `auto` plans in, in this order (ties keep the first).
-AUTO_MODES: tuple[ScenarioMode, ...] = ("aggregated", "pd")
+#: The serving modes `auto` plans in, in this order (ties keep the first). `mixed` holds every
+#: plan of the other two, but a solve that stops at its time limit may end above them.
+AUTO_MODES: tuple[ScenarioMode, ...] = ("aggregated", "pd", "mixed")
 
 
 class ScenarioError(ValueError):

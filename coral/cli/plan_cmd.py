@@ -31,10 +31,10 @@ from coral.cli.common import (
 #: baselines). 3 is the largest that stays well under three minutes.
 DEMO_NMAX = 3
 DEMO_SCENARIO = "core"
-#: The demo plans both serving modes and keeps the better plan.
+#: The demo plans every serving mode and keeps the best plan.
 DEMO_MODE = "auto"
 #: Serving modes `--mode` takes (`coral.allocator.scenario.ScenarioMode`).
-MODES = ("aggregated", "pd", "auto")
+MODES = ("aggregated", "pd", "mixed", "auto")
 
 LevelOpt = Annotated[Optional[str], typer.Option(
     "--level", "-l", help="Availability level of the scenario (default: the scenario's).")]
@@ -250,8 +250,9 @@ def plan(
     baselines: BaselinesOpt = True,
     progress: ProgressOpt = None,
     mode: Annotated[Optional[str], typer.Option(
-        "--mode", help="Serving mode: aggregated, pd (prefill/decode disaggregated) or auto "
-        "(plan both, keep the better) (default: the scenario's).")] = None,
+        "--mode", help="Serving mode: aggregated, pd (prefill/decode disaggregated), mixed "
+        "(each model may run both side by side) or auto (plan each, keep the best) (default: "
+        "the scenario's).")] = None,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:
@@ -285,7 +286,8 @@ def demo(
     time_limit: TimeLimitOpt = 10.0,
     progress: ProgressOpt = None,
     mode: Annotated[str, typer.Option(
-        "--mode", help="Serving mode: aggregated, pd or auto (plan both, keep the better)."
+        "--mode", help="Serving mode: aggregated, pd, mixed or auto (plan each, keep the "
+        "best)."
     )] = DEMO_MODE,
     json: JsonFlag = False,
 ) -> None:

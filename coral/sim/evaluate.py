@@ -43,8 +43,8 @@ class EvalConfig:
     # Long enough for an overloaded instance's queue to show in TTFT (a short run from an
     # empty system hides it).
     sim_seconds: float = 600.0
-    # Serving mode Coral plans the cost and goodput sections in: `auto` plans aggregated and
-    # PD and keeps the better (the other sections keep each scenario's own mode).
+    # Serving mode Coral plans the cost and goodput sections in: `auto` plans aggregated, PD
+    # and mixed and keeps the best (the other sections keep each scenario's own mode).
     coral_mode: str = "auto"
     goodput_scenario: str = "core"
     levels: tuple[str, ...] = ("abundant", "limited", "scarce")
@@ -228,8 +228,8 @@ def section_cost(ctx: _Ctx, head: dict[str, Any]) -> Section:
         "baseline on the same templates, prices and availability. Coral's plan at 1x is then "
         f"simulated for {cfg.sim_seconds:g} s of Poisson arrivals at the scenario's demand "
         "(fixed request shapes from the SLOs). Coral plans in serving mode "
-        f"`{cfg.coral_mode}`" + (" (aggregated and prefill/decode-disaggregated, the better "
-                                 "kept)" if cfg.coral_mode == "auto" else "") + ".")
+        f"`{cfg.coral_mode}`" + (" (aggregated, prefill/decode-disaggregated and mixed, the "
+                                 "best kept)" if cfg.coral_mode == "auto" else "") + ".")
     sec.body.append("")
     sec.body.append("Approximate: costs come from catalog list prices and capacities from the "
                     "performance model (not measured GPUs); the simulation is the project's "

@@ -289,9 +289,11 @@ def wire(instances: Sequence[_Instance], routers: dict[str, _Router],
     """Connect a deployment's PD halves: one decode router per (model, region), given to the
     prefill instances of that model and region, with the KV bytes per token and the NIC
     speeds that the transfers take; and the weights of the models' prefill `routers` scaled
-    by what their regions serve paired (see the module docstring). Raises `DeploymentError`
-    when a model mixes aggregated and PD instances, or when prefill instances have no decode
-    instance in their region."""
+    by what their regions serve paired (see the module docstring). A model may also run
+    aggregated instances (a `mixed` plan): its router holds them beside its prefill
+    instances, each at its planned requests/s, and only the prefill weights are scaled.
+    Raises `DeploymentError` when prefill instances have no decode instance in their region,
+    or decode instances no prefill instance."""
     roles: dict[str, set[str]] = {}
     decode: dict[tuple[str, str], list[_Instance]] = {}
     for inst in instances:
@@ -300,10 +302,9 @@ def wire(instances: Sequence[_Instance], routers: dict[str, _Router],
         if spec.role == "decode":
             decode.setdefault((spec.model, spec.region), []).append(inst)
     for model, rs in sorted(roles.items()):
-        if "aggregated" in rs and len(rs) > 1:
+        if "decode" in rs and "prefill" not in rs:
             raise DeploymentError(
-                f"model {model} has both aggregated and {'/'.join(sorted(rs - {'aggregated'}))}"
-                " instances; a model is served either aggregated or disaggregated")
+                f"model {model} has decode instances but no prefill instance to feed them")
     decode_routers = {key: _Router(v) for key, v in sorted(decode.items())}
     kv_bytes = {m: kv_bytes_per_token(catalog.model(m)) for m, rs in roles.items()
                 if "prefill" in rs}
@@ -326,13 +327,15 @@ def wire(instances: Sequence[_Instance], routers: dict[str, _Router],
 
 
 def _pair_weights(router: _Router, decode_routers: Mapping[tuple[str, str], _Router]) -> None:
-    """Scale a model's prefill weights by `min(1, decode / prefill capacity)` of their region."""
+    """Scale a model's prefill weights by `min(1, decode / prefill capacity)` of their region
+    (its aggregated instances keep theirs)."""
     prefill: dict[str, float] = {}
     for inst, w in zip(router.insts, router.weights):
-        prefill[inst.spec.region] = prefill.get(inst.spec.region, 0.0) + w
+        if inst.spec.role == "prefill":
+            prefill[inst.spec.region] = prefill.get(inst.spec.region, 0.0) + w
     scale = {}
     for region, total in prefill.items():
         dec = sum(decode_routers[(router.insts[0].spec.model, region)].weights)
         scale[region] = min(1.0, dec / total) if total > 0 else 1.0
-    router.weights = [max(w * scale[i.spec.region], 1e-12)
+    router.weights = [max(w * scale[i.spec.region], 1e-12) if i.spec.role == "prefill" else w
                       for i, w in zip(router.insts, router.weights)]

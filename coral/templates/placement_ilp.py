@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import highspy
 
-from coral.solvers import quiet_highs
+from coral.solvers import quiet_highs, set_threads
 import numpy as np
 
 from coral.templates.types import (
@@ -589,8 +589,7 @@ class _MilpBase:
                                                  0.01)))
         h.setOptionValue("mip_rel_gap", 1e-9)
         h.setOptionValue("mip_abs_gap", 1e-10)
-        if threads is not None:
-            h.setOptionValue("threads", int(threads))
+        set_threads(h, threads)
         if self.presolve_off_above is not None and self.stats.integers > self.presolve_off_above:
             # measured: on L = 80 models HiGHS's presolve (and the presolve of its sub-MIPs)
             # takes most of the root time without reducing much; on small ones it pays off

@@ -550,10 +550,10 @@ def _served_share(plan: AllocationPlan) -> float:
 
 
 def _plan_rank(plan: AllocationPlan) -> tuple[float, float, float]:
-    """The better of two plans of one scenario: the one meeting demand, then the one serving
-    more requests, then the cheaper."""
-    goodput = sum(plan.served_rps.values())
-    return (0.0 if plan.meets_demand else 1.0, -round(goodput, 9), plan.cost_usd_per_hour)
+    """The better of two plans of one scenario: the one meeting demand, then the one of more
+    priority-weighted goodput (what the allocator maximises under scarcity), then the
+    cheaper."""
+    return (0.0 if plan.meets_demand else 1.0, -round(plan.goodput, 9), plan.cost_usd_per_hour)
 
 
 def _run_baselines(scenario: Scenario, templates: Mapping[str, Sequence[Template]],

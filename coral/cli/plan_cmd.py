@@ -46,7 +46,8 @@ WorkersOpt = Annotated[Optional[int], typer.Option(
 TemplatesDirOpt = Annotated[Path, typer.Option(
     "--templates-dir", help="Root of the template libraries (reused when inputs match).")]
 TimeLimitOpt = Annotated[float, typer.Option(
-    "--time-limit", help="Time limit of one allocation solve, seconds.")]
+    "--time-limit", help="Time limit of one allocation solve, seconds (mode auto solves "
+    "each of its three modes within it).")]
 ProgressOpt = Annotated[Optional[bool], typer.Option(
     "--progress/--no-progress", help="Progress bars on stderr (default: when a terminal).")]
 BaselinesOpt = Annotated[bool, typer.Option(

@@ -162,8 +162,14 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
                       f"asks for {result.scenario_nmax}); larger combinations were not "
                       "considered.", highlight=False)
 
-    width = max((len(i.model) + (0 if i.mode == "aggregated" else len(i.mode) + 3)
-                 for i in result.instances), default=5)
+    # a model's aggregated instances are named as such where it also runs PD pairs (mixed)
+    disaggregated = {i.model for i in result.instances if i.mode != "aggregated"}
+
+    def label(i: Any) -> str:
+        return i.model if i.mode == "aggregated" and i.model not in disaggregated \
+            else f"{i.model} ({i.mode})"
+
+    width = max((len(label(i)) for i in result.instances), default=5)
     for region, insts in result.by_region().items():
         table = Table(title=f"{region}: ${sum(i.usd_per_hour * i.count for i in insts):,.2f}"
                       "/hour", title_justify="left")
@@ -173,8 +179,7 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
         for col in ("req/s each", "load", "$/hour each", "$/hour"):
             table.add_column(col, justify="right")
         for i in insts:
-            model = i.model if i.mode == "aggregated" else f"{i.model} ({i.mode})"
-            table.add_row(escape(model), str(i.count), escape(_stages(i)),
+            table.add_row(escape(label(i)), str(i.count), escape(_stages(i)),
                           f"{i.capacity_rps:.2f}", _pct(i.utilisation), f"{i.usd_per_hour:.2f}",
                           f"{i.usd_per_hour * i.count:,.2f}")
         console.print(table)

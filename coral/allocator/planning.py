@@ -35,8 +35,10 @@ from coral.allocator.ilp import infeasibility_message, solve_allocation
 from coral.allocator.problem import AllocationPlan, TemplateColumn, TemplateRegion
 from coral.allocator.scenario import AUTO_MODES, Scenario
 from coral.catalog.loader import Catalog
-from coral.templates.build import BuildReport, Template, build_library
-from coral.templates.operating_points import PerfLike, shared_tables
+from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
+from coral.templates.build import BuildReport, Template, build_library, build_template
+from coral.templates.homogeneous import homogeneous_combos, homogeneous_completions
+from coral.templates.operating_points import DEFAULT_BATCHES, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
 
 log = logging.getLogger(__name__)
@@ -150,6 +152,9 @@ def templates_for_scenario(
     if n < 1:
         raise ValueError(f"nmax must be >= 1, got {n}")
     regions = _build_regions(scenario)
+    topology = build_options.get("topology", "flow")
+    tables = shared_tables(perf, catalog, build_options.get("batches", DEFAULT_BATCHES))
+    time_limit_s = build_options.get("time_limit_s", DEFAULT_PLACEMENT_TIME_LIMIT_S)
     by_model: dict[str, tuple[Template, ...]] = {}
     reports: list[BuildReport] = []
     dirs: dict[str, str] = {}
@@ -164,6 +169,15 @@ def templates_for_scenario(
                 perf=perf, progress=progress, on_message=on_message, **build_options,
             )
             kept_all.extend(kept)
+            # the k x g combinations the library dropped by throughput: one instance pools
+            # its queue, so it may plan above its parts (see `coral.templates.homogeneous`)
+            useful = [g for g in scenario.node_types if g not in report.excluded_node_types]
+            combos = homogeneous_combos(m.name, catalog, slo, mode, node_types=useful, n_max=n,
+                                        rho=scenario.spec.rho,
+                                        memory_reserve=tables.memory_reserve)
+            kept_all.extend(homogeneous_completions(kept, combos, lambda c, mode=mode: (
+                build_template(m.name, c, slo, mode, topology, perf, catalog, tables=tables,
+                               time_limit_s=time_limit_s, solver=build_options.get("solver")))))
             reports.append(report)
             if out is not None:
                 dirs[f"{m.name}/{mode}"] = str(out)

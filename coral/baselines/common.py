@@ -26,7 +26,8 @@ from coral.allocator.problem import (
 from coral.allocator.scenario import Scenario, ScenarioModel
 from coral.catalog.loader import Catalog
 from coral.templates.build import DEFAULT_TIME_LIMIT_S, Solver, Template, build_template
-from coral.templates.enumerate import Combo, enumerate_combinations
+from coral.templates.enumerate import Combo
+from coral.templates.homogeneous import homogeneous_combos
 from coral.templates.operating_points import OperatingPointTables, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
 from coral.templates.types import Mode, Topology
@@ -299,15 +300,8 @@ class TemplateBuilder:
         rho: float,
     ) -> list[Combo]:
         """`k` copies of one node type, `k <= n_max`, that Coral's enumeration would keep
-        (the weights plus one request fit; total memory at most `rho` x the weights)."""
+        (`coral.templates.homogeneous.homogeneous_combos`)."""
         assert self.tables is not None
-        min_kv = slo.input_tokens + (slo.output_tokens if mode != "prefill" else 0)
-        out: list[Combo] = []
-        for g in node_types:
-            enum = enumerate_combinations(
-                model, self.catalog, nmax=n_max, rho=rho, node_types=[g],
-                min_kv_tokens=min_kv, memory_reserve=self.tables.memory_reserve,
-                require_common_region=False,
-            )
-            out.extend(enum.combos)
-        return sorted(set(out), key=lambda c: (c[0], len(c)))
+        return homogeneous_combos(model, self.catalog, slo, mode, node_types=node_types,
+                                  n_max=n_max, rho=rho,
+                                  memory_reserve=self.tables.memory_reserve)

@@ -1163,8 +1163,7 @@ def _scarcity_bounded(problem: AllocationProblem, dec: Decomposition, arr: "_LpA
                                  cutoff=c2,
                                  time_limit_s=SUPPORT_SHARE * (end - time.perf_counter()),
                                  mip_gap=gap, threads=threads)
-        if x is not None and dec.fits(x) and dec.goodput(x) >= floor - 1e-9 * max(1.0, floor) \
-                and dec.cost(x) < c2:
+        if _cheaper_at_floor(dec, x, floor, c2):
             x2, c2 = x, dec.cost(x)
             how = "HiGHS on the LP's and phase 1's columns, LP bound"
         if len(v.x) >= PHASE2_GROWTH_MIN_COLUMNS and relaxed.col_dual is not None:
@@ -1178,8 +1177,7 @@ def _scarcity_bounded(problem: AllocationProblem, dec: Decomposition, arr: "_LpA
                     _support(relaxed, x2, cheapest[:int(share * len(v.x))]),
                     cutoff=c2, time_limit_s=GROWTH_TIME_SHARE * (end - time.perf_counter()),
                     mip_gap=gap, threads=threads, target=bound2 / (1.0 - gap * _INSIDE))
-                if x is not None and dec.fits(x) \
-                        and dec.goodput(x) >= floor - 1e-9 * max(1.0, floor) and dec.cost(x) < c2:
+                if _cheaper_at_floor(dec, x, floor, c2):
                     x2, c2 = x, dec.cost(x)
                     how = (f"HiGHS on the LP's and phase 1's columns and {share:.0%} more, "
                            "LP bound")
@@ -1193,13 +1191,19 @@ def _scarcity_bounded(problem: AllocationProblem, dec: Decomposition, arr: "_LpA
                          time_limit_s=end - time.perf_counter(), mip_gap=gap, threads=threads,
                          cutoff=c2)
         x = _plan_of_run(run, v)
-        if x is not None and dec.fits(x) and dec.goodput(x) >= floor - 1e-9 * max(1.0, floor) \
-                and dec.cost(x) < c2:
+        if _cheaper_at_floor(dec, x, floor, c2):
             x2, c2 = x, dec.cost(x)
         bound2 = _bound_with_limit(run, limit, bound2)
         how = f"HiGHS on {_free(lo, hi, v)} of {len(v.x)} columns ({run.detail})"
     notes.append(f"scarcity phase 2: cost {c2:.6g}, bound {bound2:.6g} ({how})")
     return x2, relative_gap(c2, bound2), gap1
+
+
+def _cheaper_at_floor(dec: Decomposition, x: np.ndarray | None, floor: float,
+                      cost: float) -> bool:
+    """`x` is a plan that fits, keeps the goodput floor (up to rounding) and costs less."""
+    return x is not None and dec.fits(x) and dec.goodput(x) >= floor - 1e-9 * max(1.0, floor) \
+        and dec.cost(x) < cost
 
 
 def _plan_of_run(run: "_Run", v: _Vars) -> np.ndarray | None:

@@ -133,6 +133,43 @@ def test_templates_are_reused_and_columns_have_stable_ids(setup):
     assert all(set(c.price_usd_per_hour) == {REGION} for c in cols)
 
 
+def test_homogeneous_completions_are_stored_beside_the_library(setup, monkeypatch):
+    import coral.allocator.planning as planning
+    from coral.templates.homogeneous import COMPLETIONS_FILE
+
+    dirs = [Path(d) for d in setup.templates.library_dirs.values()]
+    assert dirs and all((d / COMPLETIONS_FILE).exists() for d in dirs)
+
+    def no_solve(*args, **kwargs):
+        raise AssertionError("a stored completion was solved again")
+
+    monkeypatch.setattr(planning, "build_template", no_solve)
+    again = templates_for_scenario(setup.scenario, setup.catalog, setup.perf,
+                                   out_root=setup.templates_dir, workers=1)
+    assert [t.to_dict() for t in again[MODEL]] == [t.to_dict() for t in setup.templates[MODEL]]
+
+
+def test_stale_or_unreadable_completions_are_solved_again(tmp_path, setup):
+    from coral.templates.homogeneous import COMPLETIONS_FILE, cached_completions
+
+    template = setup.templates[MODEL][0]
+    combo = tuple(template.combo)
+    solved: list[tuple[str, ...]] = []
+
+    def solve(c):
+        solved.append(tuple(c))
+        return template
+
+    assert cached_completions(tmp_path, "d1", [], [combo], solve) == [template]
+    assert cached_completions(tmp_path, "d1", [], [combo], solve)[0].to_dict() \
+        == template.to_dict()
+    assert solved == [combo]  # the second call read the file
+    cached_completions(tmp_path, "d2", [], [combo], solve)  # another library: solved again
+    (tmp_path / COMPLETIONS_FILE).write_text("{not json")
+    cached_completions(tmp_path, "d2", [], [combo], solve)
+    assert solved == [combo] * 3
+
+
 def test_nmax_override_is_reported(setup):
     small = templates_for_scenario(setup.scenario, setup.catalog, setup.perf,
                                    out_root=setup.templates_dir, workers=1, nmax=1)

@@ -37,9 +37,10 @@ from coral.allocator.scenario import AUTO_MODES, Scenario
 from coral.catalog.loader import Catalog
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
 from coral.templates.build import BuildReport, Template, build_library, build_template
-from coral.templates.homogeneous import homogeneous_combos, homogeneous_completions
+from coral.templates.homogeneous import cached_completions, homogeneous_combos
 from coral.templates.operating_points import DEFAULT_BATCHES, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
+from coral.templates.store import MANIFEST, TemplateLibrary
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,13 @@ def library_dir(out_root: str | Path, scenario: Scenario, model: str, mode: str,
     return Path(out_root) / model / f"{mode}-n{nmax}-{key}"
 
 
+def _library_digest(out: Path | None) -> str:
+    """The digest of the library built at `out` ("" when none was written)."""
+    if out is None or not (Path(out) / MANIFEST).exists():
+        return ""
+    return TemplateLibrary.open(out).digest
+
+
 def templates_for_scenario(
     scenario: Scenario,
     catalog: Catalog,
@@ -175,9 +183,10 @@ def templates_for_scenario(
             combos = homogeneous_combos(m.name, catalog, slo, mode, node_types=useful, n_max=n,
                                         rho=scenario.spec.rho,
                                         memory_reserve=tables.memory_reserve)
-            kept_all.extend(homogeneous_completions(kept, combos, lambda c, mode=mode: (
-                build_template(m.name, c, slo, mode, topology, perf, catalog, tables=tables,
-                               time_limit_s=time_limit_s, solver=build_options.get("solver")))))
+            kept_all.extend(cached_completions(
+                out, _library_digest(out), kept, combos, lambda c, mode=mode: build_template(
+                    m.name, c, slo, mode, topology, perf, catalog, tables=tables,
+                    time_limit_s=time_limit_s, solver=build_options.get("solver"))))
             reports.append(report)
             if out is not None:
                 dirs[f"{m.name}/{mode}"] = str(out)

@@ -14,6 +14,10 @@ combinatorially many of them, and a lossless rule would judge the library on pla
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from coral.catalog.loader import Catalog
@@ -21,6 +25,12 @@ from coral.templates.build import Template
 from coral.templates.enumerate import Combo, enumerate_combinations
 from coral.templates.slo import SloSpec
 from coral.templates.types import Mode
+
+log = logging.getLogger(__name__)
+
+#: The completions of a library, stored beside it (`cached_completions`).
+COMPLETIONS_FILE = "homogeneous.json"
+COMPLETIONS_FORMAT = 1
 
 
 def min_kv_tokens(slo: SloSpec, mode: Mode) -> int:
@@ -56,4 +66,30 @@ def homogeneous_completions(kept: Sequence[Template], combos: Iterable[Combo],
         t = solve(combo)
         if t.feasible and t.throughput > 0:
             out.append(t)
+    return out
+
+
+def cached_completions(library_dir: str | Path | None, library_digest: str,
+                       kept: Sequence[Template], combos: Sequence[Combo],
+                       solve: Callable[[Combo], Template]) -> list[Template]:
+    """`homogeneous_completions`, stored in `library_dir/homogeneous.json` and read back on
+    the next call whose library digest and combinations are the same (they are solved from
+    the library's own inputs, so the digest keys them). A missing, unreadable or stale file is
+    solved afresh and rewritten; with `library_dir` None nothing is stored."""
+    key = {"format": COMPLETIONS_FORMAT, "library_digest": library_digest,
+           "combos": sorted(list(c) for c in combos)}
+    path = None if library_dir is None else Path(library_dir) / COMPLETIONS_FILE
+    if path is not None and path.exists():
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("key") == key:
+                return [Template.from_dict(d) for d in doc["templates"]]
+            log.info("%s: written for other inputs; solving the completions again", path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: unreadable (%s); solving the completions again", path, exc)
+    out = homogeneous_completions(kept, combos, solve)
+    if path is not None and path.parent.is_dir():
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"key": key, "templates": [t.to_dict() for t in out]}))
+        os.replace(tmp, path)
     return out

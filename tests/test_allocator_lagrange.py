@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from coral.allocator.branch_price import (
+    best_part_plan,
     best_pattern_plan,
     round_and_repair,
     solve_decomposed,
@@ -25,6 +26,7 @@ from coral.allocator.lagrange import (
     Decomposition,
     Kind,
     Master,
+    Pattern,
     Pricer,
     column_generation,
 )
@@ -167,3 +169,21 @@ def test_random_problems_cover_both_outcomes() -> None:
     """Guards the factory: the cost problem must be feasible on some seeds, not on others."""
     feasible = {_optima(_random_decomposition(s))[Kind.COST] < math.inf for s in SEEDS}
     assert feasible == {True, False}
+
+
+def test_pattern_parts_recombine_into_a_plan_no_pattern_holds():
+    # one model in two regions: region 0 is cheap on column 0, region 1 on column 3; each
+    # known pattern is cheap in one region only, and needs both to meet demand
+    dec = Decomposition(
+        demand=np.array([4.0]), priority=np.array([1.0]), col_model=np.zeros(4, np.int64),
+        col_cap=np.array([2.0, 2.0, 2.0, 2.0]), col_price=np.array([1.0, 3.0, 3.0, 1.0]),
+        col_penalty=np.zeros(4), col_current=np.zeros(4, np.int64),
+        col_ub=np.full(4, 2, np.int64), usage=np.eye(4), avail=np.full(4, 2.0),
+        col_half=np.full(4, -1, np.int64), col_region=np.array([0, 0, 1, 1]))
+    a, b = np.array([1, 0, 1, 0]), np.array([0, 1, 0, 1])  # $4 each
+    patterns = [Pattern(0, x, dec.cost(x), 4.0) for x in (a, b)]
+    assert best_pattern_plan(dec, Kind.COST, patterns, time_limit_s=5.0) is not None
+    got = best_part_plan(dec, patterns, time_limit_s=5.0)
+    assert got is not None and dec.covers(got) and dec.fits(got)
+    assert dec.cost(got) == pytest.approx(2.0)  # a's region 0 with b's region 1
+    assert list(got) == [1, 0, 0, 1]

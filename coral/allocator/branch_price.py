@@ -319,6 +319,42 @@ def _branch_column(dec: Decomposition, xbar: np.ndarray) -> int:
     return int(np.argmax(score))
 
 
+def _solve_binary(cost: np.ndarray, mat: np.ndarray, lower: np.ndarray, upper: np.ndarray, *,
+                  time_limit_s: float, rel_gap: float, cutoff: float = math.inf,
+                  target: float = -math.inf) -> np.ndarray | None:
+    """The chosen columns of min `cost y`, `lower <= y mat <= upper`, y in {0, 1} (rows of
+    `mat` are columns), by HiGHS; None when no solution is found in time."""
+    n, rows = mat.shape
+    lp = highspy.HighsLp()
+    lp.num_col_ = n
+    lp.num_row_ = rows
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.zeros(n)
+    lp.col_upper_ = np.ones(n)
+    lp.row_lower_ = lower
+    lp.row_upper_ = upper
+    nz_col, nz_row = np.nonzero(mat)
+    start = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.bincount(nz_col, minlength=n), out=start[1:])
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = start
+    lp.a_matrix_.index_ = nz_row.astype(np.int32)
+    lp.a_matrix_.value_ = mat[nz_col, nz_row]
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+    h = quiet_highs()
+    h.setOptionValue("time_limit", float(max(time_limit_s, 1e-3)))
+    h.setOptionValue("mip_rel_gap", float(rel_gap))
+    if math.isfinite(cutoff):
+        h.setOptionValue("objective_bound", float(cutoff))
+    if math.isfinite(target):
+        h.setOptionValue("objective_target", float(target))
+    h.passModel(lp)
+    h.run()
+    if h.getInfo().primal_solution_status != 2:
+        return None
+    return np.flatnonzero(np.rint(np.array(h.getSolution().col_value)) > 0)
+
+
 def best_pattern_plan(dec: Decomposition, kind: Kind, patterns: list[Pattern], *,
                       floor: float = 0.0, time_limit_s: float, cutoff: float = math.inf
                       ) -> np.ndarray | None:
@@ -340,32 +376,10 @@ def best_pattern_plan(dec: Decomposition, kind: Kind, patterns: list[Pattern], *
         mat[:, -1] = [p.goodput for p in patterns]
         lower = np.append(lower, floor)
         upper = np.append(upper, _INF)
-    lp = highspy.HighsLp()
-    lp.num_col_ = n
-    lp.num_row_ = rows
-    lp.col_cost_ = np.array([p.objective(kind) for p in patterns])
-    lp.col_lower_ = np.zeros(n)
-    lp.col_upper_ = np.ones(n)
-    lp.row_lower_ = lower
-    lp.row_upper_ = upper
-    nz_col, nz_row = np.nonzero(mat)
-    start = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(np.bincount(nz_col, minlength=n), out=start[1:])
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = start
-    lp.a_matrix_.index_ = nz_row.astype(np.int32)
-    lp.a_matrix_.value_ = mat[nz_col, nz_row]
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
-    h = quiet_highs()
-    h.setOptionValue("time_limit", float(max(time_limit_s, 1e-3)))
-    h.setOptionValue("mip_rel_gap", 1e-7)
-    if math.isfinite(cutoff):
-        h.setOptionValue("objective_bound", float(cutoff))
-    h.passModel(lp)
-    h.run()
-    if h.getInfo().primal_solution_status != 2:
+    pick = _solve_binary(np.array([p.objective(kind) for p in patterns]), mat, lower, upper,
+                         time_limit_s=time_limit_s, rel_gap=1e-7, cutoff=cutoff)
+    if pick is None:
         return None
-    pick = np.flatnonzero(np.rint(np.array(h.getSolution().col_value)) > 0)
     counts = np.zeros(dec.n_cols, dtype=np.int64)
     for i in pick:
         counts += patterns[i].counts
@@ -429,34 +443,10 @@ def best_part_plan(dec: Decomposition, patterns: list[Pattern], *, time_limit_s:
     lower = np.concatenate([np.full(n_avail + n_group, -_INF), dec.demand[need]])
     upper = np.concatenate([dec.avail.astype(float), np.ones(n_group),
                             np.full(len(need), _INF)])
-    lp = highspy.HighsLp()
-    lp.num_col_ = n
-    lp.num_row_ = rows
-    lp.col_cost_ = cost
-    lp.col_lower_ = np.zeros(n)
-    lp.col_upper_ = np.ones(n)
-    lp.row_lower_ = lower
-    lp.row_upper_ = upper
-    nz_col, nz_row = np.nonzero(mat)
-    start = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(np.bincount(nz_col, minlength=n), out=start[1:])
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = start
-    lp.a_matrix_.index_ = nz_row.astype(np.int32)
-    lp.a_matrix_.value_ = mat[nz_col, nz_row]
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
-    h = quiet_highs()
-    h.setOptionValue("time_limit", float(max(time_limit_s, 1e-3)))
-    h.setOptionValue("mip_rel_gap", float(rel_gap))
-    if math.isfinite(cutoff):
-        h.setOptionValue("objective_bound", float(cutoff))
-    if math.isfinite(target):
-        h.setOptionValue("objective_target", float(target))
-    h.passModel(lp)
-    h.run()
-    if h.getInfo().primal_solution_status != 2:
+    pick = _solve_binary(cost, mat, lower, upper, time_limit_s=time_limit_s, rel_gap=rel_gap,
+                         cutoff=cutoff, target=target)
+    if pick is None:
         return None
-    pick = np.flatnonzero(np.rint(np.array(h.getSolution().col_value)) > 0)
     counts = mat_parts[pick].sum(axis=0).astype(np.int64)
     if not _feasible(dec, Kind.COST, counts, 0.0):
         log.warning("a plan of pattern parts failed a row; ignored")

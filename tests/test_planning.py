@@ -137,7 +137,7 @@ def test_homogeneous_completions_are_stored_beside_the_library(setup, monkeypatc
     import coral.allocator.planning as planning
     from coral.templates.homogeneous import COMPLETIONS_FILE
 
-    dirs = [Path(d) for d in setup.templates.library_dirs.values()]
+    dirs = [m.parent for m in setup.templates_dir.glob("*/*/manifest.json")]
     assert dirs and all((d / COMPLETIONS_FILE).exists() for d in dirs)
 
     def no_solve(*args, **kwargs):

@@ -257,8 +257,6 @@ def solve_decomposed(dec: Decomposition, kind: Kind, *, deadline: float, rel_gap
             break
         result = column_generation(master, pricer, current.bounds, deadline=deadline,
                                    cutoff=cutoff(), bound=current.bound)
-        log.debug("node %d depth %d bound %.6g -> %.6g rounds %d best %.6g heap %d", nodes,
-                  current.depth, current.bound, result.bound, result.rounds, best, len(heap))
         rounds += result.rounds
         nodes += 1
         if not result.converged and time.perf_counter() >= deadline:

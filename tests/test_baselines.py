@@ -10,8 +10,10 @@ from dataclasses import replace
 import pytest
 
 from coral.allocator import (
+    AllocationPlan,
     AllocationProblem,
     ModelDemand,
+    PlanStatus,
     TemplateColumn,
     priced_column,
     solve_allocation,
@@ -118,6 +120,28 @@ def test_every_baseline_reports_cost_and_served_share(results):
         assert all(0.0 <= f <= 1.0 for f in r.served_fraction.values())
         assert r.cost_per_hour >= 0 and r.notes
         assert r.plan is not None and r.cost_per_hour == pytest.approx(r.plan.cost_usd_per_hour)
+
+
+def test_every_baseline_says_how_its_plan_was_reached(results):
+    """A comparison is only as fair as its baselines' plans: the allocation baselines carry
+    their status and proven gap, the heuristic ones say that nothing bounds their cost."""
+    for name in ("homo-independent", "cauchy"):
+        r = results[name]
+        assert r.heuristic and r.gap == float("inf") and r.solved == "heuristic, no bound"
+    for name in ("coral", "homo", "melange"):
+        r = results[name]
+        assert not r.heuristic and r.gap == r.plan.gap and r.gap < float("inf")
+        assert r.solved == r.plan.proof and r.solved.endswith(f"gap {r.gap:.2%}")
+
+
+def test_plan_proof_names_both_gaps_under_scarcity():
+    plan = AllocationPlan(
+        status=PlanStatus.INFEASIBLE, instances={}, cost_usd_per_hour=0.0, penalty_usd=0.0,
+        demand_rps={"m": 1.0}, capacity_rps={"m": 0.0}, served_rps={"m": 0.0}, goodput=0.0,
+        nodes_used={}, started={}, stopped={}, gap=0.002, solve_s=0.0, goodput_gap=0.001)
+    assert plan.proof == "demand short, goodput gap 0.10%, cost gap 0.20%"
+    stopped = replace(plan, status=PlanStatus.TIME_LIMIT, gap=float("inf"))
+    assert stopped.proof == "time limit, gap no bound"
 
 
 def test_baseline_deployments_decode_their_plans(results):

@@ -88,6 +88,7 @@ class _FakeResult:
     def __init__(self, name: str, cost: float, served: dict[str, float]):
         self.name, self.cost_per_hour, self.served_fraction = name, cost, served
         self.plan, self.notes = None, ("fake",)
+        self.heuristic, self.gap, self.solved = True, float("inf"), "heuristic, no bound"
 
 
 @pytest.fixture
@@ -206,6 +207,9 @@ def test_plan_cli_json_fields(setup, fake_baselines, tmp_path):
     assert payload["headroom_rps"][MODEL] >= 0
     assert payload["baselines"]["homo"]["cost_per_hour"] == 12.5
     assert payload["baselines"]["melange"]["served_fraction"] == {MODEL: 0.5}
+    # nothing is proven of a heuristic's cost: no gap, and said so
+    assert payload["baselines"]["homo"]["gap"] is None
+    assert payload["baselines"]["homo"]["solved"] == "heuristic, no bound"
     assert fake_baselines[0]["baselines"] == ["homo", "melange"]  # not Coral itself
     assert fake_baselines[0]["n_max"] == 2
     cost = 0.0

@@ -452,9 +452,18 @@ def read_plan_file(path: str | Path) -> dict[str, Any]:
 
 def baseline_summary(result: Any) -> dict[str, Any]:
     """A baseline result's figures as plain JSON values."""
+    plan = getattr(result, "plan", None)
     return {
         "cost_per_hour": float(result.cost_per_hour),
         "served_fraction": {m: float(f) for m, f in dict(result.served_fraction).items()},
+        # how far its cost may be from the best its restriction allows: null for a heuristic
+        # plan (nothing proven); a plan stopped by the time limit may cost up to `gap` less
+        "status": plan.status.value if plan is not None else None,
+        "gap": _finite(getattr(result, "gap", math.inf)),
+        "goodput_gap": None if plan is None or getattr(result, "heuristic", False)
+        else _finite(plan.goodput_gap),
+        "solve_seconds": float(plan.solve_s) if plan is not None else None,
+        "solved": getattr(result, "solved", None),
         "notes": [str(n) for n in getattr(result, "notes", ())],
     }
 

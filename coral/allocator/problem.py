@@ -250,6 +250,18 @@ class AllocationPlan:
         return self.cost_usd_per_hour + self.penalty_usd
 
     @property
+    def proof(self) -> str:
+        """How the plan was reached, in a few words: its status and proven gaps, e.g.
+        "time limit, gap 1.76%" or, under scarcity, "demand short, goodput gap 0.10%, cost
+        gap 0.20%" (a gap with nothing proven reads "no bound")."""
+        def pct(gap: float) -> str:
+            return f"{gap:.2%}" if math.isfinite(gap) else "no bound"
+
+        if self.status is PlanStatus.INFEASIBLE:
+            return f"demand short, goodput gap {pct(self.goodput_gap)}, cost gap {pct(self.gap)}"
+        return f"{self.status.value.replace('_', ' ')}, gap {pct(self.gap)}"
+
+    @property
     def shortfall_rps(self) -> dict[str, float]:
         """Requests/s of each model's demand the plan does not serve (0 when met)."""
         return {m: max(0.0, d - self.served_rps.get(m, 0.0)) for m, d in self.demand_rps.items()}

@@ -34,6 +34,8 @@ from coral.templates.types import Mode, Topology
 
 #: Relative slack under which two SLO figures count as the same (templates vs scenario).
 SLO_RTOL = 1e-9
+#: The note `heuristic_plan` gives every plan it makes.
+HEURISTIC_NOTE = "heuristic plan: no optimality claimed (gap inf)"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,24 @@ class BaselineResult:
     def __post_init__(self) -> None:
         clipped = {m: min(1.0, max(0.0, float(f))) for m, f in self.served_fraction.items()}
         object.__setattr__(self, "served_fraction", clipped)
+
+    @property
+    def heuristic(self) -> bool:
+        """Its counts come from a heuristic: nothing bounds how far its cost is from the best
+        its own restriction allows."""
+        return self.plan is None or HEURISTIC_NOTE in self.plan.notes
+
+    @property
+    def gap(self) -> float:
+        """The proven relative gap of its allocation (inf for a heuristic plan): a plan
+        stopped by the time limit may cost up to this share less at its optimum."""
+        return math.inf if self.heuristic else float(self.plan.gap)
+
+    @property
+    def solved(self) -> str:
+        """How its plan was reached: "heuristic, no bound", or the allocation's status and
+        proven gaps (`AllocationPlan.proof`)."""
+        return "heuristic, no bound" if self.heuristic else self.plan.proof
 
     @property
     def meets_demand(self) -> bool:
@@ -223,7 +243,7 @@ def heuristic_plan(
     probe = make_plan(problem, instances, status=PlanStatus.OPTIMAL, gap=math.inf, solve_s=0.0)
     status = PlanStatus.OPTIMAL if probe.meets_demand else PlanStatus.INFEASIBLE
     return make_plan(problem, instances, status=status, gap=math.inf, solve_s=0.0,
-                     notes=tuple(notes) + ("heuristic plan: no optimality claimed (gap inf)",))
+                     notes=tuple(notes) + (HEURISTIC_NOTE,))
 
 
 def result_of(name: str, plan: AllocationPlan, notes: Sequence[str], *,

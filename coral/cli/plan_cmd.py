@@ -213,22 +213,29 @@ def print_comparison(result: Any) -> None:
     table.add_column("planner", min_width=max(map(len, names)))
     for col in ("$/hour", "x Coral's cost", "served (all models)"):
         table.add_column(col, justify="right")
+    table.add_column("solved")
     table.add_column("models short", ratio=1)
 
-    def row(name: str, cost: float, served: dict[str, float], bold: bool = False) -> None:
+    def row(name: str, cost: float, served: dict[str, float], solved: str,
+            bold: bool = False) -> None:
         short = [m for m, f in served.items() if f < 1.0 - 1e-6]
         ratio = "-" if result.cost_per_hour <= 0 else f"{cost / result.cost_per_hour:.2f}"
         cells = [escape(name), f"{cost:,.2f}", ratio,
-                 _pct(_overall_served(served, dict(p.demand_rps))),
+                 _pct(_overall_served(served, dict(p.demand_rps))), escape(solved),
                  escape(", ".join(short)) or "-"]
         table.add_row(*[f"[bold]{c}[/]" if bold else c for c in cells])
 
-    row("coral", result.cost_per_hour, p.served_fraction, bold=True)
+    row("coral", result.cost_per_hour, p.served_fraction, p.proof, bold=True)
     for name, b in result.baselines.items():
-        row(name, float(b.cost_per_hour), dict(b.served_fraction))
+        row(name, float(b.cost_per_hour), dict(b.served_fraction), b.solved)
     if not result.baselines:
-        table.add_row("(no baselines)", "-", "-", "-", "-")
+        table.add_row("(no baselines)", "-", "-", "-", "-", "-")
     console.print(table)
+    if result.baselines:
+        console.print("[dim]solved: a plan's proven gap bounds how much cheaper (under "
+                      "scarcity: how much more goodput, then how much cheaper at it) the best "
+                      "plan of that planner's own restriction could be; a heuristic has no "
+                      "such bound.[/]")
 
 
 def _write_json(payload: Any, path: Path) -> None:

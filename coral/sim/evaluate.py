@@ -233,7 +233,10 @@ def section_cost(ctx: _Ctx, head: dict[str, Any]) -> Section:
     sec.body.append("")
     sec.body.append("Approximate: costs come from catalog list prices and capacities from the "
                     "performance model (not measured GPUs); the simulation is the project's "
-                    "event simulator, short, and starts from an empty system.")
+                    "event simulator, short, and starts from an empty system. `solved`: how "
+                    "each plan was reached, with its proven gap (a plan stopped by the time "
+                    "limit may cost up to its gap less at the optimum of its planner's own "
+                    "restriction); a heuristic baseline proves nothing.")
     sec.body.append("")
     for name in cfg.scenarios:
         base = ctx.scenario(name).in_mode(cfg.coral_mode)
@@ -246,13 +249,13 @@ def section_cost(ctx: _Ctx, head: dict[str, Any]) -> Section:
             modes.append(f"x{scale:g} {res.mode}")
             demand = dict(res.plan.demand_rps)
             coral_served = _overall(dict(res.served_fraction), demand)
-            entries = [("coral", res.cost_per_hour, coral_served)]
-            entries += [(b, float(r.cost_per_hour), _overall(dict(r.served_fraction), demand))
-                        for b, r in res.baselines.items()]
-            for planner, cost, served in entries:
+            entries = [("coral", res.cost_per_hour, coral_served, res.plan.proof)]
+            entries += [(b, float(r.cost_per_hour), _overall(dict(r.served_fraction), demand),
+                         r.solved) for b, r in res.baselines.items()]
+            for planner, cost, served, solved in entries:
                 ratio = cost / res.cost_per_hour if res.cost_per_hour > 0 else float("nan")
                 rows.append([f"x{scale:g}", planner, _num(cost), _num(ratio),
-                             _pct(served)])
+                             _pct(served), solved])
                 costs.setdefault(planner, []).append(cost)
             labels.append(f"x{scale:g}")
             if scale == 1.0 and name == cfg.scenarios[0]:
@@ -270,7 +273,8 @@ def section_cost(ctx: _Ctx, head: dict[str, Any]) -> Section:
                         f"{base.spec.n_max}), demand at 1x "
                         f"{sum(m.demand_rps for m in base.spec.models):g} req/s:")
         sec.body.append("")
-        sec.body += _table(["demand", "planner", "$/hour", "x Coral's cost", "served"], rows)
+        sec.body += _table(["demand", "planner", "$/hour", "x Coral's cost", "served",
+                            "solved"], rows)
         sec.body.append(f"Coral's serving mode per demand scale: {', '.join(modes)}.")
         sec.body.append("")
         fig = _bar_plot(cfg.out / f"cost_{base.name}.png", labels, costs, "$/hour",

@@ -27,6 +27,7 @@ from coral.allocator.adapt import (
 )
 from coral.allocator.adapt_report import write_outputs
 from coral.allocator.planning import (
+    DEFAULT_MIP_GAP,
     ScenarioTemplates,
     column_id,
     columns_from_templates,
@@ -231,6 +232,21 @@ def test_plan_cli_table(setup, fake_baselines):
     for text in (REGION, "placement", "[0,32)", "headroom", "homo", "melange",
                  "Coral against the baselines"):
         assert text in result.stdout
+
+
+def test_plan_cli_gap_reaches_every_solve(setup, fake_baselines):
+    """`--gap` is the gap every allocation of the run stops at, Coral's and the baselines'."""
+    payload = _ok_json(runner.invoke(app, [
+        "plan", str(setup.scenario_path), "--json", "--workers", "1", "--templates-dir",
+        str(setup.templates_dir), "--gap", "0.02"]))
+    assert payload["gap"] <= 0.02
+    assert fake_baselines[0]["mip_gap"] == 0.02
+    bad = runner.invoke(app, ["plan", str(setup.scenario_path), "--gap", "1.5"])
+    assert bad.exit_code != 0 and "--gap must be a fraction in [0, 1)" in bad.output
+
+
+def test_cli_gap_default_is_the_allocators():
+    assert plan_cmd.DEFAULT_GAP == DEFAULT_MIP_GAP
 
 
 def test_auto_mode_plans_every_mode_and_keeps_the_best(setup):

@@ -48,25 +48,33 @@ TemplatesDirOpt = Annotated[Path, typer.Option(
 TimeLimitOpt = Annotated[float, typer.Option(
     "--time-limit", help="Time limit of one allocation solve, seconds (mode auto solves "
     "each of its three modes within it).")]
+GapOpt = Annotated[float, typer.Option(
+    "--gap", help="Stop a solve once its plan is proven within this relative gap of the best "
+    "(0.005: 0.5%; larger is faster, smaller is slower and may end at the time limit).")]
 ProgressOpt = Annotated[Optional[bool], typer.Option(
     "--progress/--no-progress", help="Progress bars on stderr (default: when a terminal).")]
 BaselinesOpt = Annotated[bool, typer.Option(
     "--baselines/--no-baselines", help="Run the baselines on the same templates to compare.")]
 
 DEFAULT_TEMPLATES_DIR = Path("out/templates")
+#: The allocator's gap target (`coral.allocator.planning.DEFAULT_MIP_GAP`).
+DEFAULT_GAP = 5e-3
 
 
 def _say(msg: str) -> None:
     err_console.print(f"[dim]{escape(msg)}[/]", highlight=False, soft_wrap=True)
 
 
-def _check_common(nmax: int | None, workers: int | None, time_limit: float) -> None:
+def _check_common(nmax: int | None, workers: int | None, time_limit: float,
+                  gap: float = DEFAULT_GAP) -> None:
     if nmax is not None and nmax < 1:
         raise UserError(f"--nmax must be >= 1, got {nmax}")
     if workers is not None and workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
     if not time_limit > 0:
         raise UserError(f"--time-limit must be > 0 s, got {time_limit:g}")
+    if not 0.0 <= gap < 1.0:
+        raise UserError(f"--gap must be a fraction in [0, 1) (0.005 is 0.5%), got {gap:g}")
 
 
 @contextmanager
@@ -81,12 +89,13 @@ def _busy(message: str, enabled: bool) -> Iterator[None]:
 
 def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: int | None,
           templates_dir: Path, time_limit: float, progress: bool | None, baselines: bool,
-          catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None) -> Any:
+          catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None,
+          gap: float = DEFAULT_GAP) -> Any:
     from coral.allocator.planning import plan_scenario, templates_for_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import MissingDependencyError, default_perf_factory
 
-    _check_common(nmax, workers, time_limit)
+    _check_common(nmax, workers, time_limit, gap)
     cat = open_catalog(catalog)
     scenario = load_scenario(scenario_ref, level=level, catalog=cat)
     if mode is not None:
@@ -107,7 +116,7 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
         what = "allocating" + (" and running the baselines" if baselines else "")
         with _busy(f"{what}...", show):
             return plan_scenario(scenario, catalog=cat, perf=perf, templates=templates,
-                                 time_limit_s=time_limit, baselines=baselines)
+                                 time_limit_s=time_limit, mip_gap=gap, baselines=baselines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,6 +269,7 @@ def plan(
     out: Annotated[Optional[Path], typer.Option(
         "--out", help="Also write the plan as JSON to this file.")] = None,
     time_limit: TimeLimitOpt = 10.0,
+    gap: GapOpt = DEFAULT_GAP,
     baselines: BaselinesOpt = True,
     progress: ProgressOpt = None,
     mode: Annotated[Optional[str], typer.Option(
@@ -278,7 +288,8 @@ def plan(
     with user_errors():
         result = _plan(scenario, level=level, nmax=nmax, workers=workers,
                        templates_dir=templates_dir, time_limit=time_limit, progress=progress,
-                       baselines=baselines, catalog=catalog, quiet_stdout=json, mode=mode)
+                       baselines=baselines, catalog=catalog, quiet_stdout=json, mode=mode,
+                       gap=gap)
         payload = result.to_dict()
         if out is not None:
             _write_json(payload, out)
@@ -297,6 +308,7 @@ def demo(
     workers: WorkersOpt = None,
     templates_dir: TemplatesDirOpt = DEFAULT_TEMPLATES_DIR,
     time_limit: TimeLimitOpt = 10.0,
+    gap: GapOpt = DEFAULT_GAP,
     progress: ProgressOpt = None,
     mode: Annotated[str, typer.Option(
         "--mode", help="Serving mode: aggregated, pd, mixed or auto (plan each, keep the "
@@ -326,7 +338,7 @@ def demo(
                           highlight=False)
         result = _plan(DEMO_SCENARIO, level=None, nmax=nmax, workers=workers,
                        templates_dir=templates_dir, time_limit=time_limit, progress=progress,
-                       baselines=True, catalog=None, quiet_stdout=json, mode=mode)
+                       baselines=True, catalog=None, quiet_stdout=json, mode=mode, gap=gap)
     if json:
         print_json(result.to_dict())
         return

@@ -362,3 +362,35 @@ def test_priced_column_sums_node_prices_where_all_are_priced() -> None:
 def test_bad_inputs_are_refused(make, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def _coupled_problem(mip_gap: float, time_limit_s: float) -> AllocationProblem:
+    """Three models over 60 templates whose cheapest covers overdraw availability."""
+    templates = []
+    for i in range(60):
+        nodes = {f"g{i % 7}": 1 + i % 3, f"g{(i * 3) % 7}": 1}
+        templates.append(column(f"t{i}", f"m{i % 3}", nodes, 1.0 + (i * 37 % 11) / 3,
+                                {f"r{k}": 1.0 + ((i + k) * 13 % 17) / 7 for k in range(4)}))
+    return AllocationProblem(
+        demands=tuple(ModelDemand(f"m{j}", 400.0 + 17 * j) for j in range(3)),
+        templates=tuple(templates),
+        regions=tuple(f"r{k}" for k in range(4)),
+        availability={(f"g{g}", f"r{k}"): 25 for g in range(7) for k in range(4)},
+        time_limit_s=time_limit_s,
+        mip_gap=mip_gap,
+    )
+
+
+def test_highs_takes_over_where_branch_and_price_stops_short(monkeypatch) -> None:
+    """Branch and price held to its share of the time, HiGHS on the whole ILP gets the rest,
+    below its plan; the plan and the better of the two bounds are what comes back: at gap 0
+    the optimum HiGHS alone finds."""
+    from coral.allocator import ilp
+
+    monkeypatch.setattr(ilp, "DECOMPOSED_SHARE", 0.0)  # branch and price: MIN_PHASE_S only
+    plan = solve_allocation(_coupled_problem(0.0, 60.0))
+    alone = solve_allocation(_coupled_problem(0.0, 60.0), decompose=False)
+    assert alone.status is PlanStatus.OPTIMAL and alone.meets_demand
+    assert any(n.startswith("HiGHS after branch and price") for n in plan.notes), plan.notes
+    assert plan.status is PlanStatus.OPTIMAL and plan.gap == 0.0 and plan.meets_demand
+    assert plan.objective == pytest.approx(alone.objective, rel=1e-9)

@@ -40,18 +40,25 @@ therefore solved by decomposition instead (`decompose=True`, the default):
 2. else the LP relaxation: infeasible means the demand cannot be met; feasible, it gives a
    bound, node prices, and a first plan (its counts rounded down, each model's rest covered);
 3. the Lagrangian bound by column generation, plans from mixing the patterns it meets, and
-   branch and price until the gap target or the time limit (`branch_price.solve_decomposed`).
+   branch and price until the gap target or `DECOMPOSED_SHARE` of the time limit
+   (`branch_price.solve_decomposed`);
+4. when that stops short of the gap, HiGHS on the whole ILP for the rest of the time, below
+   the plan found and stopping at the first plan the Lagrangian bound proves; the better plan
+   and the better bound of the two come back. Real libraries need it: many templates of a
+   model cost almost the same per request/s, and on `benchmarks/allocator.py --library real`
+   draws branch and price alone left one plan short of demand (no plan meeting it found in
+   time, 16.8% gap) where HiGHS finds one.
 
 The scarcity phases (without PD models) start from the LP and a plan of their own, and call
 HiGHS only for the gap those leave (`_scarcity_bounded`):
 
-4. phase 1: the goodput LP bounds the goodput (it is within 0.5% of the best plan on most
+5. phase 1: the goodput LP bounds the goodput (it is within 0.5% of the best plan on most
    benchmark problems); its counts rounded down and the nodes left filled, most goodput per
    shadow price first, then a local search (`branch_price.goodput_plan`), give a plan. When
    the LP bound does not prove it within the gap, HiGHS searches the columns that reduced
    costs allow a better plan to use (`_fix_by_reduced_cost`), for plans better than it, and
    stops at the gap from the LP bound or from its own;
-5. phase 2: the same on the cost LP with the goodput floor, from phase 1's plan. Its LP bound
+6. phase 2: the same on the cost LP with the goodput floor, from phase 1's plan. Its LP bound
    is weak (1-5% below the best plan on core, where HiGHS's cuts and tree do the rest), so
    HiGHS runs on nearly every draw; a cutoff at phase 1's cost and the columns fixed by
    reduced cost are what it is given.
@@ -148,6 +155,10 @@ PHASE2_GROWTH_MIN_COLUMNS = 2_000
 PHASE2_GROWTH = (0.03, 0.15)
 #: Share of phase 2's time left that each of those runs may take.
 GROWTH_TIME_SHARE = 0.25
+#: Share of the cost problem's time branch and price may take before HiGHS on the whole ILP
+#: gets the rest, below its plan and stopping at the first plan the better of the two bounds
+#: proves (`_highs_after_decomposition`).
+DECOMPOSED_SHARE = 0.4
 #: Share of scarcity phase 1's time the goodput heuristic may take.
 HEURISTIC_SHARE = 0.1
 #: Scarcity phase 1 keeps a plan once its proven gap is within this share of the gap target,
@@ -899,16 +910,24 @@ def solve_allocation(
         else:
             # a first plan: the LP's counts rounded down, each model's rest covered
             first = round_and_repair(dec, Kind.COST, relaxed.x)
-            res = solve_decomposed(dec, Kind.COST, deadline=t0 + problem.time_limit_s,
+            res = solve_decomposed(dec, Kind.COST,
+                                   deadline=_phase_deadline(problem, t0, DECOMPOSED_SHARE),
                                    rel_gap=problem.mip_gap, start_price=relaxed.node_price,
                                    start_bound=relaxed.value, start_patterns=tuple(covers),
                                    incumbent=first)
             notes.extend(res.notes)
-            if res.counts is not None:
-                gap = res.gap
-                status = PlanStatus.OPTIMAL if gap <= problem.mip_gap else PlanStatus.TIME_LIMIT
-                return plan_of(res.counts, status, gap)
+            counts, cost, bound = res.counts, res.objective, res.bound
             proven_short = res.finished and res.bound == math.inf
+            if not proven_short and relative_gap(cost, bound) > problem.mip_gap \
+                    and remaining() > MIN_PHASE_S:
+                counts, cost, bound = _highs_after_decomposition(
+                    arr, v, dec, counts, cost, bound, mip_gap=problem.mip_gap,
+                    time_limit_s=remaining(), threads=threads, notes=notes)
+                proven_short = bound == math.inf
+            if counts is not None:
+                gap = relative_gap(cost, bound)
+                status = PlanStatus.OPTIMAL if gap <= problem.mip_gap else PlanStatus.TIME_LIMIT
+                return plan_of(counts, status, gap)
             notes.append("demand cannot be met in full (Lagrangian bound)" if proven_short
                          else "no plan meeting every demand found in time")
     elif not proven_short:
@@ -957,6 +976,32 @@ def solve_allocation(
         if plan.meets_demand:  # the cost phase found no plan in time; the goodput phases did
             plan = plan_of(best, PlanStatus.TIME_LIMIT, gap, goodput_gap)
     return _finish(problem, plan, strict)
+
+
+def _highs_after_decomposition(arr: "_LpArrays", v: _Vars, dec: Decomposition,
+                               counts: np.ndarray | None, cost: float, bound: float, *,
+                               mip_gap: float, time_limit_s: float, threads: int | None,
+                               notes: list[str]
+                               ) -> tuple[np.ndarray | None, float, float]:
+    """HiGHS on the whole cost ILP after branch and price stopped short of the gap: below
+    its plan's cost, stopping at the first plan its bound proves. Returns the better plan
+    (counts, cost; None and inf when neither found one) and the better bound of the two
+    (each holds for every plan; inf when HiGHS proves that none meets demand)."""
+    target = bound / (1.0 - mip_gap * _INSIDE) if math.isfinite(bound) else -math.inf
+    run = _run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
+                     time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads,
+                     cutoff=cost, target=target)
+    x = _plan_of_run(run, v)
+    if x is not None and dec.fits(x) and dec.covers(x) and dec.cost(x) < cost:
+        counts, cost = x, dec.cost(x)
+    if run.infeasible:
+        # nothing cheaper than `cost` meets demand: `cost` is optimal, or no plan exists
+        bound = cost
+    elif math.isfinite(run.bound):
+        bound = max(bound, min(run.bound, cost))
+    notes.append(f"HiGHS after branch and price: {run.detail}, cost {cost:.6g}, bound "
+                 f"{bound:.6g}")
+    return counts, cost, bound
 
 
 @dataclass

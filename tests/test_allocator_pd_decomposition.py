@@ -111,3 +111,18 @@ def test_capacity_of_pd_columns_is_the_lesser_half_per_region() -> None:
                       for h in (0, 1)]
             want += min(halves)
         assert got[m] == pytest.approx(want)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pd_models_keep_branch_and_price_throughout(seed: int, monkeypatch) -> None:
+    """HiGHS takes over from branch and price only without PD models (it is far behind on
+    PD ILPs): held to no share at all, a PD solve still never hands over, and still agrees
+    with HiGHS on the whole ILP."""
+    monkeypatch.setattr(ilp, "DECOMPOSED_SHARE", 0.0)
+    problem = pd_problem(seed, mip_gap=0.0)
+    plan = solve_allocation(problem)
+    assert not any(n.startswith("HiGHS after branch and price") for n in plan.notes)
+    reference = solve_allocation(problem, decompose=False)
+    assert plan.status is reference.status
+    if plan.status is PlanStatus.OPTIMAL:
+        assert plan.objective == pytest.approx(reference.objective, rel=1e-6)

@@ -204,6 +204,7 @@ def test_plan_cli_json_fields(setup, fake_baselines, tmp_path):
                 "baselines", "headroom_rps", "instances", "nodes_per_region"):
         assert key in payload
     assert payload["status"] == "optimal" and payload["served_fraction"] == {MODEL: 1.0}
+    assert payload["goodput_gap"] == 0.0 and payload["solved"].startswith("optimal, gap ")
     assert payload["cost_per_hour"] > 0 and payload["solve_seconds"] >= 0
     assert payload["headroom_rps"][MODEL] >= 0
     assert payload["baselines"]["homo"]["cost_per_hour"] == 12.5

@@ -404,6 +404,8 @@ class PlanResult:
             "solve_seconds": self.solve_seconds,
             "status": self.status,
             "gap": _finite(self.gap),
+            "goodput_gap": _finite(p.goodput_gap),  # scarcity: phase 1's proven gap
+            "solved": p.proof,
             "meets_demand": p.meets_demand,
             "served_fraction": dict(self.served_fraction),
             "demand_rps": dict(p.demand_rps),

@@ -67,6 +67,21 @@ class HeadroomError(ValueError):
     """A queueing parameter is out of range."""
 
 
+_LOG_FACTORIALS = np.zeros(1)  # log(k!) for k = 0, 1, ...; grown on demand
+
+
+def _log_factorials(n: int) -> np.ndarray:
+    """log(k!) for k = 0..n (a view of a table kept between calls: the planner asks for the
+    same slot counts thousands of times)."""
+    global _LOG_FACTORIALS
+    if len(_LOG_FACTORIALS) <= n:
+        size = max(n + 1, 2 * len(_LOG_FACTORIALS))
+        table = np.zeros(size)
+        np.cumsum(np.log(np.arange(1, size, dtype=float)), out=table[1:])
+        _LOG_FACTORIALS = table
+    return _LOG_FACTORIALS[:n + 1]
+
+
 def erlang_c(c: int, a: float) -> float:
     """Erlang's C: probability that an arrival waits in an M/M/c queue with offered load `a`
     (in servers); 1 when `a >= c`. Computed from the Poisson pmf/cdf in log space, so it is
@@ -78,9 +93,10 @@ def erlang_c(c: int, a: float) -> float:
     if a >= c:
         return 1.0
     k = np.arange(c + 1, dtype=float)
-    log_pmf = k * math.log(a) - a - np.array([math.lgamma(x + 1.0) for x in k])
+    log_pmf = k * math.log(a) - a - _log_factorials(c)
     top = log_pmf[-1]
-    log_cdf = float(np.logaddexp.reduce(log_pmf))
+    peak = float(log_pmf.max())
+    log_cdf = peak + math.log(float(np.exp(log_pmf - peak).sum()))
     erlang_b = math.exp(top - log_cdf)
     rho = a / c
     return erlang_b / (1.0 - rho * (1.0 - erlang_b))

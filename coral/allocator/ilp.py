@@ -132,6 +132,14 @@ SUPPORT_GROWTH = (0, 100, 300, 1000)
 #: ILP, whose bound then holds (measured: `advanced` with real libraries, 1,044 columns, to
 #: a 0.23 % gap in 3.7 s; synthetic `advanced` PD, 15,153 columns, root cuts alone 20-36 s).
 WHOLE_ILP_MAX_COLUMNS = 5_000
+#: Where the whole ILP follows, each search near the rounded plan may take this share of the
+#: time left (before, the search on 300 columns could take it all and the whole ILP never
+#: ran). Measured on the PD and mixed problems of `coral plan advanced --mode auto --nmax 2`
+#: at the three levels (6 problems, 1,200-1,700 columns), all time -> 0.25: limited mixed
+#: 1.80% -> 1.11% gap and $20,944 -> $20,884/h, limited PD 1.98% -> 1.70% ($21,140 ->
+#: $21,168), abundant PD 10.0 s at 0.22% -> 8.0 s at 0.35% ($11,976 -> $11,992), the other
+#: three the same.
+NEIGHBOURHOOD_SHARE = 0.25
 #: Share of a scarcity phase's time HiGHS may take on the columns the LP and the plan so far
 #: use, before the run on every column reduced costs leave (which brings the bound). Measured on the 20 `advanced` scarce draws of
 #: benchmarks/allocator.py (gap 0.5%), all time to it -> half: two draws whose run on these
@@ -1066,9 +1074,12 @@ def _rounded_start(dec: Decomposition, arr: "_LpArrays", lp: _LpBuilder, v: _Var
             stopped = left <= MIN_PHASE_S
             break
         support = _support(relaxed, x, cheapest[:extra])
+        # a neighbourhood may not take the time of the whole ILP that follows it
+        share = 1.0 if support.all() or len(growth) == len(SUPPORT_GROWTH) \
+            else NEIGHBOURHOOD_SHARE
         run, better = _run_on_support(arr, v, arr.cost, arr.col_lb, arr.row_lb, support,
-                                      cutoff=cost, time_limit_s=left, mip_gap=mip_gap,
-                                      threads=threads)
+                                      cutoff=cost, time_limit_s=share * left,
+                                      mip_gap=mip_gap, threads=threads)
         if support.all():  # the whole ILP: HiGHS's bound holds for every plan
             bound = max(bound, _bound_with_limit(run, cost, relaxed.value))
         if better is not None and dec.fits(better) and dec.covers(better) \

@@ -207,7 +207,7 @@ def real_templates(scenario: Scenario, catalog: Catalog, nmax: int) -> list[Temp
 @dataclass
 class Row:
     size: str
-    library: str
+    source: str  # the templates: synthetic or real
     mode: str
     level: str
     templates: int
@@ -236,9 +236,9 @@ class Row:
 
 def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
               time_limit_s: float, mip_gap: float, catalog: Catalog,
-              mode: str = "aggregated", library: str = "synthetic", nmax: int = 3) -> Row:
+              mode: str = "aggregated", source: str = "synthetic", nmax: int = 3) -> Row:
     scenario = load_scenario(size, level=level, catalog=catalog).in_mode(mode)
-    if library == "real":
+    if source == "real":
         templates = real_templates(scenario, catalog, nmax)
     else:
         templates = synthetic_templates(scenario, catalog, per_model, seed)
@@ -269,7 +269,7 @@ def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
         met += plan.meets_demand
         columns = int(plan.notes[0].split()[0])
         current = dict(plan.instances)
-    return Row(size, library, mode, level, len(templates), columns, draws,
+    return Row(size, source, mode, level, len(templates), columns, draws,
                statistics.median(times),
                _quantile(times, 0.95), max(times), max(gaps), met, dict(statuses),
                statistics.fmean(costs))
@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                     choices=["aggregated", "pd", "mixed"],
                     help="serving modes of the templates (pd: prefill and decode halves, "
                          "paired per region; mixed: both, as `coral plan --mode mixed`)")
-    ap.add_argument("--library", choices=["synthetic", "real"], default="synthetic",
+    ap.add_argument("--library", dest="source", choices=["synthetic", "real"],
+                    default="synthetic",
                     help="synthetic templates (default) or the scenario's real template "
                          "libraries, as `coral plan` builds them")
     ap.add_argument("--nmax", type=int, default=None,
@@ -316,11 +317,11 @@ def main(argv: list[str] | None = None) -> int:
             row = run_level(size, level, draws=args.draws, per_model=per_model,
                             seed=args.seed, time_limit_s=args.time_limit,
                             mip_gap=args.mip_gap, catalog=catalog, mode=mode,
-                            library=args.library,
+                            source=args.source,
                             nmax=args.nmax or DEFAULT_REAL_NMAX[size])
             rows.append(row)
             verdict = "yes" if row.target_met else "NO"
-            print(f"{row.size:9} {row.library:9} {row.mode:10} {row.level:9} {row.templates:>9} "
+            print(f"{row.size:9} {row.source:9} {row.mode:10} {row.level:9} {row.templates:>9} "
                   f"{row.columns:>7} "
                   f"{row.median_s:>9.3f} {row.p95_s:>7.3f} {row.max_s:>7.3f} "
                   f"{row.max_gap:>8.2%} {row.met:>2}/{row.draws:<2} {row.mean_cost:>10.0f}  "
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             why = [] if row.median_ok else [
                 f"median {row.median_s:.3f} s > {TARGET_MEDIAN_S[row.size]:g} s"]
             why += [] if row.gap_ok else [f"max gap {row.max_gap:.2%} > {TARGET_GAP:.1%}"]
-            print(f"target not met: {row.size} {row.library} {row.mode} {row.level}: "
+            print(f"target not met: {row.size} {row.source} {row.mode} {row.level}: "
                   + "; ".join(why))
     met = sum(row.target_met for row in rows)
     print(f"targets: {'met' if met == len(rows) else 'NOT met'} ({met} of {len(rows)} rows)")

@@ -93,6 +93,29 @@ def test_round_trip_and_reuse(tiny, tmp_path):
     assert _sig(kept2) == _sig(kept)
 
 
+def test_a_finished_library_is_read_back_without_operating_points(tiny, tmp_path,
+                                                                    monkeypatch):
+    """Reusing a finished library computes no operating point (nothing is solved, and the
+    node types it excluded are on record): the same templates and the same report."""
+    from coral.templates.operating_points import OperatingPointTables
+
+    cat, perf = tiny
+    out = tmp_path / "lib"
+    kept, built = _build(cat, perf, out)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("operating points computed for a finished library")
+
+    monkeypatch.setattr(OperatingPointTables, "useful_node_types", refuse)
+    monkeypatch.setattr(OperatingPointTables, "node_spec", refuse)
+    again, report = _build(cat, perf, out)
+    assert _sig(again) == _sig(kept)
+    assert report.enumeration == built.enumeration
+    assert report.excluded_node_types == built.excluded_node_types
+    assert report.outcomes == built.outcomes and report.reused == sum(built.outcomes.values())
+    assert "reusing" in report.message
+
+
 def test_changed_inputs_rebuild(tiny, tmp_path):
     cat, perf = tiny
     out = tmp_path / "lib"

@@ -542,6 +542,42 @@ class BuildReport:
         }
 
 
+def _finished_library(out: Path, inputs: Any, model: str, mode: Mode
+                      ) -> tuple[list[Template], BuildReport] | None:
+    """A finished library at `out` built from these same inputs, read back whole: its kept
+    templates and a report from what it recorded (the enumeration's counts and the node types
+    it excluded), without computing the operating points of every node type again; None
+    when there is none (then the build opens, resumes or rebuilds it)."""
+    from coral.templates import store as lib_mod
+
+    if not (out / lib_mod.MANIFEST).exists():
+        return None
+    try:
+        library = lib_mod.TemplateLibrary.open(out)
+    except lib_mod.LibraryError:
+        return None
+    stored = library.manifest.get("report")
+    if library.digest != inputs.digest() or not library.complete \
+            or not isinstance(stored, dict) or "excluded_node_types" not in stored:
+        return None
+    records = library.records()
+    report = BuildReport(
+        model=model, mode=mode, path=str(out),
+        enumeration={k[len("combos_"):]: int(v) for k, v in stored.items()
+                     if k.startswith("combos_")},
+        excluded_node_types=dict(stored["excluded_node_types"]),
+        message=f"reusing the library at {out} ({len(records)} combinations, inputs "
+                "unchanged)",
+    )
+    for r in records:
+        report.outcomes[r["outcome"]] = report.outcomes.get(r["outcome"], 0) + 1
+    report.reused = len(records)
+    kept = [Template.from_dict(r["template"]) for r in records
+            if r["outcome"] == "kept" and r.get("template")]
+    kept.sort(key=lambda t: (len(t.combo), t.combo))
+    return kept, report
+
+
 def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
     if not sorted_values:
         return None
@@ -592,6 +628,18 @@ def build_library(
     say = on_message or (lambda msg: log.info("%s", msg))
     t_start = time.perf_counter()
 
+    if out is not None:
+        inputs = lib_mod.LibraryInputs.create(
+            catalog=catalog, model=arch.name, slo=slo, mode=mode, topology=topology, nmax=nmax,
+            rho=rho, node_types=node_types, regions=regions, batches=batches,
+        )
+        finished = _finished_library(Path(out), inputs, arch.name, mode)
+        if finished is not None:
+            kept, report = finished
+            say(report.message)
+            report.wall_s = time.perf_counter() - t_start
+            return kept, report
+
     if perf is None:
         perf = (perf_factory or par.default_perf_factory)(catalog)
     tables = shared_tables(perf, catalog, batches)
@@ -625,10 +673,6 @@ def build_library(
     library = None
     done: dict[Combo, dict[str, Any]] = {}
     if out is not None:
-        inputs = lib_mod.LibraryInputs.create(
-            catalog=catalog, model=arch.name, slo=slo, mode=mode, topology=topology, nmax=nmax,
-            rho=rho, node_types=node_types, regions=regions, batches=batches,
-        )
         try:
             library, message = lib_mod.TemplateLibrary.open_for_build(out, inputs)
         except BaseException:

@@ -14,9 +14,9 @@ every combination all three templates, so each model may mix aggregated instance
 `--library real` plans on the real template libraries instead (built, or reused from
 `out/templates`, as `coral plan --nmax N` builds them; `--nmax` defaults to 3 on `core` and
 2 on `advanced`, the sizes `coral demo` and the README's figures use): what `coral plan`
-solves. Real libraries are much harder than the synthetic ones at the same size: many
-templates of a model cost almost the same per request/s, so the LP bound sits 0.6-0.7% below
-the best plan where the synthetic one is within 0.1-0.3%.
+solves. At the limited level real libraries are much harder than the synthetic ones: many
+templates of a model cost almost the same per request/s, and on the two `core` problems
+measured the Lagrangian root bound sat 0.6-0.7% below the best plan.
 
 Synthetic templates stand in for real libraries at the solver level: random node multisets
 of up to `n_max` nodes (mostly one or two node types) whose memory holds the weights and is at

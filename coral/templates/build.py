@@ -560,22 +560,17 @@ def _finished_library(out: Path, inputs: Any, model: str, mode: Mode
     if library.digest != inputs.digest() or not library.complete \
             or not isinstance(stored, dict) or "excluded_node_types" not in stored:
         return None
-    records = library.records()
+    counts = library.counts()
     report = BuildReport(
         model=model, mode=mode, path=str(out),
         enumeration={k[len("combos_"):]: int(v) for k, v in stored.items()
                      if k.startswith("combos_")},
         excluded_node_types=dict(stored["excluded_node_types"]),
-        message=f"reusing the library at {out} ({len(records)} combinations, inputs "
-                "unchanged)",
+        message=lib_mod.reuse_message(out, sum(counts.values())),
     )
-    for r in records:
-        report.outcomes[r["outcome"]] = report.outcomes.get(r["outcome"], 0) + 1
-    report.reused = len(records)
-    kept = [Template.from_dict(r["template"]) for r in records
-            if r["outcome"] == "kept" and r.get("template")]
-    kept.sort(key=lambda t: (len(t.combo), t.combo))
-    return kept, report
+    report.outcomes.update(counts)
+    report.reused = sum(counts.values())
+    return library.templates(), report
 
 
 def _quantile(sorted_values: Sequence[float], q: float) -> float | None:

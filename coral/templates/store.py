@@ -264,7 +264,7 @@ class TemplateLibrary:
                 lib = old
                 n = len(lib.records())
                 if lib.complete:
-                    message = f"reusing the library at {path} ({n} combinations, inputs unchanged)"
+                    message = reuse_message(path, n)
                 else:
                     message = (f"resuming the library at {path}: {n} combinations already "
                                "decided are not solved again")
@@ -330,6 +330,11 @@ class TemplateLibrary:
         self.manifest["report"] = report
         self.manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self._write_manifest()
+
+
+def reuse_message(path: Path, combinations: int) -> str:
+    """What a build says when it reuses a finished library as it is."""
+    return f"reusing the library at {path} ({combinations} combinations, inputs unchanged)"
 
 
 def _aside_path(path: Path, digest: str) -> Path:

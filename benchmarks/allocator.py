@@ -18,6 +18,12 @@ solves. At the limited level real libraries are much harder than the synthetic o
 templates of a model cost almost the same per request/s, and on the two `core` problems
 measured the Lagrangian root bound sat 0.6-0.7% below the best plan.
 
+`--reference S` also solves each draw for up to S seconds at a 0.1% gap (`REFERENCE_GAP`)
+and prints the median and largest of each timed plan's gap proven with that solve's bound as
+well as its own: how far from the optimum the timed plans are where the timed solve could
+not prove it. With `--time-limit 0.1` it says what a 0.1 s budget buys. It proves, never
+estimates: a reference that also stops short leaves its own gap in the figure.
+
 Synthetic templates stand in for real libraries at the solver level: random node multisets
 of up to `n_max` nodes (mostly one or two node types) whose memory holds the weights and is at
 most `rho` times them. Capacity comes from a roofline rule of thumb (`_roofline_rps`: the
@@ -38,6 +44,7 @@ stops as soon as the target gap is proven.
     python benchmarks/allocator.py --modes pd            # prefill/decode templates (PD plans)
     python benchmarks/allocator.py --json results.json
     python benchmarks/allocator.py --library real --sizes core --draws 10
+    python benchmarks/allocator.py --library real --sizes core --levels limited --reference 90
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from coral.allocator import AllocationPlan, TemplateColumn, solve_allocation
 from coral.allocator.scenario import Scenario, load_scenario
@@ -64,6 +71,9 @@ TARGET_GAP = 0.005
 DEFAULT_TEMPLATES = {"core": 400, "advanced": 2000}
 #: n_max of the real libraries per size (`--library real`), as `coral demo` and the README.
 DEFAULT_REAL_NMAX = {"core": 3, "advanced": 2}
+#: Gap at which a reference solve (`--reference S`) stops: well inside the target, so that its
+#: bound says how far from the optimum the timed plan really is.
+REFERENCE_GAP = 1e-3
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -204,6 +214,49 @@ def real_templates(scenario: Scenario, catalog: Catalog, nmax: int) -> list[Temp
 # ---------------------------------------------------------------------------------------------
 
 
+def _cost_bound(plan: AllocationPlan) -> float:
+    """The proven lower bound of the cost objective behind `plan.gap`."""
+    if not math.isfinite(plan.gap):
+        return -math.inf
+    return plan.objective - plan.gap * abs(plan.objective)
+
+
+def _goodput_bound(plan: AllocationPlan) -> float:
+    """The proven upper bound of the goodput behind `plan.goodput_gap` (scarcity)."""
+    if not math.isfinite(plan.goodput_gap):
+        return math.inf
+    return plan.goodput + plan.goodput_gap * abs(plan.goodput)
+
+
+def gap_by_reference(plan: AllocationPlan, reference: AllocationPlan) -> float:
+    """The timed plan's gap proven with the reference solve's bounds as well as its own.
+
+    Demand met: the cost against the better of the two cost bounds. Demand short: the goodput
+    against the better of the two goodput bounds, and the cost against the reference's cost
+    bound only where the plan serves at least the reference's goodput (the reference's bound is
+    for plans of at least its goodput, so it holds for plans of more)."""
+    if plan.meets_demand:
+        bound = _cost_bound(plan)
+        if reference.meets_demand:
+            bound = max(bound, _cost_bound(reference))
+        return _relative(plan.objective, bound)
+    # a reference that meets demand proves the plan's goodput short by the whole shortfall
+    upper = min(_goodput_bound(plan),
+                reference.goodput if reference.meets_demand else _goodput_bound(reference))
+    goodput_gap = 0.0 if upper <= plan.goodput else (upper - plan.goodput) / max(
+        plan.goodput, 1e-9)
+    bound = _cost_bound(plan)
+    if not reference.meets_demand and plan.goodput >= reference.goodput * (1 - 1e-9):
+        bound = max(bound, _cost_bound(reference))
+    return max(goodput_gap, _relative(plan.objective, bound))
+
+
+def _relative(objective: float, bound: float) -> float:
+    if not math.isfinite(bound):
+        return math.inf
+    return max(0.0, objective - bound) / max(abs(objective), 1e-9)
+
+
 @dataclass
 class Row:
     size: str
@@ -220,6 +273,8 @@ class Row:
     met: int
     statuses: dict[str, int]
     mean_cost: float
+    #: with `--reference`: each plan's gap proven with the reference solve's bounds too
+    reference_gaps: list[float] = field(default_factory=list)
 
     @property
     def median_ok(self) -> bool:
@@ -236,7 +291,8 @@ class Row:
 
 def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
               time_limit_s: float, mip_gap: float, catalog: Catalog,
-              mode: str = "aggregated", source: str = "synthetic", nmax: int = 3) -> Row:
+              mode: str = "aggregated", source: str = "synthetic", nmax: int = 3,
+              reference_s: float = 0.0) -> Row:
     scenario = load_scenario(size, level=level, catalog=catalog).in_mode(mode)
     if source == "real":
         templates = real_templates(scenario, catalog, nmax)
@@ -247,6 +303,7 @@ def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
     gaps: list[float] = []
     costs: list[float] = []
     statuses: Counter[str] = Counter()
+    reference_gaps: list[float] = []
     met = 0
     columns = 0
     current: dict[tuple[str, str], int] = {}
@@ -262,6 +319,10 @@ def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
         problem = type(base)(**{**base.__dict__, "demands": demands,
                                 "availability": availability, "current": current})
         plan: AllocationPlan = solve_allocation(problem)
+        if reference_s > 0:
+            reference = solve_allocation(replace(problem, time_limit_s=reference_s,
+                                                 mip_gap=REFERENCE_GAP))
+            reference_gaps.append(gap_by_reference(plan, reference))
         times.append(plan.solve_s)
         gaps.append(max(plan.gap, plan.goodput_gap))
         costs.append(plan.cost_usd_per_hour)
@@ -272,7 +333,12 @@ def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
     return Row(size, source, mode, level, len(templates), columns, draws,
                statistics.median(times),
                _quantile(times, 0.95), max(times), max(gaps), met, dict(statuses),
-               statistics.fmean(costs))
+               statistics.fmean(costs), reference_gaps)
+
+
+def _reference_cell(row: Row) -> str:
+    gaps = row.reference_gaps
+    return f"{statistics.median(gaps):.2%} / {max(gaps):.2%}" if gaps else "-"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--mip-gap", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reference", type=float, default=0.0, metavar="S",
+                    help="also solve each draw for up to S seconds at a "
+                         f"{REFERENCE_GAP:.1%} gap, and print each timed plan's gap proven "
+                         "with that solve's bound too: how far from the optimum the plans "
+                         "are where the timed solve could not prove it")
     ap.add_argument("--json", default=None, help="also write the rows to this file")
     args = ap.parse_args(argv)
 
@@ -308,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{'size':9} {'library':9} {'mode':10} {'level':9} {'templates':>9} "
               f"{'columns':>7} {'median_s':>9} "
               f"{'p95_s':>7} {'max_s':>7} {'max_gap':>8} {'met':>5} {'$/h mean':>10}  "
-              f"{'target':6}  status")
+              f"{'target':6}  "
+              + (f"{'ref_gap median/max':>19}  " if args.reference > 0 else "") + "status")
     print(header)
     for size, mode in itertools.product(args.sizes, args.modes):
         per_model = args.templates or DEFAULT_TEMPLATES[size]
@@ -318,14 +390,17 @@ def main(argv: list[str] | None = None) -> int:
                             seed=args.seed, time_limit_s=args.time_limit,
                             mip_gap=args.mip_gap, catalog=catalog, mode=mode,
                             source=args.source,
-                            nmax=args.nmax or DEFAULT_REAL_NMAX[size])
+                            nmax=args.nmax or DEFAULT_REAL_NMAX[size],
+                            reference_s=args.reference)
             rows.append(row)
             verdict = "yes" if row.target_met else "NO"
             print(f"{row.size:9} {row.source:9} {row.mode:10} {row.level:9} {row.templates:>9} "
                   f"{row.columns:>7} "
                   f"{row.median_s:>9.3f} {row.p95_s:>7.3f} {row.max_s:>7.3f} "
                   f"{row.max_gap:>8.2%} {row.met:>2}/{row.draws:<2} {row.mean_cost:>10.0f}  "
-                  f"{verdict:6}  {row.statuses}  ({time.perf_counter() - t0:.0f} s)",
+                  f"{verdict:6}  " + (f"{_reference_cell(row):>19}  " if args.reference > 0
+                                      else "")
+                  + f"{row.statuses}  ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
     for row in rows:
         if not row.target_met:

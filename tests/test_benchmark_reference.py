@@ -1,0 +1,75 @@
+"""The allocator benchmark's `--reference` gap: a timed plan's gap proven with a longer
+solve's bounds as well as its own, and never with a bound that does not hold for it."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from coral.allocator import AllocationPlan
+from coral.allocator.problem import PlanStatus
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "allocator.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("allocator_benchmark", _PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while defining
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def _plan(cost: float, gap: float, served: float, *, goodput_gap: float = 0.0,
+          demand: float = 10.0) -> AllocationPlan:
+    return AllocationPlan(
+        status=PlanStatus.OPTIMAL if served >= demand else PlanStatus.INFEASIBLE,
+        instances={}, cost_usd_per_hour=cost, penalty_usd=0.0,
+        demand_rps={"m": demand}, capacity_rps={"m": served}, served_rps={"m": served},
+        goodput=served, nodes_used={}, started={}, stopped={}, gap=gap, solve_s=0.1,
+        goodput_gap=goodput_gap,
+    )
+
+
+def test_a_tighter_reference_bound_proves_the_timed_plan_closer(bench):
+    timed = _plan(100.0, 0.02, 10.0)  # bound 98
+    reference = _plan(99.5, 0.001, 10.0)  # bound 99.4005
+    assert bench.gap_by_reference(timed, reference) == pytest.approx(0.005995)
+
+
+def test_a_looser_reference_bound_leaves_the_timed_gap(bench):
+    timed = _plan(100.0, 0.002, 10.0)
+    reference = _plan(100.0, 0.05, 10.0)
+    assert bench.gap_by_reference(timed, reference) == pytest.approx(0.002)
+
+
+def test_a_reference_meeting_demand_proves_a_short_plan_short_by_its_shortfall(bench):
+    timed = _plan(50.0, 0.0, 8.0, goodput_gap=0.5)
+    reference = _plan(80.0, 0.0, 10.0)
+    assert bench.gap_by_reference(timed, reference) == pytest.approx(0.25)  # 10 vs 8
+
+
+def test_a_reference_cost_bound_holds_only_at_its_goodput_or_more(bench):
+    # the reference serves more: its cost bound is for plans of that goodput, not the timed one's
+    timed = _plan(50.0, 0.01, 8.0, goodput_gap=0.02)  # goodput bound 8.16
+    reference = _plan(60.0, 0.0, 8.1, goodput_gap=0.001)  # goodput bound 8.1081, cost 60
+    assert bench.gap_by_reference(timed, reference) == pytest.approx(0.1081 / 8.0)
+    # the timed plan serves as much as the reference: its cost bound holds too
+    level = _plan(50.0, 0.05, 8.0, goodput_gap=0.0)
+    cheaper_bound = _plan(49.9, 0.0, 8.0)
+    assert bench.gap_by_reference(level, cheaper_bound) == pytest.approx(0.1 / 50.0)
+
+
+def test_nothing_proven_reads_infinite(bench):
+    timed = _plan(100.0, math.inf, 10.0)
+    reference = _plan(100.0, math.inf, 10.0)
+    assert bench.gap_by_reference(timed, reference) == math.inf

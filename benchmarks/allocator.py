@@ -62,6 +62,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from coral.allocator import AllocationPlan, TemplateColumn, solve_allocation
+from coral.allocator.branch_price import relative_gap
 from coral.allocator.scenario import Scenario, load_scenario
 from coral.catalog import Catalog, default_catalog
 
@@ -239,22 +240,15 @@ def gap_by_reference(plan: AllocationPlan, reference: AllocationPlan) -> float:
         bound = _cost_bound(plan)
         if reference.meets_demand:
             bound = max(bound, _cost_bound(reference))
-        return _relative(plan.objective, bound)
+        return relative_gap(plan.objective, bound)
     # a reference that meets demand proves the plan's goodput short by the whole shortfall
     upper = min(_goodput_bound(plan),
                 reference.goodput if reference.meets_demand else _goodput_bound(reference))
-    goodput_gap = 0.0 if upper <= plan.goodput else (upper - plan.goodput) / max(
-        plan.goodput, 1e-9)
+    goodput_gap = relative_gap(-plan.goodput, -upper)  # maximising: as the allocator's
     bound = _cost_bound(plan)
     if not reference.meets_demand and plan.goodput >= reference.goodput * (1 - 1e-9):
         bound = max(bound, _cost_bound(reference))
-    return max(goodput_gap, _relative(plan.objective, bound))
-
-
-def _relative(objective: float, bound: float) -> float:
-    if not math.isfinite(bound):
-        return math.inf
-    return max(0.0, objective - bound) / max(abs(objective), 1e-9)
+    return max(goodput_gap, relative_gap(plan.objective, bound))
 
 
 @dataclass

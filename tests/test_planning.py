@@ -217,10 +217,12 @@ def test_plan_cli_json_fields(setup, fake_baselines, tmp_path):
     cost = 0.0
     for inst in payload["instances"]:
         assert inst["region"] == REGION and inst["count"] >= 1
-        layers = sorted((s["first_layer"], s["first_layer"] + s["layers"])
-                        for s in inst["placement"] if s["layers"])
-        assert layers[0][0] == 0 and layers[-1][1] == 32  # every layer of the model placed
-        assert sum(inst["nodes"].values()) == len(inst["placement"])
+        stages = inst["stages"]
+        assert stages[0]["first_layer"] == 0  # one pipeline over every layer of the model
+        for a, b in zip(stages, stages[1:]):
+            assert a["first_layer"] + a["layers"] == b["first_layer"]
+        assert stages[-1]["first_layer"] + stages[-1]["layers"] == 32
+        assert sum(inst["nodes"].values()) == sum(s["count"] for s in stages)
         cost += inst["usd_per_hour"] * inst["count"]
     assert cost == pytest.approx(payload["cost_per_hour"])
     assert json.loads(out.read_text()) == payload

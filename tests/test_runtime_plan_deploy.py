@@ -48,8 +48,8 @@ def make_plan() -> dict:
              [_node("8x-a100-40gb", 0, 42, 8), _node("8x-a100-40gb", 42, 38, 8)], 11.8),
         # a data-parallel stage: two nodes on [20, 40)
         _row("qwen3-14b", "gcp-us-central1", "qwen3-14b|aggregated|1x-a100-40gb*3", 2,
-             [_node("1x-a100-40gb", 0, 20), _node("1x-a100-40gb", 20, 20, batch=4),
-              _node("1x-a100-40gb", 20, 20, batch=12)]),
+             [_node("1x-a100-40gb", 0, 20), _node("1x-a100-40gb", 20, 20, batch=8),
+              _node("1x-a100-40gb", 20, 20, batch=8)]),
         # node types with different GPU counts
         _row("qwen3-32b", "gcp-us-central1", "qwen3-32b|aggregated|1x-h100-sxm+4x-a100-40gb",
              1, [_node("1x-h100-sxm", 0, 29), _node("4x-a100-40gb", 29, 35, 4)]),
@@ -79,7 +79,7 @@ def test_malformed_plans_are_named():
         planned_instances(plan)
     gap = make_plan()
     gap["instances"][0]["placement"][0]["first_layer"] = 21  # [0,20) then [21,33)
-    with pytest.raises(DeploymentError, match="do not form a pipeline"):
+    with pytest.raises(DeploymentError, match="do not form one pipeline"):
         planned_instances(gap)
     with pytest.raises(DeploymentError, match="no 'instances'"):
         planned_instances({"scenario": "core"})
@@ -96,7 +96,7 @@ def test_approximate_instances_keep_depth_split_and_weights(instances):
     assert [(s.first_layer, s.end_layer) for s in spec.pipeline.stages] == [(0, 20), (20, 32)]
     assert spec.weight == pytest.approx(2.0 * 3)  # capacity x the plan's count
     qwen = by_name["gcp-us-central1/qwen3-14b|aggregated|1x-a100-40gb*3"]
-    assert qwen.pipeline.stages[1].node_weights == (4.0, 12.0)  # data parallel by batch
+    assert qwen.pipeline.stages[1].node_weights == (8.0, 8.0)  # identical nodes share evenly
     approx = [n for n in dep.notes if n.startswith("approximate:")]
     assert len(approx) == 4 and "width 32 instead of 4096" in " ".join(approx)
     assert "random weights" in approx[0]

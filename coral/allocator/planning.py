@@ -35,6 +35,7 @@ from coral.allocator.ilp import infeasibility_message, solve_allocation
 from coral.allocator.problem import AllocationPlan, TemplateColumn, TemplateRegion
 from coral.allocator.scenario import AUTO_MODES, Scenario
 from coral.catalog.loader import Catalog
+from coral.perf.pipeline import PipelineShape
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
 from coral.templates.build import BuildReport, Template, build_library, build_template
 from coral.templates.homogeneous import cached_completions, homogeneous_combos
@@ -186,7 +187,8 @@ def templates_for_scenario(
             kept_all.extend(cached_completions(
                 out, _library_digest(out), kept, combos, lambda c, mode=mode: build_template(
                     m.name, c, slo, mode, topology, perf, catalog, tables=tables,
-                    time_limit_s=time_limit_s, solver=build_options.get("solver"))))
+                    time_limit_s=time_limit_s, solver=build_options.get("solver"),
+                    floor=0.0)))
             reports.append(report)
             if out is not None:
                 dirs[f"{m.name}/{mode}"] = str(out)
@@ -229,7 +231,8 @@ def columns_from_templates(
     A column's capacity is the template's planned capacity (`Scenario.planned_capacity`:
     throughput times the utilisation at which TTFT still holds), not its full throughput.
     Left out: templates with no planned capacity, of models or modes the scenario does not
-    serve, or whose node types no scenario region prices together. Of two templates with the same
+    serve, that are not one pipeline (not one instance a reader can deploy), or whose node
+    types no scenario region prices together. Of two templates with the same
     id (same model, mode and combination) the one of higher throughput is kept.
     """
     served = {m.name for m in scenario.models}
@@ -239,7 +242,8 @@ def columns_from_templates(
         if model not in served:
             continue
         for t in tpls:
-            if t.model != model or t.mode not in modes or not t.feasible or t.throughput <= 0:
+            if (t.model != model or t.mode not in modes or not t.feasible or t.throughput <= 0
+                    or not t.is_pipeline):
                 continue
             capacity = scenario.planned_capacity(t)
             if not capacity > 0:
@@ -257,6 +261,8 @@ def templates_by_id(templates: Mapping[str, Sequence[Template]]) -> dict[str, Te
     out: dict[str, Template] = {}
     for tpls in templates.values():
         for t in tpls:
+            if not t.is_pipeline:
+                continue
             cid = column_id(t)
             if cid not in out or t.throughput > out[cid].throughput:
                 out[cid] = t
@@ -269,25 +275,6 @@ def templates_by_id(templates: Mapping[str, Sequence[Template]]) -> dict[str, Te
 
 
 @dataclass(frozen=True)
-class StagePlacement:
-    """One node of a template instance and the layers it holds."""
-
-    node_type: str
-    first_layer: int
-    layers: int  # 0: the node holds nothing (idle in this template)
-    batch: int
-    tp_degree: int
-
-    @property
-    def layer_range(self) -> str:
-        return f"[{self.first_layer}, {self.first_layer + self.layers})" if self.layers else "-"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"node_type": self.node_type, "first_layer": self.first_layer,
-                "layers": self.layers, "batch": self.batch, "tp_degree": self.tp_degree}
-
-
-@dataclass(frozen=True)
 class PlannedInstances:
     """`count` instances of one template in one region."""
 
@@ -297,7 +284,7 @@ class PlannedInstances:
     mode: str
     count: int
     node_counts: Mapping[str, int]  # node type -> nodes in one instance
-    placement: tuple[StagePlacement, ...]  # per node of one instance
+    shape: PipelineShape | None  # what one instance deploys (None: no template known)
     capacity: float  # one instance, in `unit`
     unit: str
     capacity_rps: float  # one instance, planned requests/s of the model's workload mix
@@ -317,7 +304,7 @@ class PlannedInstances:
             "mode": self.mode,
             "count": self.count,
             "nodes": dict(self.node_counts),
-            "placement": [s.to_dict() for s in self.placement],
+            "stages": self.shape.to_dicts() if self.shape is not None else [],
             "capacity": self.capacity,
             "unit": self.unit,
             "capacity_rps": self.capacity_rps,
@@ -482,10 +469,7 @@ def decode_instances(plan: AllocationPlan, columns: Sequence[TemplateColumn],
     for (tid, region), count in sorted(plan.instances.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         col = col_by_id[tid]
         tpl = templates.get(tid)
-        placement = tuple(
-            StagePlacement(n.node_type, n.first_layer, n.layers, n.batch, n.tp_degree)
-            for n in (tpl.nodes if tpl is not None else ())
-        )
+        shape = tpl.shape if tpl is not None else None
         if tpl is not None and tpl.throughput > 0:
             rps = col.capacity * tpl.throughput_rps / tpl.throughput
             utilisation = col.capacity / tpl.throughput
@@ -494,7 +478,7 @@ def decode_instances(plan: AllocationPlan, columns: Sequence[TemplateColumn],
             utilisation = 1.0
         out.append(PlannedInstances(
             region=region, template_id=tid, model=col.model, mode=col.mode, count=int(count),
-            node_counts=dict(col.node_counts), placement=placement, capacity=col.capacity,
+            node_counts=dict(col.node_counts), shape=shape, capacity=col.capacity,
             unit=tpl.unit if tpl is not None else "req/s", capacity_rps=rps,
             usd_per_hour=col.price_usd_per_hour[region],
             started=int(plan.started.get((tid, region), 0)), utilisation=utilisation,

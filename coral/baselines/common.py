@@ -287,23 +287,30 @@ class TemplateBuilder:
                              "tables made from the same catalog (or none)")
 
     @staticmethod
-    def _key(model: str, mode: str, slo: SloSpec, combo: Sequence[str]
-             ) -> tuple[str, str, str, Combo]:
-        return (model, mode, slo.key(), tuple(sorted(combo)))
+    def _key(model: str, mode: str, slo: SloSpec, combo: Sequence[str], one_pipeline: bool
+             ) -> tuple[str, str, str, Combo, bool]:
+        return (model, mode, slo.key(), tuple(sorted(combo)), one_pipeline)
 
     def seed(self, templates: Iterable[Template]) -> None:
-        """Remember already solved templates (of this builder's topology)."""
+        """Remember already solved templates (of this builder's topology; the planner's are
+        one pipeline each)."""
         for t in templates:
-            if t.topology == self.topology:
-                self._memo.setdefault(self._key(t.model, t.mode, t.slo, t.combo), t)
+            if t.topology == self.topology and t.is_pipeline:
+                self._memo.setdefault(self._key(t.model, t.mode, t.slo, t.combo, True), t)
 
-    def get(self, model: str, combo: Sequence[str], slo: SloSpec, mode: Mode) -> Template:
-        key = self._key(model, mode, slo, combo)
+    def get(self, model: str, combo: Sequence[str], slo: SloSpec, mode: Mode, *,
+            one_pipeline: bool = True) -> Template:
+        """The template of `model` on `combo`: one pipeline over every node (what one
+        instance deploys), or with `one_pipeline=False` the best split of the nodes into
+        pipelines side by side (Helix's max flow over a whole cluster)."""
+        key = self._key(model, mode, slo, combo, one_pipeline)
         hit = self._memo.get(key)
         if hit is None:
+            floor = 0.0 if one_pipeline and self.topology in ("flow", "chain") else None
             hit = build_template(
                 model, key[3], slo, mode, self.topology, self.perf, self.catalog,
                 tables=self.tables, time_limit_s=self.time_limit_s, solver=self.solver,
+                floor=floor,
             )
             self.solved += 1
             self._memo[key] = hit

@@ -193,8 +193,8 @@ def helix_placement(
     if builder is None:
         builder = TemplateBuilder(catalog, perf, tables, topology=topology)
     combo = tuple(sorted(cluster_node_types))
-    loose = builder.get(model, combo, no_slo(slo), "aggregated")
-    bound = builder.get(model, combo, slo, "aggregated")
+    loose = builder.get(model, combo, no_slo(slo), "aggregated", one_pipeline=False)
+    bound = builder.get(model, combo, slo, "aggregated", one_pipeline=False)
     return HelixPlacement(model, combo, slo, loose, bound, slo_share(loose, slo))
 
 
@@ -239,7 +239,7 @@ def best_no_slo_cluster(
             note += f" (stopped after {max_solves} placements: best found, not proven)"
             break
         solves += 1
-        t = builder.get(model, combo, loose, "aggregated")
+        t = builder.get(model, combo, loose, "aggregated", one_pipeline=False)
         if t.feasible and (best is None or t.throughput / price > best[0]):
             best = (t.throughput / price, combo)
     if best is None:

@@ -131,20 +131,7 @@ def _pct(x: float) -> str:
 def _stages(inst: Any) -> str:
     """`1x-l4 x2 [0,16) → 1x-a10g [16,32)`: the pipeline stages of one instance in layer
     order; the nodes of one stage hold the same layers (data parallel)."""
-    groups: dict[tuple[int, int], list[str]] = {}
-    for s in inst.placement:
-        if s.layers > 0:
-            groups.setdefault((s.first_layer, s.layers), []).append(s.node_type)
-    if not groups:
-        return "-"
-    parts = []
-    for (first, layers), names in sorted(groups.items()):
-        counts: dict[str, int] = {}
-        for n in names:
-            counts[n] = counts.get(n, 0) + 1
-        nodes = "+".join(n if k == 1 else f"{n} x{k}" for n, k in sorted(counts.items()))
-        parts.append(f"{nodes} [{first},{first + layers})")
-    return " → ".join(parts)
+    return inst.shape.describe() if inst.shape is not None else "-"
 
 
 def _overall_served(served_fraction: dict[str, float], demand: dict[str, float]) -> float:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from coral.perf.pipeline import PipelineShape, ShapeError
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
 
 #: Width of the reduced models that stand in for catalog models on this machine.
@@ -125,17 +126,19 @@ def planned_instances(plan: Mapping[str, Any]) -> tuple[PlannedInstance, ...]:
         where = f"instances[{k}]"
         try:
             name = f"{row['region']}/{row['template_id']}"
-            nodes = tuple(sorted(
-                (PlannedNode(str(p["node_type"]), int(p["first_layer"]), int(p["layers"]),
-                             int(p.get("tp_degree", 1)), max(1, int(p.get("batch", 1))))
-                 for p in row.get("placement") or [] if int(p["layers"]) > 0),
-                key=lambda n: (n.first_layer, n.node_type)))
+            shape = PipelineShape.from_row(row)
+            nodes = tuple(PlannedNode(st.node_type, st.first_layer, st.layers, st.tp_degree,
+                                      st.batch)
+                          for st in shape.stages for _ in range(st.count))
             inst = PlannedInstance(
                 name=name, model=str(row["model"]), region=str(row["region"]),
                 count=int(row["count"]), nodes=nodes,
                 capacity_rps=float(row.get("capacity_rps") or 1.0),
                 usd_per_hour=float(row.get("usd_per_hour") or 0.0),
                 mode=str(row.get("mode", "aggregated")))
+        except ShapeError as exc:
+            raise DeploymentError(f"plan {where} ({row.get('region')}/"
+                                  f"{row.get('template_id')}): {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise DeploymentError(f"plan {where} is malformed ({type(exc).__name__}: {exc}); "
                                   "expected a row written by `coral plan --out`") from None

@@ -2,11 +2,11 @@
 
 An `InstanceSpec` is one running copy of a template: its stages in layer order, each stage the
 nodes that hold the same layer range (data parallel), each node with its layers, batch and the
-share of the stage's traffic it takes. It is built from a `Template` (shares from the
-template's flows), from a `PlanResult`, or from the JSON that `coral plan --out` writes (that
-JSON has every node's layers and batch, each instance's capacity and price, and the scenario
-name, which gives the SLO; shares then follow the nodes' batches, as the flows are not
-written).
+share of the stage's traffic it takes. It is built from the one instance shape
+(`coral.perf.pipeline.PipelineShape`) of a `Template`, of a `PlanResult` row, or of a row of
+the JSON that `coral plan --out` writes (its `stages`, each instance's capacity and price, and
+the scenario name, which gives the SLO): the identical nodes of a stage share it evenly.
+Hand-made specs (`stages_from_nodes`) may give nodes of one stage other shares.
 
 Roles: an instance is `aggregated` (prompts and decoding, the default) or one half of a
 prefill/decode-disaggregated (PD) deployment: `prefill` (runs prompts only; its nodes' batch
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
+from coral.perf.pipeline import PipelineShape, ShapeError
 from coral.templates.slo import SloSpec
 
 
@@ -111,25 +112,32 @@ def stages_from_nodes(nodes: Sequence[tuple[str, int, int, int, float]]) -> tupl
     return tuple(stages)
 
 
+def stages_from_shape(shape: PipelineShape) -> tuple[Stage, ...]:
+    """The simulator's stages of one pipeline: each stage's identical nodes share its
+    traffic evenly."""
+    return tuple(Stage(tuple(StageNode(st.node_type, st.first_layer, st.layers, st.batch,
+                                       1.0 / st.count) for _ in range(st.count)))
+                 for st in shape.stages)
+
+
 def instance_from_template(template: Any, *, name: str | None = None, weight: float | None = None,
                            usd_per_hour: float | None = None, region: str = "") -> InstanceSpec:
-    """An instance of `template` in the template's mode (its role); node shares from the
-    template's flows, weight its throughput in requests/s unless given."""
+    """An instance of `template` in the template's mode (its role), its stages the
+    template's shape; weight its throughput in requests/s unless given."""
     if template.mode not in ROLES:
         raise DeploymentError(f"template {template.combo} is in unknown mode {template.mode!r}")
-    inflow = [0.0] * len(template.nodes)
-    for src, dst, flow in template.edges:
-        if dst >= 0:
-            inflow[dst] += flow
-    nodes = [(n.node_type, n.first_layer, n.layers, n.batch, inflow[i] or float(n.batch))
-             for i, n in enumerate(template.nodes)]
+    try:
+        stages = stages_from_shape(template.shape)
+    except ShapeError as exc:
+        raise DeploymentError(f"template {template.model} on {'+'.join(template.combo)}: "
+                              f"{exc}") from None
     price = usd_per_hour
     if price is None:
         price = template.min_usd_per_hour() or 0.0
     role = "" if template.mode == "aggregated" else f"|{template.mode}"
     return InstanceSpec(
         name=name or f"{template.model}|{'+'.join(template.combo)}{role}",
-        model=template.model, stages=stages_from_nodes(nodes),
+        model=template.model, stages=stages,
         weight=float(template.throughput_rps if weight is None else weight),
         usd_per_hour=float(price), slo=template.slo, role=template.mode, region=region)
 
@@ -143,14 +151,10 @@ def _instances_from_rows(rows: Iterable[Mapping[str, Any]],
             raise DeploymentError(
                 f"instance {row.get('template_id')!r} is in unknown mode {role!r}; expected "
                 + ", ".join(ROLES))
-        placement = row.get("placement") or []
-        if not placement:
-            raise DeploymentError(
-                f"instance {row.get('template_id')!r} has no placement; re-plan with a "
-                "current `coral plan`")
-        nodes = [(p["node_type"], int(p["first_layer"]), int(p["layers"]), int(p["batch"]),
-                  float(p["batch"])) for p in placement]
-        stages = stages_from_nodes(nodes)
+        try:
+            stages = stages_from_shape(PipelineShape.from_row(row))
+        except ShapeError as exc:
+            raise DeploymentError(f"instance {row.get('template_id')!r}: {exc}") from None
         slo = slos.get(row["model"])
         for k in range(int(row["count"])):
             out.append(InstanceSpec(

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch
+from coral.perf.pipeline import PipelineShape, ShapeError, shape_of
 from coral.templates.enumerate import (
     DEFAULT_NMAX,
     DEFAULT_RHO,
@@ -137,6 +138,22 @@ class Template:
 
     def min_usd_per_hour(self) -> float | None:
         return min(self.usd_per_hour.values()) if self.usd_per_hour else None
+
+    @property
+    def shape(self) -> PipelineShape:
+        """What one instance of this template deploys (`coral.perf.pipeline`); raises
+        `ShapeError` for a placement that is not one pipeline (a `dag` template, or the best
+        split into replicas that `coral templates solve` answers with)."""
+        return shape_of(self.nodes)
+
+    @property
+    def is_pipeline(self) -> bool:
+        """Whether the template is one pipeline of stages (deployable as one instance)."""
+        try:
+            self.shape
+        except ShapeError:
+            return False
+        return True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -458,11 +475,17 @@ def solve_task(
     tpl = build_template(
         model, task.combo, slo, mode, topology, perf, catalog, tables=tables,
         time_limit_s=time_limit_s, method=method, solver=solver,
-        floor=task.best_sub if bound_skip else None,
+        floor=task.best_sub if bound_skip else _one_pipeline_floor(topology),
     )
     if math.isfinite(bound) and tpl.upper_bound > bound:
         tpl = replace(tpl, upper_bound=bound)
     return Outcome(task.combo, tpl, bound, time.perf_counter() - start)
+
+
+def _one_pipeline_floor(topology: Topology) -> float | None:
+    """The floor that asks for one pipeline over every node and nothing more: a library's
+    templates are single pipelines (one instance each) even without the dominance cut."""
+    return 0.0 if topology in ("flow", "chain") else None
 
 
 def split_floor(combo: Combo, best: Mapping[Combo, float]) -> float:

@@ -5,8 +5,9 @@ A library drops a combination when its parts side by side reach its throughput
 (`coral.allocator.headroom`: throughput times the utilisation at which TTFT holds), which pools
 the queue inside one instance, so one instance over `k` identical nodes can plan above `k`
 single-node instances: llama-3.1-8b on 2 x 1x-l40s plans 10.16 req/s against 2 x 4.98. These
-completions put every such `k x g` (within `n_max`, `rho` and the memory floor) back, solved
-without the floor. They are the set the Homo baseline is built from, so no baseline has a
+completions put every such `k x g` (within `n_max`, `rho` and the memory floor) back, each
+solved as one pipeline over all `k` nodes (floor 0): a template is one instance, and the
+best split into smaller replicas is already the library's smaller templates side by side. They are the set the Homo baseline is built from, so no baseline has a
 column Coral lacks. Heterogeneous combinations dropped the same way stay dropped: there are
 combinatorially many of them, and a lossless rule would judge the library on planned capacity
 (which needs the traffic shape in the library's key).
@@ -30,7 +31,8 @@ log = logging.getLogger(__name__)
 
 #: The completions of a library, stored beside it (`cached_completions`).
 COMPLETIONS_FILE = "homogeneous.json"
-COMPLETIONS_FORMAT = 1
+#: 2: every completion is one pipeline over all its nodes (format 1 could hold replicas).
+COMPLETIONS_FORMAT = 2
 
 
 def min_kv_tokens(slo: SloSpec, mode: Mode) -> int:
@@ -56,15 +58,16 @@ def homogeneous_combos(model: str, catalog: Catalog, slo: SloSpec, mode: Mode, *
 
 def homogeneous_completions(kept: Sequence[Template], combos: Iterable[Combo],
                             solve: Callable[[Combo], Template]) -> list[Template]:
-    """The feasible templates of `combos` that `kept` lacks, each solved by `solve` (a
-    placement over exactly those nodes, without a floor)."""
+    """The feasible templates of `combos` that `kept` lacks, each solved by `solve` (one
+    pipeline over exactly those nodes); a solver that answers with
+    several pipelines side by side gives no completion (its parts are the library's)."""
     have = {tuple(sorted(t.combo)) for t in kept}
     out = []
     for combo in combos:
         if tuple(sorted(combo)) in have:
             continue
         t = solve(combo)
-        if t.feasible and t.throughput > 0:
+        if t.feasible and t.throughput > 0 and t.is_pipeline:
             out.append(t)
     return out
 

@@ -36,7 +36,7 @@ from coral.sim import (
     synthetic,
 )
 from coral.sim import pd
-from coral.sim.capacity import saturation
+from coral.perf.step import template_saturation as saturation
 from coral.sim.deployment import stages_from_nodes
 from coral.sim.metrics import REQUEST_COLUMNS, request_rows
 from coral.sim.workload import merge

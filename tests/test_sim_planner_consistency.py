@@ -19,7 +19,7 @@ from coral.allocator.headroom import (
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
 from coral.sim import instance_from_template, simulate, summarize, synthetic
-from coral.sim.capacity import saturation
+from coral.perf.step import template_saturation as saturation
 from coral.templates.slo import SloSpec
 
 MODEL = "llama-3.1-8b"

@@ -24,7 +24,7 @@ planned utilisation is the largest `rho` with `P(W > TTFT_slo - TTFT_predicted)`
 Multi-stage templates: the solver's flow model of a pipeline is more optimistic than the way
 the simulator (and vLLM) run one, so when the planner is given the perf model the rate and TPOT
 are taken from the simulator's own step-cost model at full occupancy where those are worse
-(`coral.sim.capacity`).
+(`coral.perf.step`).
 
 It is per instance: a load-aware router that pools instances of a model does at least as
 well, so with many instances the plan errs safe.
@@ -150,7 +150,7 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
     prefill queue against the TTFT slack, the hand-over and the decode queue against the TPOT
     slack of the later tokens, each half within its NIC).
 
-    `saturation` (a `coral.sim.capacity.Saturation`): the rate and TPOT the instance reaches at
+    `saturation` (a `coral.perf.step.Saturation`): the rate and TPOT the instance reaches at
     full occupancy as the simulator runs it; when lower / longer than the template's own
     figures they are used instead, and `utilisation` is still relative to the template's
     throughput (so it also carries that shortfall). A template whose simulated step at full

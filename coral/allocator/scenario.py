@@ -70,6 +70,7 @@ from coral.allocator.problem import (
     priced_column,
 )
 from coral.catalog import Catalog, default_catalog
+from coral.perf.step import template_saturation
 
 SCENARIO_SCHEMA_VERSION = 1
 ScenarioMode = Literal["aggregated", "pd", "mixed", "auto"]
@@ -226,22 +227,21 @@ class Scenario:
     node_types: tuple[str, ...]
     node_prices: Mapping[NodeRegion, float]  # $/hour; only pairs priced there
     availability: Mapping[NodeRegion, int]  # nodes; only non-zero pairs
-    # template -> its rate at full occupancy as simulated (`coral.sim.capacity`), when the
-    # scenario was given a perf model (`with_perf`); None: the templates' own figures
+    # template -> its rate at full occupancy under the pipeline step model the simulator runs
+    # (`coral.perf.step`), when the scenario was given a perf model (`with_perf`); None: the
+    # templates' own figures
     saturation_of: Callable[[Any], Any] | None = dc_field(default=None, compare=False, repr=False)
 
     def with_perf(self, perf: Any, catalog: Catalog) -> "Scenario":
         """This scenario, planning multi-stage templates by the rate the simulator's step
         model gives them at full occupancy (memoised per template)."""
-        from coral.sim.capacity import saturation
-
         memo: dict[int, tuple[Any, Any]] = {}
 
         def saturation_of(template: Any) -> Any:
             hit = memo.get(id(template))
             if hit is None or hit[0] is not template:
-                hit = memo[id(template)] = (template, saturation(template, perf=perf,
-                                                                 catalog=catalog))
+                hit = memo[id(template)] = (template, template_saturation(
+                    template, perf=perf, catalog=catalog))
             return hit[1]
 
         return replace(self, saturation_of=saturation_of)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from coral.perf.pipeline import PipelineShape, ShapeError
+from coral.perf.step import Stage, StageNode, stages_from_shape
 from coral.templates.slo import SloSpec
 
 
@@ -30,36 +31,6 @@ ROLES: tuple[str, ...] = ("aggregated", "prefill", "decode")
 
 class DeploymentError(ValueError):
     """A deployment cannot be simulated as given."""
-
-
-@dataclass(frozen=True)
-class StageNode:
-    """One node of a pipeline stage."""
-
-    node_type: str
-    first_layer: int
-    layers: int
-    batch: int  # most sequences the node runs per iteration (the template's choice)
-    share: float  # fraction of the stage's sequences and tokens this node takes
-
-
-@dataclass(frozen=True)
-class Stage:
-    """Nodes holding the same layers; a micro-batch is split over them by `share`."""
-
-    nodes: tuple[StageNode, ...]
-
-    @property
-    def first_layer(self) -> int:
-        return self.nodes[0].first_layer
-
-    @property
-    def layers(self) -> int:
-        return self.nodes[0].layers
-
-    @property
-    def batch(self) -> int:
-        return sum(n.batch for n in self.nodes)
 
 
 @dataclass(frozen=True)
@@ -110,14 +81,6 @@ def stages_from_nodes(nodes: Sequence[tuple[str, int, int, int, float]]) -> tupl
                       (m[4] / total) if total > 0 else 1.0 / len(members))
             for m in members)))
     return tuple(stages)
-
-
-def stages_from_shape(shape: PipelineShape) -> tuple[Stage, ...]:
-    """The simulator's stages of one pipeline: each stage's identical nodes share its
-    traffic evenly."""
-    return tuple(Stage(tuple(StageNode(st.node_type, st.first_layer, st.layers, st.batch,
-                                       1.0 / st.count) for _ in range(st.count)))
-                 for st in shape.stages)
 
 
 def instance_from_template(template: Any, *, name: str | None = None, weight: float | None = None,

@@ -15,13 +15,9 @@ An instance (`InstanceSpec`) runs vLLM-style continuous batching:
     first, then waiting requests FCFS while fewer than `max_seqs` run and the whole prompt fits
     in the free KV cache). When the cache cannot take this step's decode tokens, the most
     recently admitted sequence is preempted and later recomputed (prompt + tokens so far as a
-    new prompt). The sequences of a step are split into `m = min(stages, sequences)` equal
-    micro-batches that flow through the stages (a stage's micro-batch is split over its
-    data-parallel nodes by their shares); a node's time is the perf model's iteration plus,
-    when it is not the last stage, the activation send (`tokens x hidden bytes / NIC +
-    NET_LATENCY_S`). With stage times `T_s`, one step (every micro-batch one token further)
-    lasts `max(sum_s T_s, m * max_s T_s)`: the latency of the path, or the bottleneck stage
-    busy with every micro-batch — the period of a cyclic pipeline with `m` identical jobs.
+    new prompt). A step's cost is the pipeline step model of `coral.perf.step` (the step's
+    sequences as `min(stages, sequences)` micro-batches through the stages, the bottleneck
+    stage, activation sends over the NIC), the same model the planner sizes templates by;
     `max_seqs = stages x the smallest stage batch` (the template's batch per micro-batch).
 
 Closed form ("fast" mode)
@@ -76,6 +72,14 @@ from typing import Any, Callable, Iterable, Literal, Mapping, NamedTuple, Sequen
 
 import numpy as np
 
+from coral.perf.step import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    NET_LATENCY_S,
+    StepCost,
+    StepModel,
+    StepModelError,
+    build_step_model,
+)
 from coral.sim.deployment import DeploymentError, InstanceSpec
 from coral.sim.workload import Request, gc_paused
 
@@ -85,8 +89,6 @@ log = logging.getLogger(__name__)
 STEP_DONE = 0
 ARRIVAL = 1
 
-#: Default token budget of one scheduler step (vLLM's chunked-prefill default order).
-DEFAULT_MAX_BATCHED_TOKENS = 2048
 #: Contexts are rounded up to 1/CONTEXT_BUCKETS of their power of two (about 3 % at 32).
 DEFAULT_CONTEXT_BUCKETS = 32
 #: Router: an instance's waiting queue is "far longer" when at least this many requests wait
@@ -247,67 +249,12 @@ class _Seq:
         self.transfer_s: float | None = None  # PD: seconds of that transfer (None: none)
 
 
-IterFn = Callable[[str, int, int, int, int, bool, bool], float]
-#: One step's cost: (step seconds, ((node index, busy seconds), ...) for the busy nodes).
-StepCost = tuple[float, tuple[tuple[int, float], ...]]
 #: Step ends: a heap of times, each time's instance (or instances, in push order, on a tie)
 #: in a dict. A float heap compares much faster than one of tuples; an entry is stale (its
 #: run was cut short) unless the instance's `step_end` is still its time.
 _Due = dict[float, "_Instance | list[_Instance]"]
 _NO_CHUNKS: tuple[tuple[_Seq, int], ...] = ()
 _heappush = heapq.heappush
-
-
-class _Layout:
-    """What instances of the same model and stages share: nodes, KV capacity, step costs."""
-
-    def __init__(self, spec: InstanceSpec, iteration: IterFn,
-                 kv_tokens: Callable[[str, int, bool, bool], int],
-                 send: Callable[[str, int], float]):
-        self.iteration, self.send = iteration, send
-        self.n_stages = n_st = len(spec.stages)
-        self.nodes: list[tuple[int, int, str, int, float, bool, bool]] = []
-        cap = math.inf
-        for si, st in enumerate(spec.stages):
-            first, last = si == 0, si == n_st - 1
-            for nd in st.nodes:
-                self.nodes.append((si, len(self.nodes), nd.node_type, nd.layers, nd.share,
-                                   first, last))
-                kv = kv_tokens(nd.node_type, nd.layers, first, last)
-                if nd.share > 0:
-                    cap = min(cap, kv / nd.share)
-        self.kv_cap = int(cap)
-        if self.kv_cap < 1:
-            raise DeploymentError(f"instance {spec.name}: no room for any KV cache")
-        self.max_seqs = n_st * min(st.batch for st in spec.stages)
-        # (p, b, c, m) -> cost, shared by the copies of a template: a pure function of the
-        # layout, looked up once per step and computed once per key
-        self.costs: dict[tuple[int, int, int, int], StepCost] = {}
-
-    def step_cost(self, p: int, b: int, c: int, m: int) -> StepCost:
-        """Cost of a step with p prompt tokens, b decodes and c decode context tokens (already
-        rounded) in m micro-batches."""
-        key = (p, b, c, m)
-        hit = self.costs.get(key)
-        if hit is not None:
-            return hit
-        pm, bm, cm = -(-p // m), -(-b // m), -(-c // m)
-        stage_t = [0.0] * self.n_stages
-        busy = [0.0] * len(self.nodes)
-        for si, ni, node, layers, share, first, last in self.nodes:
-            pn, bn = math.ceil(pm * share - 1e-9), math.ceil(bm * share - 1e-9)
-            if pn == 0 and bn == 0:
-                continue
-            cn = max(bn, math.ceil(cm * share - 1e-9)) if bn else 0
-            t = self.iteration(node, layers, pn, bn, cn, first, last)
-            busy[ni] = m * t
-            if not last:
-                t += self.send(node, pn + bn)
-            stage_t[si] = max(stage_t[si], t)
-        dt = max(sum(stage_t), m * max(stage_t))
-        out = (dt, tuple((k, x) for k, x in enumerate(busy) if x))
-        self.costs[key] = out
-        return out
 
 
 class _Instance:
@@ -328,7 +275,7 @@ class _Instance:
         "step_dt", "step_n", "step_decode", "step_chunks", "step_busy", "heap", "due",
         "on_reject", "router", "costs", "slot", "inflight", "handoff")
 
-    def __init__(self, spec: InstanceSpec, index: int, layout: _Layout, cfg: SimConfig):
+    def __init__(self, spec: InstanceSpec, index: int, layout: StepModel, cfg: SimConfig):
         self.spec, self.index, self.layout = spec, index, layout
         self.kv_cap, self.max_seqs = layout.kv_cap, layout.max_seqs
         self.n_stages = layout.n_stages
@@ -630,32 +577,14 @@ class _Router:
 
 
 def build_layout(spec: InstanceSpec, perf, catalog, net_latency_s: float,
-                 iter_cache: dict[tuple, float] | None = None) -> _Layout:
-    """The step-cost model of an instance's stages: iteration times from the perf model,
-    KV capacity per node, activation sends over the NIC plus `net_latency_s` per hop."""
-    model = spec.model
-    arch = catalog.model(model)
-    hidden_bytes = arch.hidden_size * arch.dtype_bytes
-    cache = {} if iter_cache is None else iter_cache
-
-    def iteration(node: str, layers: int, p: int, b: int, c: int, first: bool,
-                  last: bool) -> float:
-        key = (model, node, layers, p, b, c, first, last)
-        t = cache.get(key)
-        if t is None:
-            t = perf.iteration_seconds(model, node, layers, p, b, c,
-                                       first_stage=first, last_stage=last)
-            cache[key] = t
-        return t
-
-    def kv_tokens(node: str, layers: int, first: bool, last: bool) -> int:
-        return perf.max_kv_tokens(model, node, layers, first_stage=first, last_stage=last)
-
-    def send(node: str, tokens: int) -> float:
-        nic = catalog.node_type(node).nic_gbps * 1e9 / 8.0
-        return tokens * hidden_bytes / nic + net_latency_s
-
-    return _Layout(spec, iteration, kv_tokens, send)
+                 iter_cache: dict[tuple, float] | None = None) -> StepModel:
+    """The step model (`coral.perf.step`) of an instance's stages."""
+    try:
+        return build_step_model(spec.model, spec.stages, perf, catalog,
+                                net_latency_s=net_latency_s, iter_cache=iter_cache,
+                                name=spec.name)
+    except StepModelError as exc:
+        raise DeploymentError(str(exc)) from None
 
 
 class Simulator:
@@ -663,8 +592,6 @@ class Simulator:
 
     def __init__(self, instances: Sequence[InstanceSpec], *, perf, catalog,
                  config: SimConfig | None = None):
-        from coral.templates.operating_points import NET_LATENCY_S
-
         if not instances:
             raise DeploymentError("the deployment has no instances")
         names = [i.name for i in instances]
@@ -677,9 +604,9 @@ class Simulator:
         pd = None
         if any(s.role != "aggregated" for s in instances):
             from coral.sim import pd  # prefill/decode disaggregation (imports this module)
-        layouts: dict[tuple[str, tuple], _Layout] = {}
+        layouts: dict[tuple[str, tuple], StepModel] = {}
 
-        def layout(spec: InstanceSpec) -> _Layout:
+        def layout(spec: InstanceSpec) -> StepModel:
             hit = layouts.get((spec.model, spec.stages))
             if hit is None:
                 hit = layouts[(spec.model, spec.stages)] = build_layout(

@@ -68,37 +68,26 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from coral.perf.step import (
+    KV_TRANSFER_LATENCY_S,
+    StepModel,
+    kv_bytes_per_token,
+    slowest_nic_bytes_per_s,
+    transfer_seconds,
+)
 from coral.sim.deployment import DeploymentError, InstanceSpec
 from coral.sim.engine import (
     _NO_CHUNKS,
     SimConfig,
     StepCost,
     _Instance,
-    _Layout,
     _Router,
     _Seq,
 )
 
-#: Fixed latency of one KV-cache hand-over from a prefill to a decode instance, s: connection
-#: set-up, the connector's control messages and block registration on both sides. An
-#: assumption (of the order of a couple of network round trips plus software), not measured.
-KV_TRANSFER_LATENCY_S = 1e-3
-
-
-def kv_bytes_per_token(arch: Any) -> float:
-    """KV-cache bytes of one token over the whole model: `2 x layers x kv_dim x dtype`."""
-    return float(arch.num_layers * arch.kv_bytes_per_token_per_layer)
-
-
 def nic_bytes_per_s(spec: InstanceSpec, catalog: Any) -> float:
     """The slowest NIC over an instance's nodes, bytes/s."""
-    return min(catalog.node_type(n).nic_gbps for n in spec.node_types) * 1e9 / 8.0
-
-
-def transfer_seconds(tokens: int, kv_bytes: float, src_nic: float, dst_nic: float) -> float:
-    """Seconds to move `tokens` tokens of KV cache (`kv_bytes` each) between two instances
-    whose slowest NICs move `src_nic` and `dst_nic` bytes/s."""
-    return tokens * kv_bytes / min(src_nic, dst_nic) + KV_TRANSFER_LATENCY_S
+    return slowest_nic_bytes_per_s(spec.node_types, catalog)
 
 
 class Landing:
@@ -131,7 +120,7 @@ class PrefillInstance(_Instance):
 
     __slots__ = ("decode_router", "kv_bytes", "nic", "nic_free")
 
-    def __init__(self, spec: InstanceSpec, index: int, layout: _Layout, cfg: SimConfig):
+    def __init__(self, spec: InstanceSpec, index: int, layout: StepModel, cfg: SimConfig):
         super().__init__(spec, index, layout, cfg)
         # the nodes' batches count prompt tokens per iteration: stages x the smallest stage's
         self.max_tokens = self.max_seqs = layout.max_seqs
@@ -166,7 +155,7 @@ class DecodeInstance(_Instance):
 
     __slots__ = ("nic", "nic_free")
 
-    def __init__(self, spec: InstanceSpec, index: int, layout: _Layout, cfg: SimConfig):
+    def __init__(self, spec: InstanceSpec, index: int, layout: StepModel, cfg: SimConfig):
         super().__init__(spec, index, layout, cfg)
         self.nic = 0.0  # slowest NIC, bytes/s
         self.nic_free = 0.0  # when the NIC has taken in every transfer started so far

@@ -38,7 +38,9 @@ This is an approximation (mean shapes, a sequence's whole context reserved from 
 Options whose memory exceeds the node's memory less `MEMORY_RESERVE_FRACTION` are dropped,
 as are options that alone exceed the TPOT or TTFT target (no path through them can meet it)
 and options dominated by another with the same layers and role (no more capacity, no less
-time or memory) — all lossless for the placement. The input embedding is
+time or memory) — all lossless for the placement. The last cut is not lossless where a
+pipeline must run one batch on every node (`coral.templates.engine`, vLLM): `per_batch=True`
+keeps those points. The input embedding is
 `first_stage_extra_bytes` (the solver adds it to the node holding layer 0); a tied model on
 one node is charged its embedding matrix twice (conservative).
 """
@@ -55,6 +57,7 @@ import numpy as np
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch, NodeType
+from coral.perf.step import NET_LATENCY_S
 from coral.templates.slo import SloSpec
 from coral.templates.types import Mode, NodeSpec, OperatingPoint, PlacementProblem, Topology
 
@@ -67,9 +70,6 @@ except ImportError:  # pragma: no cover - perf model not installed
 #: built with other formulas is rebuilt rather than resumed. Bump on any change of meaning.
 OPERATING_POINTS_VERSION = "1"
 
-#: Latency of one activation hand-over between two nodes, s (one network hop plus the
-#: send/receive software path; approximate, of the order of a TCP/ZeroMQ round on a cloud VPC).
-NET_LATENCY_S = 0.5e-3
 
 #: Decode batch sizes a node may run at.
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -280,8 +280,12 @@ class OperatingPointTables:
         slo: SloSpec,
         mode: Mode,
         n_nodes: int,
+        *,
+        per_batch: bool = False,
     ) -> NodeSpec:
-        return self._spec_and_bound(model, node, slo, mode, n_nodes)[0]
+        """`per_batch`: keep points that another batch of the same (layers, role) dominates
+        (what a node must run when the whole pipeline runs one batch, `coral.templates.engine`)."""
+        return self._spec_and_bound(model, node, slo, mode, n_nodes, per_batch=per_batch)[0]
 
     def node_bound(
         self,
@@ -300,17 +304,19 @@ class OperatingPointTables:
         slo: SloSpec,
         mode: Mode,
         n_nodes: int,
+        *,
+        per_batch: bool = False,
     ) -> tuple[NodeSpec, NodeBound]:
         if n_nodes < 1:
             raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
         arch, node_t = self._arch(model), self._node(node)
-        key = (arch.name, node_t.name, slo, mode, n_nodes)
+        key = (arch.name, node_t.name, slo, mode, n_nodes) + (("per_batch",) if per_batch else ())
         hit = self._specs.get(key)
         if hit is not None:
             return hit
         table = self.time_table(arch, node_t, slo, mode)
         start = time.perf_counter()
-        hit = self._build_spec(arch, node_t, slo, mode, n_nodes, table)
+        hit = self._build_spec(arch, node_t, slo, mode, n_nodes, table, per_batch=per_batch)
         self._specs[key] = hit
         self.stats.node_specs += 1
         self.stats.node_spec_s += time.perf_counter() - start
@@ -324,6 +330,8 @@ class OperatingPointTables:
         mode: Mode,
         n: int,
         table: TimeTable,
+        *,
+        per_batch: bool = False,
     ) -> tuple[NodeSpec, NodeBound]:
         I, O = slo.input_tokens, slo.output_tokens
         L = arch.num_layers
@@ -372,7 +380,8 @@ class OperatingPointTables:
             ok &= step <= slo.tpot_s
         if mode in ("aggregated", "prefill"):
             ok &= prefill <= slo.ttft_s
-        ok &= _pareto_mask(capacity, step, prefill, mem)
+        if not per_batch:
+            ok &= _pareto_mask(capacity, step, prefill, mem)
 
         ks, js, ls = np.nonzero(ok)
         options = tuple(
@@ -410,12 +419,16 @@ class OperatingPointTables:
         slo: SloSpec,
         mode: Mode,
         topology: Topology = "flow",
+        *,
+        per_batch: bool = False,
     ) -> PlacementProblem:
+        """The placement problem of a combination; `per_batch` as in `node_spec`."""
         arch = self._arch(model)
         n = len(combo)
         if n == 0:
             raise ValueError("a combination needs at least one node")
-        nodes = tuple(self.node_spec(arch, name, slo, mode, n) for name in combo)
+        nodes = tuple(self.node_spec(arch, name, slo, mode, n, per_batch=per_batch)
+                      for name in combo)
         return PlacementProblem(
             num_layers=arch.num_layers,
             nodes=nodes,

@@ -1,0 +1,247 @@
+"""How long one step of a pipeline takes, and what a pipeline delivers when busy.
+
+This is the one step model of a running instance: the simulator steps it event by event
+(`coral.sim.engine`) and the planner sizes templates by it at full occupancy (`saturation`),
+so both judge a template the same way.
+
+A step runs the instance's sequences as `m = min(stages, sequences)` equal micro-batches that
+flow through the stages; a stage's micro-batch is split over its data-parallel nodes by their
+shares; a node's time is the perf model's iteration plus, when it is not the last stage, the
+activation send (`tokens x hidden bytes / NIC + NET_LATENCY_S`). With stage times `T_s`, one
+step (every micro-batch one token further) lasts `max(sum_s T_s, m * max_s T_s)`: the latency
+of the path, or the bottleneck stage busy with every micro-batch (the period of a cyclic
+pipeline with `m` identical jobs). `max_seqs = stages x the smallest stage batch`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from coral.perf.pipeline import PipelineShape
+
+#: Latency of one activation hand-over between two nodes, s (one network hop plus the
+#: send/receive software path; approximate, of the order of a TCP/ZeroMQ round on a cloud VPC).
+NET_LATENCY_S = 0.5e-3
+#: Fixed latency of one KV-cache hand-over from a prefill to a decode instance, s: connection
+#: set-up, the connector's control messages and block registration on both sides. An
+#: assumption (of the order of a couple of network round trips plus software), not measured.
+KV_TRANSFER_LATENCY_S = 1e-3
+#: Default token budget of one scheduler step (vLLM's chunked-prefill default order).
+DEFAULT_MAX_BATCHED_TOKENS = 2048
+
+#: One step's cost: (step seconds, ((node index, busy seconds), ...) for the busy nodes).
+StepCost = tuple[float, tuple[tuple[int, float], ...]]
+#: iteration(node_type, layers, prompt tokens, decodes, context tokens, first, last) -> s
+IterFn = Callable[[str, int, int, int, int, bool, bool], float]
+
+
+class StepModelError(ValueError):
+    """A pipeline that cannot run (e.g. no room for any KV cache)."""
+
+
+@dataclass(frozen=True)
+class StageNode:
+    """One node of a pipeline stage."""
+
+    node_type: str
+    first_layer: int
+    layers: int
+    batch: int  # most sequences the node runs per iteration (the template's choice)
+    share: float  # fraction of the stage's sequences and tokens this node takes
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Nodes holding the same layers; a micro-batch is split over them by `share`."""
+
+    nodes: tuple[StageNode, ...]
+
+    @property
+    def first_layer(self) -> int:
+        return self.nodes[0].first_layer
+
+    @property
+    def layers(self) -> int:
+        return self.nodes[0].layers
+
+    @property
+    def batch(self) -> int:
+        return sum(n.batch for n in self.nodes)
+
+
+def stages_from_shape(shape: PipelineShape) -> tuple[Stage, ...]:
+    """A pipeline's stages as the step model runs them: each stage's identical nodes share
+    its traffic evenly."""
+    return tuple(Stage(tuple(StageNode(st.node_type, st.first_layer, st.layers, st.batch,
+                                       1.0 / st.count) for _ in range(st.count)))
+                 for st in shape.stages)
+
+
+class StepModel:
+    """What instances of the same model and stages share: nodes, KV capacity, step costs."""
+
+    def __init__(self, stages: Sequence[Stage], iteration: IterFn,
+                 kv_tokens: Callable[[str, int, bool, bool], int],
+                 send: Callable[[str, int], float], name: str = "pipeline"):
+        self.iteration, self.send = iteration, send
+        self.n_stages = n_st = len(stages)
+        self.nodes: list[tuple[int, int, str, int, float, bool, bool]] = []
+        cap = math.inf
+        for si, st in enumerate(stages):
+            first, last = si == 0, si == n_st - 1
+            for nd in st.nodes:
+                self.nodes.append((si, len(self.nodes), nd.node_type, nd.layers, nd.share,
+                                   first, last))
+                kv = kv_tokens(nd.node_type, nd.layers, first, last)
+                if nd.share > 0:
+                    cap = min(cap, kv / nd.share)
+        self.kv_cap = int(cap)
+        if self.kv_cap < 1:
+            raise StepModelError(f"instance {name}: no room for any KV cache")
+        self.max_seqs = n_st * min(st.batch for st in stages)
+        # (p, b, c, m) -> cost, shared by the copies of a template: a pure function of the
+        # stages, looked up once per step and computed once per key
+        self.costs: dict[tuple[int, int, int, int], StepCost] = {}
+
+    def step_cost(self, p: int, b: int, c: int, m: int) -> StepCost:
+        """Cost of a step with p prompt tokens, b decodes and c decode context tokens (already
+        rounded) in m micro-batches."""
+        key = (p, b, c, m)
+        hit = self.costs.get(key)
+        if hit is not None:
+            return hit
+        pm, bm, cm = -(-p // m), -(-b // m), -(-c // m)
+        stage_t = [0.0] * self.n_stages
+        busy = [0.0] * len(self.nodes)
+        for si, ni, node, layers, share, first, last in self.nodes:
+            pn, bn = math.ceil(pm * share - 1e-9), math.ceil(bm * share - 1e-9)
+            if pn == 0 and bn == 0:
+                continue
+            cn = max(bn, math.ceil(cm * share - 1e-9)) if bn else 0
+            t = self.iteration(node, layers, pn, bn, cn, first, last)
+            busy[ni] = m * t
+            if not last:
+                t += self.send(node, pn + bn)
+            stage_t[si] = max(stage_t[si], t)
+        dt = max(sum(stage_t), m * max(stage_t))
+        out = (dt, tuple((k, x) for k, x in enumerate(busy) if x))
+        self.costs[key] = out
+        return out
+
+
+def build_step_model(model: str, stages: Sequence[Stage], perf: Any, catalog: Any, *,
+                     net_latency_s: float = NET_LATENCY_S,
+                     iter_cache: dict[tuple, float] | None = None,
+                     name: str = "pipeline") -> StepModel:
+    """The step model of `model` on `stages`: iteration times from the perf model, KV
+    capacity per node, activation sends over the NIC plus `net_latency_s` per hop."""
+    arch = catalog.model(model)
+    hidden_bytes = arch.hidden_size * arch.dtype_bytes
+    cache = {} if iter_cache is None else iter_cache
+
+    def iteration(node: str, layers: int, p: int, b: int, c: int, first: bool,
+                  last: bool) -> float:
+        key = (model, node, layers, p, b, c, first, last)
+        t = cache.get(key)
+        if t is None:
+            t = perf.iteration_seconds(model, node, layers, p, b, c,
+                                       first_stage=first, last_stage=last)
+            cache[key] = t
+        return t
+
+    def kv_tokens(node: str, layers: int, first: bool, last: bool) -> int:
+        return perf.max_kv_tokens(model, node, layers, first_stage=first, last_stage=last)
+
+    def send(node: str, tokens: int) -> float:
+        nic = catalog.node_type(node).nic_gbps * 1e9 / 8.0
+        return tokens * hidden_bytes / nic + net_latency_s
+
+    return StepModel(stages, iteration, kv_tokens, send, name=name)
+
+
+# ----------------------------------------------------------------- prefill → decode hand-over
+def kv_bytes_per_token(arch: Any) -> float:
+    """KV-cache bytes of one token over the whole model: `2 x layers x kv_dim x dtype`."""
+    return float(arch.num_layers * arch.kv_bytes_per_token_per_layer)
+
+
+def slowest_nic_bytes_per_s(node_types: Sequence[str], catalog: Any) -> float:
+    """The slowest NIC over an instance's nodes, bytes/s."""
+    return min(catalog.node_type(n).nic_gbps for n in node_types) * 1e9 / 8.0
+
+
+def transfer_seconds(tokens: int, kv_bytes: float, src_nic: float, dst_nic: float) -> float:
+    """Seconds to move `tokens` tokens of KV cache (`kv_bytes` each) between two instances
+    whose slowest NICs move `src_nic` and `dst_nic` bytes/s."""
+    return tokens * kv_bytes / min(src_nic, dst_nic) + KV_TRANSFER_LATENCY_S
+
+
+# ----------------------------------------------------------------- a busy pipeline
+@dataclass(frozen=True)
+class Saturation:
+    """An instance at full occupancy, under the step model."""
+
+    rps: float  # requests/s of the template's workload mix
+    step_s: float  # one step: the TPOT every sequence sees (prefill: a prompt's time in it)
+    sequences: int  # sequences in flight (prefill: prompts per step, rounded up)
+    #: PD halves: one prompt's KV cache over this instance's slowest NIC, with the fixed
+    #: hand-over latency (0 for aggregated instances, which hand nothing over)
+    kv_transfer_s: float = 0.0
+
+
+def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int,
+               output_tokens: int, perf: Any, catalog: Any,
+               max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS) -> Saturation:
+    """The rate and step of one instance of `shape` at full occupancy, in any mode: every
+    slot decoding, `b / O` whole prompts per step on average (mean request shapes; an
+    approximation of a busy steady state), within the scheduler's token budget per step.
+
+    A prefill instance busy runs steps of its whole token chunk (stages x the smallest stage's
+    batch, which counts prompt tokens), so it serves `chunk / (I x step)` requests/s and a
+    prompt sees one such step; a decode instance busy runs every slot decoding with no prompt
+    in its steps, so it serves `b / (O x step)` requests/s at TPOT `step`.
+    """
+    layout = build_step_model(model, stages_from_shape(shape), perf, catalog)
+    b = layout.max_seqs
+    i_tok, o_tok = input_tokens, output_tokens
+    kv_s = 0.0
+    if mode in ("prefill", "decode"):
+        nic = slowest_nic_bytes_per_s(shape.node_types(), catalog)
+        kv_s = transfer_seconds(i_tok, kv_bytes_per_token(catalog.model(model)), nic, nic)
+    if mode == "prefill":  # b counts prompt tokens per step here
+        prompts = -(-b // i_tok)
+        dt = layout.step_cost(b, 0, 0, min(layout.n_stages, prompts))[0]
+        return Saturation(rps=b / (i_tok * dt), step_s=dt, sequences=prompts, kv_transfer_s=kv_s)
+    context = int(b * (i_tok + o_tok / 2))
+    m = min(layout.n_stages, b)
+    if mode == "decode":  # prompts are prefilled elsewhere: pure decode steps
+        dt = layout.step_cost(0, b, context, m)[0]
+        return Saturation(rps=b / (o_tok * dt), step_s=dt, sequences=b, kv_transfer_s=kv_s)
+    # a step takes whole prompts (chunked prefill fills the step's token budget first come,
+    # first served), b / O of them on average: mix the steps with k and k + 1 prompts
+    per_step = b / o_tok
+    k = math.floor(per_step)
+    frac = per_step - k
+    dt = (1.0 - frac) * layout.step_cost(k * i_tok, b, context, m)[0]
+    if frac > 0:
+        dt += frac * layout.step_cost((k + 1) * i_tok, b, context, m)[0]
+    # a step's token budget holds every decoding sequence's token and then prompt chunks:
+    # a request spends I + O budget tokens, so no more than budget / ((I + O) dt) requests/s
+    # get through, however many slots there are
+    rps = min(b / (o_tok * dt), max_batched_tokens / ((i_tok + o_tok) * dt))
+    return Saturation(rps=rps, step_s=dt, sequences=b)
+
+
+def template_saturation(template: Any, *, perf: Any, catalog: Any,
+                        max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
+                        ) -> Saturation | None:
+    """`saturation` of one instance of a template (`coral.templates.build.Template`); None
+    for an infeasible template or one that is not one pipeline."""
+    if not template.feasible or not template.is_pipeline:
+        return None
+    return saturation(template.model, template.mode, template.shape,
+                      input_tokens=template.slo.input_tokens,
+                      output_tokens=template.slo.output_tokens, perf=perf, catalog=catalog,
+                      max_batched_tokens=max_batched_tokens)

@@ -5,9 +5,11 @@ This is the whole planner in three calls, each usable alone:
 1. `templates_for_scenario`: one template library per (model, template mode) of the scenario,
    built with the scenario's SLO, node types, `n_max` and `rho`, and reused from disk when its
    inputs are unchanged (`coral.templates.store`). The libraries live under
-   `OUT_ROOT/MODEL/MODE-nN-KEY`, where `KEY` hashes what the scenario chooses (SLO, request
-   shape, `rho`, node types, regions), so scenarios that ask for different libraries of the
-   same model do not overwrite each other's.
+   `OUT_ROOT/MODEL/MODE-nN-KEY` (`MODE-ENGINE-nN-KEY` for an engine other than Coral's own,
+   e.g. `--engine vllm`, whose libraries hold only the shapes vLLM runs), where `KEY` hashes
+   what the scenario chooses (SLO, request shape, `rho`, node types, regions, engine), so
+   scenarios that ask for different libraries of the same model do not overwrite each
+   other's.
 2. `columns_from_templates`: every kept template as an allocator column priced in the
    scenario's regions (its price overrides included), with a stable id `model|mode|combo`,
    so that a deployment planned now can be handed back as `current` to a later plan.
@@ -38,6 +40,7 @@ from coral.catalog.loader import Catalog
 from coral.perf.pipeline import PipelineShape
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
 from coral.templates.build import BuildReport, Template, build_library, build_template
+from coral.templates.engine import DEFAULT_ENGINE, check_engine, engine_topology, engine_violations
 from coral.templates.homogeneous import cached_completions, homogeneous_combos
 from coral.templates.operating_points import DEFAULT_BATCHES, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
@@ -75,6 +78,7 @@ class ScenarioTemplates(MappingABC):
     scenario_nmax: int
     reports: tuple[BuildReport, ...] = ()
     library_dirs: Mapping[str, str] = field(default_factory=dict)  # "model/mode" -> directory
+    engine: str = DEFAULT_ENGINE  # the serving engine whose shapes the templates are limited to
 
     def __getitem__(self, model: str) -> tuple[Template, ...]:
         return self.by_model[model]
@@ -119,17 +123,22 @@ def _build_regions(scenario: Scenario) -> tuple[str, ...] | None:
 
 
 def library_dir(out_root: str | Path, scenario: Scenario, model: str, mode: str,
-                nmax: int) -> Path:
-    """Directory of the (model, mode) library this scenario asks for at `nmax` nodes."""
+                nmax: int, engine: str = DEFAULT_ENGINE) -> Path:
+    """Directory of the (model, mode) library this scenario asks for at `nmax` nodes, for
+    `engine` (its libraries never share a directory with another engine's)."""
+    engine = check_engine(engine)
     regions = _build_regions(scenario)
-    key_doc = {
+    key_doc: dict[str, Any] = {
         "slo": scenario_slo(scenario, model).model_dump(mode="json"),
         "rho": float(scenario.spec.rho),
         "node_types": sorted(scenario.node_types),
         "regions": sorted(regions) if regions is not None else None,
     }
+    if engine != "coral":  # Coral's own keys stay as they were, so its libraries are reused
+        key_doc["engine"] = engine
     key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:10]
-    return Path(out_root) / model / f"{mode}-n{nmax}-{key}"
+    name = f"{mode}-n{nmax}-{key}" if engine == "coral" else f"{mode}-{engine}-n{nmax}-{key}"
+    return Path(out_root) / model / name
 
 
 def _library_digest(out: Path | None) -> str:
@@ -149,6 +158,7 @@ def templates_for_scenario(
     nmax: int | None = None,
     progress: bool = False,
     on_message: Callable[[str], None] | None = None,
+    engine: str = DEFAULT_ENGINE,
     **build_options: Any,
 ) -> ScenarioTemplates:
     """Build (or reuse) one library per model and template mode of `scenario`.
@@ -156,12 +166,16 @@ def templates_for_scenario(
     `nmax` overrides the scenario's `n_max` (quick runs); the result says so (`reduced`,
     `notes()`). With `out_root=None` nothing is written and everything is solved afresh.
     `build_options` go to `build_library` as they are (e.g. `batches`, `time_limit_s`).
+    `engine` limits every template, the homogeneous completions included, to the shapes that
+    engine runs (`coral.templates.engine`; `vllm` solves in topology `chain`).
     """
     n = int(scenario.spec.n_max if nmax is None else nmax)
     if n < 1:
         raise ValueError(f"nmax must be >= 1, got {n}")
+    engine = check_engine(engine)
     regions = _build_regions(scenario)
-    topology = build_options.get("topology", "flow")
+    build_options = dict(build_options)
+    topology = engine_topology(engine, build_options.pop("topology", None))
     tables = shared_tables(perf, catalog, build_options.get("batches", DEFAULT_BATCHES))
     time_limit_s = build_options.get("time_limit_s", DEFAULT_PLACEMENT_TIME_LIMIT_S)
     by_model: dict[str, tuple[Template, ...]] = {}
@@ -171,11 +185,13 @@ def templates_for_scenario(
         slo = scenario_slo(scenario, m.name)
         kept_all: list[Template] = []
         for mode in scenario.template_modes:
-            out = None if out_root is None else library_dir(out_root, scenario, m.name, mode, n)
+            out = None if out_root is None else library_dir(out_root, scenario, m.name, mode, n,
+                                                             engine)
             kept, report = build_library(
-                m.name, catalog, slo=slo, mode=mode, nmax=n, rho=scenario.spec.rho,
-                node_types=scenario.node_types, regions=regions, out=out, workers=workers,
-                perf=perf, progress=progress, on_message=on_message, **build_options,
+                m.name, catalog, slo=slo, mode=mode, topology=topology, engine=engine, nmax=n,
+                rho=scenario.spec.rho, node_types=scenario.node_types, regions=regions, out=out,
+                workers=workers, perf=perf, progress=progress, on_message=on_message,
+                **build_options,
             )
             kept_all.extend(kept)
             # the k x g combinations the library dropped by throughput: one instance pools
@@ -188,14 +204,14 @@ def templates_for_scenario(
                 out, _library_digest(out), kept, combos, lambda c, mode=mode: build_template(
                     m.name, c, slo, mode, topology, perf, catalog, tables=tables,
                     time_limit_s=time_limit_s, solver=build_options.get("solver"),
-                    floor=0.0)))
+                    floor=0.0, engine=engine)))
             reports.append(report)
             if out is not None:
                 dirs[f"{m.name}/{mode}"] = str(out)
             log.info("%s %s: %d templates kept (n_max %d)", m.name, mode, len(kept), n)
         by_model[m.name] = tuple(kept_all)
     return ScenarioTemplates(by_model=by_model, nmax=n, scenario_nmax=int(scenario.spec.n_max),
-                             reports=tuple(reports), library_dirs=dirs)
+                             reports=tuple(reports), library_dirs=dirs, engine=engine)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,6 +351,7 @@ class PlanResult:
     baselines: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # for people: quick-run templates, shortfall, baselines
     mode: str = "aggregated"  # serving mode of the plan (`auto` scenarios: the one chosen)
+    engine: str = DEFAULT_ENGINE  # the engine every instance is deployable on
 
     @property
     def cost_per_hour(self) -> float:
@@ -387,6 +404,7 @@ class PlanResult:
             "scenario": self.scenario,
             "level": self.level,
             "mode": self.mode,
+            "engine": self.engine,
             "cost_per_hour": self.cost_per_hour,
             "solve_seconds": self.solve_seconds,
             "status": self.status,
@@ -501,13 +519,18 @@ def plan_scenario(
     mip_gap: float = DEFAULT_MIP_GAP,
     baselines: bool = True,
     on_message: Callable[[str], None] | None = None,
+    engine: str = DEFAULT_ENGINE,
 ) -> PlanResult:
     """Plan `scenario`: templates (built or reused unless given), allocation, baselines.
 
     `current` is the deployment running now (column id, region) -> instances; instances
     beyond it pay the scenario's start-up penalty. `nmax` overrides the scenario's `n_max` for
-    template building (and the baselines), and the result says so.
+    template building (and the baselines), and the result says so. `engine`: every instance
+    of the plan is deployable on it (templates built for it; given `ScenarioTemplates` must
+    have been built for it, and given templates it cannot run are left out). The baselines
+    are not engine-restricted.
     """
+    engine = check_engine(engine)
     if perf is None:
         from coral.templates.parallel import default_perf_factory
 
@@ -517,15 +540,23 @@ def plan_scenario(
     if templates is None:
         templates = templates_for_scenario(
             scenario, catalog, perf, out_root=out_root, workers=workers, nmax=nmax,
-            progress=progress, on_message=on_message,
+            progress=progress, on_message=on_message, engine=engine,
         )
     if isinstance(templates, ScenarioTemplates):
+        if templates.engine != engine:
+            raise ValueError(f"the templates were built for engine {templates.engine}, the plan "
+                             f"asks for engine {engine}")
         n_used, n_scenario = templates.nmax, templates.scenario_nmax
         notes = list(templates.notes())
     else:
         n_used = int(scenario.spec.n_max if nmax is None else nmax)
         n_scenario = int(scenario.spec.n_max)
         notes = list(ScenarioTemplates({}, n_used, n_scenario).notes())
+    baseline_templates = templates
+    if engine != "coral":
+        templates, dropped = _deployable(templates, engine, catalog)
+        if dropped:
+            notes.append(f"engine {engine}: {dropped} given templates it cannot run were left out")
     modes = AUTO_MODES if scenario.mode == "auto" else (scenario.mode,)
     tried = []
     for mode in modes:
@@ -543,10 +574,13 @@ def plan_scenario(
 
     results: dict[str, Any] = {}
     if baselines:
-        results, why = _run_baselines(scenario, templates, catalog, perf, n_used,
+        results, why = _run_baselines(scenario, baseline_templates, catalog, perf, n_used,
                                       time_limit_s=time_limit_s, mip_gap=mip_gap)
         if why:
             notes.append(why)
+        elif engine != "coral":
+            notes.append(f"engine {engine} restricts Coral's plan only: the baselines plan "
+                         "their own shapes as Coral's runtime runs them (not engine-restricted)")
     return PlanResult(
         scenario=scenario.name,
         level=scenario.level,
@@ -559,7 +593,21 @@ def plan_scenario(
         baselines=results,
         notes=tuple(notes),
         mode=mode,
+        engine=engine,
     )
+
+
+def _deployable(templates: Mapping[str, Sequence[Template]], engine: str, catalog: Catalog
+                ) -> tuple[dict[str, tuple[Template, ...]], int]:
+    """`templates` less those one instance of which `engine` cannot run (and how many)."""
+    out: dict[str, tuple[Template, ...]] = {}
+    dropped = 0
+    for model, tpls in templates.items():
+        keep = tuple(t for t in tpls if not t.feasible or not t.is_pipeline
+                     or not engine_violations(engine, t, catalog))
+        dropped += len(tpls) - len(keep)
+        out[model] = keep
+    return out, dropped
 
 
 def _served_share(plan: AllocationPlan) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Optional
 
@@ -56,6 +57,21 @@ ProgressOpt = Annotated[Optional[bool], typer.Option(
 BaselinesOpt = Annotated[bool, typer.Option(
     "--baselines/--no-baselines", help="Run the baselines on the same templates to compare.")]
 
+
+class EngineChoice(str, Enum):
+    """`--engine`: the serving engines of `coral.templates.engine.ENGINES` (typer refuses any
+    other value and lists these; defined here so that the CLI starts without importing the
+    template solvers)."""
+
+    coral = "coral"
+    vllm = "vllm"
+
+
+EngineOpt = Annotated[EngineChoice, typer.Option(
+    "--engine", help="Serving engine the plan must be deployable on: coral (any pipeline of "
+    "stages of identical nodes) or vllm (one node per stage, one GPU count per pipeline, one "
+    "batch on every node; its own template libraries).", case_sensitive=False)]
+
 DEFAULT_TEMPLATES_DIR = Path("out/templates")
 #: The allocator's gap target (`coral.allocator.planning.DEFAULT_MIP_GAP`).
 DEFAULT_GAP = 5e-3
@@ -90,7 +106,7 @@ def _busy(message: str, enabled: bool) -> Iterator[None]:
 def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: int | None,
           templates_dir: Path, time_limit: float, progress: bool | None, baselines: bool,
           catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None,
-          gap: float = DEFAULT_GAP) -> Any:
+          gap: float = DEFAULT_GAP, engine: str = "coral") -> Any:
     from coral.allocator.planning import plan_scenario, templates_for_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import MissingDependencyError, default_perf_factory
@@ -109,14 +125,15 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
             templates = templates_for_scenario(
                 scenario, cat, perf, out_root=templates_dir,
                 workers=workers or os.cpu_count() or 1, nmax=nmax, progress=show,
-                on_message=_say,
+                on_message=_say, engine=engine,
             )
         except MissingDependencyError as exc:
             raise UserError(escape(str(exc))) from None
         what = "allocating" + (" and running the baselines" if baselines else "")
         with _busy(f"{what}...", show):
             return plan_scenario(scenario, catalog=cat, perf=perf, templates=templates,
-                                 time_limit_s=time_limit, mip_gap=gap, baselines=baselines)
+                                 time_limit_s=time_limit, mip_gap=gap, baselines=baselines,
+                                 engine=engine)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,8 +165,10 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
         f" (availability {result.level})" if result.level else "")
     console.print(f"[bold]{escape(head)}[/]", highlight=False)
     gap = "-" if result.gap == float("inf") else _pct(result.gap)
+    engine = getattr(result, "engine", "coral")
     console.print(
-        f"{result.mode} serving, status {result.status}, ${result.cost_per_hour:,.2f}/hour, "
+        f"{result.mode} serving on engine {engine}, status {result.status}, "
+        f"${result.cost_per_hour:,.2f}/hour, "
         f"{p.total_instances} instances on {sum(p.nodes_used.values())} nodes, solved in "
         f"{result.solve_seconds:.2f} s (gap {gap}); {result.columns} template columns from "
         f"{result.templates} templates, n_max {result.nmax}", highlight=False)
@@ -263,6 +282,7 @@ def plan(
         "--mode", help="Serving mode: aggregated, pd (prefill/decode disaggregated), mixed "
         "(each model may run both side by side) or auto (plan each, keep the best) (default: "
         "the scenario's).")] = None,
+    engine: EngineOpt = EngineChoice.coral,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:
@@ -276,7 +296,7 @@ def plan(
         result = _plan(scenario, level=level, nmax=nmax, workers=workers,
                        templates_dir=templates_dir, time_limit=time_limit, progress=progress,
                        baselines=baselines, catalog=catalog, quiet_stdout=json, mode=mode,
-                       gap=gap)
+                       gap=gap, engine=EngineChoice(engine).value)
         payload = result.to_dict()
         if out is not None:
             _write_json(payload, out)
@@ -301,6 +321,7 @@ def demo(
         "--mode", help="Serving mode: aggregated, pd, mixed or auto (plan each, keep the "
         "best)."
     )] = DEMO_MODE,
+    engine: EngineOpt = EngineChoice.coral,
     json: JsonFlag = False,
 ) -> None:
     """Plan the core scenario end to end and show Coral against the baselines.
@@ -325,7 +346,8 @@ def demo(
                           highlight=False)
         result = _plan(DEMO_SCENARIO, level=None, nmax=nmax, workers=workers,
                        templates_dir=templates_dir, time_limit=time_limit, progress=progress,
-                       baselines=True, catalog=None, quiet_stdout=json, mode=mode, gap=gap)
+                       baselines=True, catalog=None, quiet_stdout=json, mode=mode, gap=gap,
+                       engine=EngineChoice(engine).value)
     if json:
         print_json(result.to_dict())
         return

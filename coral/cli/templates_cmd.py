@@ -21,6 +21,7 @@ from coral.cli.common import (
     print_json,
     user_errors,
 )
+from coral.cli.plan_cmd import EngineChoice
 
 app = typer.Typer(
     help="Serving templates: the best placement of a model on each node combination.",
@@ -45,9 +46,13 @@ OutputOpt = Annotated[
     typer.Option("--output-tokens", help="Mean output length, tokens (default: 256)."),
 ]
 TopologyOpt = Annotated[
-    str,
-    typer.Option("--topology", help="flow (pipelines of data-parallel stages), chain (plain pipeline) or dag (any DAG of layer ranges; slow MILP)."),
+    Optional[str],
+    typer.Option("--topology", help="flow (pipelines of data-parallel stages), chain (plain pipeline) or dag (any DAG of layer ranges; slow MILP) (default: flow; chain with --engine vllm, which runs nothing else)."),
 ]
+EngineOpt = Annotated[EngineChoice, typer.Option(
+    "--engine", help="Serving engine the templates must be deployable on: coral, or vllm "
+    "(one node per stage, one GPU count per pipeline, one batch on every node).",
+    case_sensitive=False)]
 TimeLimitOpt = Annotated[
     float, typer.Option("--time-limit", help="Time limit of one placement solve, seconds.")
 ]
@@ -88,6 +93,13 @@ def _batches(text: str | None) -> tuple[int, ...]:
     return values
 
 
+def _topology(engine: EngineChoice, topology: str | None) -> str:
+    from coral.templates.engine import engine_topology
+    from coral.templates.operating_points import check_topology
+
+    return check_topology(engine_topology(EngineChoice(engine).value, topology))
+
+
 def _slo(cat: Any, model: str, **overrides: Any) -> Any:
     from coral.templates.slo import resolve_slo
 
@@ -116,7 +128,9 @@ def _print_template(tpl: Any) -> None:
     from coral.templates.build import THROUGHPUT_UNITS
 
     unit = THROUGHPUT_UNITS[tpl.mode]
-    title = f"{tpl.model} on {', '.join(tpl.combo)} ({tpl.mode}, {tpl.topology})"
+    note = next((n for n in tpl.notes if n.startswith("vllm:")), None)
+    title = f"{tpl.model} on {', '.join(tpl.combo)} ({tpl.mode}, {tpl.topology}" + (
+        f"; {note})" if note else ")")
     table = Table(title=title, title_justify="left")
     for col in ("#", "node type", "layers [a, b)", "batch", "TP", f"capacity ({unit})",
                 "step (ms)", "prefill (ms)", "memory (GB)"):
@@ -166,7 +180,8 @@ def solve(
     output_tokens: OutputOpt = None,
     mode: Annotated[str, typer.Option(
         "--mode", help="aggregated, prefill, decode, or pd (both halves).")] = "aggregated",
-    topology: TopologyOpt = "flow",
+    topology: TopologyOpt = None,
+    engine: EngineOpt = EngineChoice.coral,
     time_limit: TimeLimitOpt = 60.0,
     method: Annotated[str, typer.Option("--method", help="Placement solver method.")] = "auto",
     batches: BatchesOpt = None,
@@ -175,8 +190,9 @@ def solve(
 ) -> None:
     """Solve one node combination and print its placement."""
     from coral.templates.build import build_template, explain_infeasible
+    from coral.templates.engine import deployable_combo
     from coral.templates.enumerate import parse_combo
-    from coral.templates.operating_points import OperatingPointTables, check_topology
+    from coral.templates.operating_points import OperatingPointTables
     from coral.templates.parallel import default_perf_factory
 
     with user_errors():
@@ -188,7 +204,13 @@ def solve(
         for n in names:
             cat.node_type(n)
         modes = _modes(mode)
-        check_topology(topology)
+        topology = _topology(engine, topology)
+        eng = EngineChoice(engine).value
+        if not deployable_combo(eng, cat, names):
+            gpus = sorted({cat.node_type(n).gpu_count for n in names})
+            raise UserError(f"engine {eng} runs one GPU count per pipeline (tensor parallel = "
+                            f"GPUs per node); {', '.join(sorted(names))} mix {gpus} GPUs per "
+                            "node")
         if time_limit <= 0:
             raise UserError(f"--time-limit must be > 0 s, got {time_limit:g}")
         perf = default_perf_factory(cat)
@@ -197,7 +219,7 @@ def solve(
         for m in modes:
             with native_stdout_to_stderr(json):
                 tpl = build_template(arch, names, slo, m, topology, perf, cat, tables=tables,  # type: ignore[arg-type]
-                    time_limit_s=time_limit, method=method)
+                    time_limit_s=time_limit, method=method, engine=eng)
             if not tpl.feasible:
                 why = explain_infeasible(arch, names, slo, m, tables)  # type: ignore[arg-type]
                 raise UserError(
@@ -226,13 +248,15 @@ def build(
         "--rho", help="Largest total GPU memory of a combination, x the weight bytes.")] = 12.0,
     mode: Annotated[str, typer.Option(
         "--mode", help="aggregated, or pd (a prefill and a decode library).")] = "aggregated",
-    topology: TopologyOpt = "flow",
+    topology: TopologyOpt = None,
+    engine: EngineOpt = EngineChoice.coral,
     nodes: Annotated[Optional[str], typer.Option(
         "--nodes", help="Only these node types, comma-separated (default: all).")] = None,
     regions: Annotated[Optional[str], typer.Option(
         "--regions", help="Only node types priced in these regions, comma-separated.")] = None,
     out: Annotated[Path, typer.Option(
-        "--out", help="Root directory; a library goes to OUT/MODEL/MODE.")] = Path("out/templates"),
+        "--out", help="Root directory; a library goes to OUT/MODEL/MODE (OUT/MODEL/MODE-vllm "
+        "with --engine vllm).")] = Path("out/templates"),
     workers: Annotated[Optional[int], typer.Option(
         "--workers", help="Local worker processes (default: one per CPU).")] = None,
     ray: Annotated[Optional[str], typer.Option(
@@ -248,7 +272,6 @@ def build(
     """Build (or resume) the template library of a model: enumerate, solve, prune."""
     from coral.templates.build import build_library
     from coral.templates.store import default_library_dir
-    from coral.templates.operating_points import check_topology
     from coral.templates.parallel import MissingDependencyError
 
     reports = []
@@ -259,7 +282,8 @@ def build(
                    output_tokens=output_tokens)
         if mode not in ("aggregated", "pd", "prefill", "decode"):
             raise UserError(f"unknown mode {mode!r}; choose aggregated or pd")
-        check_topology(topology)
+        topology = _topology(engine, topology)
+        eng = EngineChoice(engine).value
         if nmax < 1:
             raise UserError(f"--nmax must be >= 1, got {nmax}")
         if rho <= 0:
@@ -284,8 +308,9 @@ def build(
                 with native_stdout_to_stderr(json):
                     _, report = build_library(
                         arch, cat, slo=slo, mode=m, topology=topology,  # type: ignore[arg-type]
-                        nmax=nmax, rho=rho, node_types=node_list, regions=region_list,
-                        batches=_batches(batches), out=default_library_dir(out, arch.name, m),
+                        engine=eng, nmax=nmax, rho=rho, node_types=node_list,
+                        regions=region_list, batches=_batches(batches),
+                        out=default_library_dir(out, arch.name, m, eng),
                         workers=workers, ray_address=ray, time_limit_s=time_limit,
                         method=method, progress=show_progress, on_message=say,
                     )
@@ -311,6 +336,8 @@ def _print_report(s: dict[str, Any]) -> None:
         ("pruned: memory below weights + KV reserve", s["combos_pruned_memory_low"]),
         ("pruned: memory above rho x weights", s["combos_pruned_memory_high"]),
         ("pruned: no region prices every node", s["combos_pruned_no_region"]),
+        *((("pruned: not deployable on the engine (GPU counts differ)",
+            s["combos_pruned_engine"]),) if "combos_pruned_engine" in s else ()),
         ("candidates", s["combos_candidates"]),
         ("skipped by the throughput bound", o["bound"]),
         ("solved now / reused from disk", f"{s['solved_now']} / {s['reused']}"),
@@ -380,6 +407,7 @@ def show(
         slo = inputs["slo"]
         console.print(
             f"[bold]{p['path']}[/]: {inputs['model']} {inputs['mode']} {inputs['topology']}, "
+            f"engine {inputs.get('engine', 'coral')}, "
             f"TPOT {slo['tpot_s'] * 1e3:g} ms, TTFT {slo['ttft_s']:g} s, "
             f"{slo['input_tokens']} in / {slo['output_tokens']} out tokens, nmax "
             f"{inputs['nmax']}, rho {inputs['rho']:g}"

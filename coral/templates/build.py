@@ -59,6 +59,13 @@ from coral.templates.operating_points import (
     check_topology,
     shared_tables,
 )
+from coral.templates.engine import (
+    DEFAULT_ENGINE,
+    check_engine,
+    engine_topology,
+    same_gpu_count,
+    solve_common_batch,
+)
 from coral.templates.slo import SloSpec
 from coral.templates.placement import BELOW_FLOOR_NOTE, pipeline_bound
 from coral.templates.types import (
@@ -349,6 +356,7 @@ def build_template(
     method: str = "auto",
     solver: Solver | None = None,
     floor: float | None = None,
+    engine: str = DEFAULT_ENGINE,
 ) -> Template:
     """Solve one combination: the best SLO-feasible placement of `model` on its nodes.
 
@@ -356,13 +364,26 @@ def build_template(
     every node that beats `floor` is sought; when there is none the template has throughput 0
     and `upper_bound` = `floor` (the combination is dominated by its parts). A custom `solver`
     is never given the floor.
+
+    `engine` restricts the space to what that engine runs (`coral.templates.engine`): `vllm`
+    needs topology `chain` and node types of one GPU count (else the template is infeasible),
+    and solves for one common batch on every node.
     """
     arch = catalog.model(model) if isinstance(model, str) else model
     mode = check_mode(mode)
+    engine = check_engine(engine)
     topology = check_topology(topology)
+    if engine != "coral":
+        topology = engine_topology(engine, topology)
     names = canonical_combo(catalog, combo)
+    if engine == "vllm" and not same_gpu_count(catalog, names):
+        return infeasible_template(
+            arch, names, slo, mode, topology, catalog,
+            "vLLM runs one tensor-parallel size per pipeline: these node types have "
+            "different GPU counts",
+        )
     tables = tables or shared_tables(perf, catalog, batches)
-    problem = tables.problem(arch, names, slo, mode, topology)
+    problem = tables.problem(arch, names, slo, mode, topology, per_batch=engine == "vllm")
     if not any(node.options for node in problem.nodes):
         return infeasible_template(
             arch, names, slo, mode, topology, catalog,
@@ -370,7 +391,12 @@ def build_template(
         )
     solve = solver or _default_solver()
     start = time.perf_counter()
-    if floor is not None and solver is None and topology in ("flow", "chain") and method == "auto":
+    with_floor = (floor is not None and solver is None and topology in ("flow", "chain")
+                  and method == "auto")
+    if engine == "vllm":
+        placement = solve_common_batch(problem, time_limit_s=time_limit_s, method=method,
+                                       floor=floor if with_floor else None, solver=solver)
+    elif with_floor:
         placement = solve(problem, time_limit_s=time_limit_s, method=method, floor=floor)
     else:
         placement = solve(problem, time_limit_s=time_limit_s, method=method)
@@ -460,6 +486,7 @@ def solve_task(
     method: str,
     bound_skip: bool,
     solver: Solver | None = None,
+    engine: str = DEFAULT_ENGINE,
 ) -> Outcome:
     start = time.perf_counter()
     bound = tables.throughput_bound(model, task.combo, slo, mode)
@@ -475,7 +502,7 @@ def solve_task(
     tpl = build_template(
         model, task.combo, slo, mode, topology, perf, catalog, tables=tables,
         time_limit_s=time_limit_s, method=method, solver=solver,
-        floor=task.best_sub if bound_skip else _one_pipeline_floor(topology),
+        floor=task.best_sub if bound_skip else _one_pipeline_floor(topology), engine=engine,
     )
     if math.isfinite(bound) and tpl.upper_bound > bound:
         tpl = replace(tpl, upper_bound=bound)
@@ -609,7 +636,8 @@ def build_library(
     *,
     slo: SloSpec,
     mode: Mode = "aggregated",
-    topology: Topology = "flow",
+    topology: Topology | None = None,
+    engine: str = DEFAULT_ENGINE,
     nmax: int = DEFAULT_NMAX,
     rho: float = DEFAULT_RHO,
     node_types: Sequence[str] | None = None,
@@ -633,13 +661,17 @@ def build_library(
     existing library with the same inputs is reused (resumed when incomplete); one with other
     inputs is moved aside and rebuilt. `workers` > 1 or `ray_address` solve in parallel (each
     worker builds its own perf model with `perf_factory`, default `PerfModel(catalog)`).
+    `engine` restricts the library to the shapes that engine runs (`coral.templates.engine`;
+    `vllm`: topology `chain`, the default then, and only combinations of one GPU count, which
+    the report counts as `combos_pruned_engine`); `topology` defaults to `flow` otherwise.
     """
     from coral.templates import store as lib_mod
     from coral.templates import parallel as par
 
     arch = catalog.model(model) if isinstance(model, str) else model
     mode = check_mode(mode)
-    topology = check_topology(topology)
+    engine = check_engine(engine)
+    topology = check_topology(engine_topology(engine, topology))
     batches = check_batches(batches)
     if time_limit_s <= 0:
         raise ValueError(f"time limit must be > 0 s, got {time_limit_s}")
@@ -649,7 +681,7 @@ def build_library(
     if out is not None:
         inputs = lib_mod.LibraryInputs.create(
             catalog=catalog, model=arch.name, slo=slo, mode=mode, topology=topology, nmax=nmax,
-            rho=rho, node_types=node_types, regions=regions, batches=batches,
+            rho=rho, node_types=node_types, regions=regions, batches=batches, engine=engine,
         )
         finished = _finished_library(Path(out), inputs, arch.name, mode)
         if finished is not None:
@@ -674,10 +706,18 @@ def build_library(
     )
     excluded = {n: "no operating point fits its memory and meets the SLO" for n in useless}
     excluded.update(enum.excluded_node_types)
+    combos = enum.combos
+    enumeration = enum.counts()
+    if engine == "vllm":
+        # one TP size per pipeline; every sub-multiset of a kept combination is kept too, so
+        # the dominance and floor cuts still see every part
+        combos = tuple(c for c in combos if same_gpu_count(catalog, c))
+        enumeration["pruned_engine"] = len(enum.combos) - len(combos)
+        enumeration["candidates"] = len(combos)
 
     report = BuildReport(
         model=arch.name, mode=mode, path=str(out) if out is not None else None,
-        enumeration=enum.counts(), excluded_node_types=excluded,
+        enumeration=enumeration, excluded_node_types=excluded,
     )
 
     # the backend first: a missing optional dependency fails before anything is written
@@ -685,7 +725,7 @@ def build_library(
         workers=workers, ray_address=ray_address, catalog=catalog, perf=perf,
         perf_factory=perf_factory, model=arch.name, slo=slo, mode=mode, topology=topology,
         batches=batches, time_limit_s=time_limit_s, method=method, bound_skip=bound_skip,
-        solver=solver,
+        solver=solver, engine=engine,
     )
 
     library = None
@@ -702,13 +742,13 @@ def build_library(
 
     best: dict[Combo, float] = {}
     kept: list[Template] = []
-    pending_total = sum(1 for c in enum.combos if c not in done)
+    pending_total = sum(1 for c in combos if c not in done)
     bar = par.ProgressBar(enabled=progress, total=pending_total,
                           description=f"{arch.name} {mode}")
     try:
         with bar:
             for size in range(1, nmax + 1):
-                wave = [c for c in enum.combos if len(c) == size]
+                wave = [c for c in combos if len(c) == size]
                 tasks: list[Task] = []
                 for c in wave:
                     bs = max(max((best.get(s, 0.0) for s in sub_combos(c)), default=0.0),

@@ -59,6 +59,7 @@ class WorkerSpec:
     method: str
     bound_skip: bool
     solver: Solver | None = None
+    engine: str = "coral"
 
 
 class _WorkerState:
@@ -76,7 +77,7 @@ class _WorkerState:
             solve_task(
                 t, model=self.arch, slo=s.slo, mode=s.mode, topology=s.topology, perf=self.perf,
                 catalog=s.catalog, tables=self.tables, time_limit_s=s.time_limit_s,
-                method=s.method, bound_skip=s.bound_skip, solver=s.solver,
+                method=s.method, bound_skip=s.bound_skip, solver=s.solver, engine=s.engine,
             )
             for t in tasks
         ]
@@ -241,12 +242,13 @@ def make_backend(
     method: str,
     bound_skip: bool,
     solver: Solver | None = None,
+    engine: str = "coral",
 ) -> SerialBackend | ProcessBackend | RayBackend:
     """The backend for `workers` (None: one per CPU) / `ray_address`."""
     spec = WorkerSpec(
         catalog=catalog, perf_factory=perf_factory, model=model, slo=slo, mode=mode,
         topology=topology, batches=batches, time_limit_s=time_limit_s, method=method,
-        bound_skip=bound_skip, solver=solver,
+        bound_skip=bound_skip, solver=solver, engine=engine,
     )
     if ray_address:
         return RayBackend(spec, ray_address, workers)

@@ -2,7 +2,7 @@
 
 - `manifest.json` holds the build's inputs (model, SLO, mode, topology, `nmax`, `rho`, node-type
   and region restriction, batch set, catalog content hash, perf model and operating-point
-  versions, format) and
+  versions, format, and the serving engine when it is not Coral's own) and
   their digest; once a build finishes, its report too.
 - `templates.jsonl` holds one JSON record per combination, appended as soon as it is decided:
   `{"combo": [...], "outcome": kept|dominated|bound|infeasible|zero, "throughput": ...,
@@ -69,6 +69,7 @@ class LibraryInputs:
     perf_model_version: str
     operating_points_version: str = OPERATING_POINTS_VERSION
     format: int = LIBRARY_FORMAT
+    engine: str = "coral"  # the serving engine whose shapes the library is restricted to
 
     @classmethod
     def create(
@@ -84,6 +85,7 @@ class LibraryInputs:
         node_types: Sequence[str] | None,
         regions: Sequence[str] | None,
         batches: Sequence[int],
+        engine: str = "coral",
     ) -> "LibraryInputs":
         return cls(
             model=model,
@@ -97,10 +99,11 @@ class LibraryInputs:
             batches=tuple(int(b) for b in batches),
             catalog_hash=catalog.content_hash(),
             perf_model_version=perf_model_version(),
+            engine=engine,
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "model": self.model,
             "slo": self.slo,
             "mode": self.mode,
@@ -115,6 +118,11 @@ class LibraryInputs:
             "operating_points_version": self.operating_points_version,
             "format": self.format,
         }
+        if self.engine != "coral":
+            # only a restricted engine is named, so that the digests of unrestricted
+            # libraries (and the libraries already on disk) stay what they were
+            out["engine"] = self.engine
+        return out
 
     def digest(self) -> str:
         blob = json.dumps(self.as_dict(), sort_keys=True)
@@ -356,6 +364,7 @@ def find_libraries(root: str | Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob(MANIFEST) if ".stale-" not in str(p.parent))
 
 
-def default_library_dir(root: str | Path, model: str, mode: str) -> Path:
-    """Where `coral templates build` puts a (model, mode) library under `--out`."""
-    return Path(root) / model / mode
+def default_library_dir(root: str | Path, model: str, mode: str, engine: str = "coral") -> Path:
+    """Where `coral templates build` puts a (model, mode) library under `--out` (an engine
+    other than Coral's own gets its own directory, so the two never replace each other)."""
+    return Path(root) / model / (mode if engine == "coral" else f"{mode}-{engine}")

@@ -1,0 +1,240 @@
+"""Serving engines as restrictions of the template space (DESIGN.md, "Engines constrain the
+shape").
+
+* `coral`: Coral's own runtime runs every instance shape — a pipeline of stages, each stage
+  one or more identical nodes on one layer range — so nothing is restricted.
+* `vllm`: vLLM's pipeline parallelism runs one node per stage (topology `chain`), the same
+  tensor-parallel size (GPUs per node) on every node of a pipeline, any GPU type per stage,
+  and data parallelism only as separate instances. It runs one `max-num-seqs` (one prompt
+  token budget) for the whole instance and sizes every worker's KV cache by the smallest one,
+  so a pipeline's concurrency is the minimum over its stages: a vLLM template runs one common
+  operating-point batch on every node.
+
+`solve_common_batch` solves the chain problem once per batch value with every node's options
+filtered to that batch and keeps the best. That is exact for the restricted space: every
+common-batch chain is a chain of one of the filtered problems, and every chain of a filtered
+problem runs one batch. It needs each node's options *before* the cross-batch dominance cut
+of `operating_points` (a point dominated by another batch of the same node is still what that
+node runs when the pipeline's batch is that one): `OperatingPointTables.problem(...,
+per_batch=True)` gives them.
+
+Prefill/decode pairs may differ in TP and GPU type between their prefill and their decode
+instance (the KV connector moves the cache); each half is its own template, so the rule above
+applies to each half alone.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from enum import Enum
+from typing import Any, Callable, Iterable, Literal
+
+from coral.catalog.loader import Catalog
+from coral.templates.types import NodeSpec, Placement, PlacementProblem, SolveStatus, Topology
+
+Engine = Literal["coral", "vllm"]
+ENGINES: tuple[str, ...] = ("coral", "vllm")
+DEFAULT_ENGINE: Engine = "coral"
+
+#: What a common-batch placement's notes say (with the batch), so a reader can tell.
+COMMON_BATCH_NOTE = "vllm: one batch on every node"
+
+
+def check_engine(engine: str) -> Engine:
+    value = engine.value if isinstance(engine, Enum) else engine
+    if value not in ENGINES:
+        raise ValueError(f"unknown engine {value!r}; choose one of {', '.join(ENGINES)}")
+    return value  # type: ignore[return-value]
+
+
+def engine_topology(engine: str, topology: str | None = None) -> Topology:
+    """The topology templates for `engine` are solved in: `topology` (default `flow`) for
+    Coral; `chain` for vLLM, which runs nothing else (asking it for another is an error)."""
+    engine = check_engine(engine)
+    if engine == "vllm":
+        if topology not in (None, "chain"):
+            raise ValueError(f"engine vllm runs one node per pipeline stage (topology chain); "
+                             f"topology {topology!r} is not deployable on it")
+        return "chain"
+    return (topology or "flow")  # type: ignore[return-value]
+
+
+def same_gpu_count(catalog: Catalog, combo: Iterable[str]) -> bool:
+    """Whether every node type of `combo` has the same number of GPUs (vLLM runs one tensor
+    parallel size over a whole pipeline)."""
+    return len({catalog.node_type(n).gpu_count for n in combo}) <= 1
+
+
+def deployable_combo(engine: str, catalog: Catalog, combo: Iterable[str]) -> bool:
+    """Whether `engine` can run a template on `combo` at all (before placement)."""
+    return check_engine(engine) == "coral" or same_gpu_count(catalog, combo)
+
+
+def engine_violations(engine: str, template: Any, catalog: Catalog) -> list[str]:
+    """Why one instance of `template` is not deployable on `engine`, in words (empty: it is).
+    `template` is a `coral.templates.build.Template` that is one pipeline."""
+    if check_engine(engine) == "coral":
+        return []
+    out: list[str] = []
+    try:
+        shape = template.shape
+    except ValueError as exc:
+        return [f"not one pipeline ({exc})"]
+    if not shape.is_chain:
+        out.append("a stage has several nodes (vLLM runs data parallelism only as separate "
+                   "instances)")
+    gpus = sorted({catalog.node_type(s.node_type).gpu_count for s in shape.stages})
+    if len(gpus) > 1:
+        out.append(f"nodes with different GPU counts {gpus} (vLLM runs one TP size per pipeline)")
+    batches = sorted({s.batch for s in shape.stages})
+    if len(batches) > 1:
+        out.append(f"stages at different batches {batches} (vLLM runs one max-num-seqs per "
+                   "instance)")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The common-batch chain solver
+# ---------------------------------------------------------------------------------------------
+
+#: Filtered node specs, by (id of the full spec, batch), holding the full spec so that its id
+#: is not reused while the entry lives. The filtered spec keeps one identity across the
+#: combinations of a library, which is what `node_memo`'s per-node memo is keyed by.
+_FILTERED: dict[tuple[int, int], tuple[NodeSpec, NodeSpec]] = {}
+_FILTERED_SIZE = 8192
+
+
+def spec_at_batch(spec: NodeSpec, batch: int) -> NodeSpec:
+    """`spec` with only its operating points at `batch` (memoised by identity)."""
+    key = (id(spec), int(batch))
+    hit = _FILTERED.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    out = replace(spec, options=tuple(op for op in spec.options if op.batch == batch))
+    if len(_FILTERED) >= _FILTERED_SIZE:
+        _FILTERED.clear()
+    _FILTERED[key] = (spec, out)
+    return out
+
+
+def common_batches(problem: PlacementProblem) -> list[int]:
+    """The batch values every node has an operating point at (a chain uses every node)."""
+    sets = [{op.batch for op in node.options} for node in problem.nodes]
+    if not sets:
+        return []
+    return sorted(set.intersection(*sets))
+
+
+def problem_at_batch(problem: PlacementProblem, batch: int) -> PlacementProblem:
+    return replace(problem, nodes=tuple(spec_at_batch(n, batch) for n in problem.nodes))
+
+
+PlacementSolver = Callable[..., Placement]
+
+
+def solve_common_batch(problem: PlacementProblem, *, time_limit_s: float = 60.0,
+                       method: str = "auto", floor: float | None = None,
+                       solver: PlacementSolver | None = None) -> Placement:
+    """The best chain over every node of `problem` with one batch on all of its nodes.
+
+    Solves the chain problem once per common batch value (options filtered to it) with
+    `solver` (default `placement.solve_placement`) and keeps the best. With `floor` (library
+    builds, default solver, method `auto`) only a pipeline beating `floor` is sought, and the
+    batch values are tried in decreasing order of their pipeline bound, each solve's floor
+    raised to the best found so far, so that most values are cut by their bound alone; the
+    answer is then the best such pipeline, or a zero-throughput placement saying nothing
+    beats the floor (as `solve_placement` with a floor). A custom `solver` is not given the
+    floor.
+    """
+    from coral.templates.node_memo import pipeline_bound
+    from coral.templates.placement import BELOW_FLOOR_NOTE, solve_placement
+    from coral.templates.placement_ilp import infeasible_placement
+
+    if problem.topology != "chain":
+        raise ValueError(f"the common-batch solver solves chain problems, got topology "
+                         f"{problem.topology!r}")
+    t0 = time.perf_counter()
+    solve = solver or solve_placement
+    use_floor = floor is not None and solver is None and method == "auto"
+    batches = common_batches(problem)
+    if not batches:
+        return infeasible_placement("no batch value at which every node has an operating "
+                                    "point (vLLM runs one batch on every node)",
+                                    time.perf_counter() - t0, "chain-dp")
+    subs = [(b, problem_at_batch(problem, b)) for b in batches]
+    if use_floor:
+        bounds = {b: pipeline_bound(p) for b, p in subs}
+        subs.sort(key=lambda bp: (-bounds[bp[0]], bp[0]))
+    best: tuple[int, Placement] | None = None
+    below = False  # the floor cut some batch value (its pipelines, if any, do not beat it)
+    time_limited: list[Placement] = []
+    reasons: list[str] = []
+    for b, sub in subs:
+        left = max(0.01, time_limit_s - (time.perf_counter() - t0))
+        if use_floor:
+            assert floor is not None
+            at = floor if best is None else max(floor, best[1].throughput)
+            if at > 0 and bounds[b] <= at:
+                below = True
+                break  # the others' bounds are no higher
+            p = solve(sub, time_limit_s=left, method=method, floor=at)
+        else:
+            p = solve(sub, time_limit_s=left, method=method)
+        if p.status is SolveStatus.INFEASIBLE:
+            reasons.extend(p.notes[:1])
+            continue
+        if any(n.startswith(BELOW_FLOOR_NOTE) for n in p.notes):
+            below = True
+            continue
+        if p.status is SolveStatus.TIME_LIMIT:
+            time_limited.append(p)
+        if p.throughput > 0 and (best is None or p.throughput > best[1].throughput):
+            best = (b, p)
+    wall = time.perf_counter() - t0
+    if best is None:
+        if below:
+            assert floor is not None
+            return Placement(throughput=0.0, nodes=(), edges=(), status=SolveStatus.OPTIMAL,
+                             gap=0.0, solve_s=wall, method="chain-dp",
+                             notes=(f"{BELOW_FLOOR_NOTE} {floor:.6g}",))
+        why = "; ".join(dict.fromkeys(reasons)) or "no chain meets memory and SLO"
+        return infeasible_placement(f"no common batch: {why}", wall, "chain-dp")
+    b, p = best
+    status, gap = p.status, p.gap
+    if time_limited:
+        # a value solved only to its time limit may hide a better chain: the proven bound is
+        # the largest of every value's bound
+        ub = max([p.throughput] + [_upper(q) for q in time_limited])
+        status = SolveStatus.TIME_LIMIT
+        gap = 0.0 if ub <= p.throughput else (1.0 if not math.isfinite(ub)
+                                              else (ub - p.throughput) / ub)
+    return Placement(throughput=p.throughput, nodes=p.nodes, edges=p.edges, status=status,
+                     gap=gap, solve_s=wall, method=p.method,
+                     notes=(f"{COMMON_BATCH_NOTE} (batch {b})", *p.notes))
+
+
+def _upper(p: Placement) -> float:
+    if p.status is SolveStatus.OPTIMAL:
+        return p.throughput
+    if not math.isfinite(p.gap) or p.gap >= 1.0:
+        return math.inf
+    return p.throughput / (1.0 - max(p.gap, 0.0))
+
+
+__all__ = [
+    "COMMON_BATCH_NOTE",
+    "DEFAULT_ENGINE",
+    "ENGINES",
+    "Engine",
+    "check_engine",
+    "common_batches",
+    "deployable_combo",
+    "engine_topology",
+    "engine_violations",
+    "problem_at_batch",
+    "same_gpu_count",
+    "solve_common_batch",
+    "spec_at_batch",
+]

@@ -15,7 +15,16 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from coral.cli.common import CatalogFiles, UserError, console, err_console, user_errors
+from coral.cli.common import (
+    CatalogFiles,
+    JsonFlag,
+    UserError,
+    console,
+    err_console,
+    native_stdout_to_stderr,
+    print_json,
+    user_errors,
+)
 
 #: Node limit of the templates when a scenario (not a plan file) is planned here.
 SERVE_NMAX = 2
@@ -35,8 +44,12 @@ class ProvisionerName(str, Enum):
     skypilot = "skypilot"
 
 
+#: Where human-readable lines go: stdout, or stderr while `--json` owns stdout.
+_human = {"console": console}
+
+
 def _say(msg: str) -> None:
-    console.print(escape(msg), highlight=False, soft_wrap=True)
+    _human["console"].print(escape(msg), highlight=False, soft_wrap=True)
 
 
 def _note(msg: str) -> None:
@@ -84,14 +97,17 @@ def serve(
         "--max-instances", min=1, help="torch engine on a plan: run at most this many of "
         "the plan's instance rows (every model's largest first).", show_default=False)] = None,
     skip_unservable: Annotated[bool, typer.Option(
-        "--skip-unservable", help="vllm engine: leave out the instances vLLM cannot run "
-        "instead of refusing the plan.")] = False,
+        "--skip-unservable", help="Leave out the plan's instances the engine cannot run "
+        "(each listed with the reason) and deploy the others, instead of refusing the "
+        "plan. The torch engine always leaves out prefill/decode instances (listed as "
+        "refused).")] = False,
     out: Annotated[Optional[Path], typer.Option(
         "--out", help="skypilot: folder for the YAML files (default out/skypilot/PLAN); "
         "--tiny --engine vllm: folder for SmolLM2 as a Hugging Face checkpoint "
         "(default out/hf).", show_default=False)] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Show what would run (instances, vllm commands) and stop.")] = False,
+    json: JsonFlag = False,
     nmax: Annotated[int, typer.Option(
         "--nmax", min=1, help="A scenario planned here: template node limit.")] = SERVE_NMAX,
     templates_dir: Annotated[Path, typer.Option(
@@ -111,7 +127,8 @@ def serve(
     deploys a plan: with the torch engine on this machine, each instance keeps the model's
     real layer count, layer split and node mix at a reduced width with random weights (the
     output says so); with `--engine vllm --provisioner skypilot` it writes the SkyPilot
-    YAML of every instance.
+    YAML of every instance. `--json` prints one JSON object on stdout: the plan's instance
+    rows, how many the engine serves, and every refused row with the reason.
     """
     with user_errors():
         if tiny and target:
@@ -128,24 +145,36 @@ def serve(
             if provisioner is ProvisionerName.skypilot:
                 raise UserError("--tiny runs on this machine; to fix: --provisioner local, or "
                                 "give a plan to write SkyPilot files for")
+            if json:
+                raise UserError("--json describes a plan's deployment; to fix: give a plan, "
+                                "or leave out --json with --tiny")
             _serve_tiny(eng, stages=stages, in_process=in_process,
                         random_weights=random_weights, out=out, dry_run=dry_run, host=host,
                         port=port, api_key=api_key)
             return
+        if eng is EngineName.vllm and provisioner is ProvisionerName.local and not dry_run:
+            raise UserError("running vLLM for the plan's models needs their GPU nodes and "
+                            "weights, which this machine does not stand in for; to fix: "
+                            "--provisioner skypilot to write the launch files, or --dry-run "
+                            "to only print the vllm commands")
         from coral.cli.common import open_catalog
 
-        cat = open_catalog(catalog)
-        name, plan = _load_plan(target, cat, nmax=nmax, templates_dir=templates_dir)
-        from coral.runtime.deployment import planned_instances
+        _human["console"] = err_console if json else console
+        try:
+            cat = open_catalog(catalog)
+            with native_stdout_to_stderr(json):
+                name, plan = _load_plan(target, cat, nmax=nmax, templates_dir=templates_dir)
+            from coral.runtime.deployment import read_instances
 
-        instances = planned_instances(plan)
-        if eng is EngineName.vllm:
-            _vllm_plan(name, instances, cat, provisioner=provisioner,
-                       skip_unservable=skip_unservable, out=out, dry_run=dry_run)
-            return
-        _torch_plan(instances, cat, width=width, max_instances=max_instances,
-                    in_process=in_process, dry_run=dry_run, host=host, port=port,
-                    api_key=api_key)
+            rows = read_instances(plan)
+            opts = dict(skip_unservable=skip_unservable, json=json, dry_run=dry_run)
+            if eng is EngineName.vllm:
+                _vllm_plan(name, rows, cat, provisioner=provisioner, out=out, **opts)
+                return
+            _torch_plan(name, rows, cat, width=width, max_instances=max_instances,
+                        in_process=in_process, host=host, port=port, api_key=api_key, **opts)
+        finally:
+            _human["console"] = console
 
 
 # ---------------------------------------------------------------- plans
@@ -171,71 +200,161 @@ def _load_plan(target: str, cat: Any, *, nmax: int, templates_dir: Path
     return scenario.name, result.to_dict()
 
 
-def _vllm_plan(name: str, instances: Any, cat: Any, *, provisioner: ProvisionerName,
-               skip_unservable: bool, out: Path | None, dry_run: bool) -> None:
-    from coral.runtime.vllm import vllm_launches
+def _report(name: str, eng: EngineName, provisioner: ProvisionerName, rows: Any,
+            refused: Any, servable: int, *, dry_run: bool) -> dict[str, Any]:
+    """The start of `--json`'s object: what the plan holds and what the engine refuses."""
+    return {"plan": name, "engine": eng.value, "provisioner": provisioner.value,
+            "dry_run": dry_run, "instances": rows.total, "servable": servable,
+            "refused": [r.to_dict() for r in refused]}
 
-    if provisioner is ProvisionerName.local and not dry_run:
-        raise UserError("running vLLM for the plan's models needs their GPU nodes and weights, "
-                        "which this machine does not stand in for; to fix: --provisioner "
-                        "skypilot to write the launch files, or --dry-run to only print the "
-                        "vllm commands")
-    launches, refused = vllm_launches(instances, cat)
-    if refused and not (skip_unservable and launches):
-        listing = "\n  - ".join(refused)
-        raise UserError(f"vLLM cannot run {len(refused)} of the plan's {len(instances)} "
-                        f"instances:\n  - {listing}\n" + (
-                            "To fix: pass --skip-unservable to deploy the others, or "
-                            "serve the plan with --engine torch" if launches else
-                            "To fix: serve the plan with --engine torch"))
-    for reason in refused:
-        _note(f"left out: {reason}")
+
+def _check_refusals(report: dict[str, Any], refused: Any, *, engine: str, fix: str,
+                    skip_unservable: bool, json: bool) -> None:
+    """Refuse the plan (exit 2, every refused row named) when no row is servable, or when a
+    row is refused that blocks the plan and --skip-unservable is not given; else note each
+    row left out."""
+    total, servable = report["instances"], report["servable"]
+    listing = "".join(f"\n  - {r.instance}: {r.reason}" for r in refused)
+    if servable == 0:
+        message = (f"{engine} can run none of the plan's {total} instances:{listing}\n"
+                   f"To fix: {fix}")
+    elif any(r.blocks for r in refused) and not skip_unservable:
+        message = (f"{engine} cannot run {len(refused)} of the plan's {total} instances:"
+                   f"{listing}\nTo fix: pass --skip-unservable to deploy the other "
+                   f"{servable}, or {fix}")
+    else:
+        for r in refused:
+            _note(f"left out: {r.instance}: {r.reason}")
+        return
+    if json:
+        print_json({**report, "error": message})
+    raise UserError(message)
+
+
+def _vllm_plan(name: str, rows: Any, cat: Any, *, provisioner: ProvisionerName,
+               skip_unservable: bool, out: Path | None, dry_run: bool, json: bool) -> None:
+    from coral.runtime.vllm import placeholder_host, vllm_plan, vllm_proxy
+
+    skypilot = provisioner is ProvisionerName.skypilot
+    if skypilot:
+        from coral.runtime.skypilot import check_resources, pd_proxy, render_skypilot
+
+    instances = rows.instances
+    plan = vllm_plan(instances, cat, check=(
+        (lambda inst, launch: check_resources(inst, launch, cat)) if skypilot else None))
+    refused = (*rows.refused, *plan.refused)
+    report = _report(name, EngineName.vllm, provisioner, rows, refused, len(plan.launches),
+                     dry_run=dry_run)
+    _check_refusals(report, refused, engine="vLLM", json=json,
+                    skip_unservable=skip_unservable,
+                    fix="serve the plan with --engine torch (aggregated instances), or "
+                        "re-plan for shapes vLLM runs")
     by_name = {i.name: i for i in instances}
-    for launch in launches:
+    proxies = [pd_proxy(g, by_name) if skypilot
+               else vllm_proxy(g, by_name, host_of=placeholder_host) for g in plan.groups]
+    report["stage_order"] = ("every node runs vllm serve with an explicit --node-rank: rank R "
+                             "holds pipeline stage R (VLLM_PP_LAYER_PARTITION), on the node "
+                             "type the plan chose for that stage")
+    report["servable_instances"] = [
+        {**_instance_dict(by_name[la.instance]), **la.to_dict()} for la in plan.launches]
+    report["proxies"] = [p.to_dict() for p in proxies]
+    for launch in plan.launches:
         inst = by_name[launch.instance]
-        _say(f"{inst.name} ({inst.model}, {inst.count}x): {inst.describe()}")
+        replicas = (f", each instance as {launch.replicas} one-node vLLM instances"
+                    if launch.replicas > 1 else "")
+        _say(f"{inst.name} ({inst.model}, {inst.mode}, {inst.count}x{replicas}): "
+             f"{inst.describe()}")
         for node, line in zip(launch.nodes, launch.commands()):
             _say(f"  node {node.rank} ({node.node_type}): {line}")
-    if provisioner is ProvisionerName.skypilot:
-        from coral.runtime.skypilot import write_skypilot
-
+    for proxy in proxies:
+        _say(f"proxy {proxy.group} ({len(proxy.prefill)} prefill, {len(proxy.decode)} decode "
+             f"copies): {proxy.command()}")
+    if plan.launches and any(la.pipeline_parallel > 1 for la in plan.launches):
+        _say(f"stage order: {report['stage_order']}")
+    if proxies and not skypilot:
+        _say("each $HOST_... is the head address of one prefill/decode copy, known once it "
+             "runs")
+    if skypilot:
         folder = out or DEFAULT_SKYPILOT_DIR / name
+        files, _script = render_skypilot(instances, plan.launches, cat, folder,
+                                         groups=plan.groups)
+        report["skypilot"] = {
+            "folder": str(folder), "launch_script": str(folder / "launch.sh"),
+            "files": [{"path": str(f.file.path), "instance": f.file.instance,
+                       "members": list(f.file.members) or [f.file.instance],
+                       "job_group": f.file.job_group, "launches": list(f.launch_lines)}
+                      for f in files]}
         if dry_run:
-            _say(f"dry run: would write {len(launches)} SkyPilot files to {folder}")
-            return
-        files = write_skypilot(instances, launches, cat, folder)
-        groups = sum(f.job_group for f in files)
-        _say(f"wrote {len(files)} SkyPilot files to {folder} ({groups} as Job Groups for "
-             f"mixed node types) and {folder / 'launch.sh'} "
-             f"({sum(f.count for f in files)} instances); HEAD_IP is found at launch")
-        return
+            _say(f"dry run: would write {len(files)} SkyPilot files to {folder}")
+        else:
+            from coral.runtime.skypilot import write_skypilot
+
+            written = write_skypilot(instances, plan.launches, cat, folder,
+                                     groups=plan.groups)
+            groups = sum(f.job_group for f in written)
+            copies = sum(la.copies(by_name[la.instance]) for la in plan.launches)
+            _say(f"wrote {len(written)} SkyPilot files to {folder} ({groups} as Job Groups "
+                 f"for mixed node types or prefill/decode groups) and "
+                 f"{folder / 'launch.sh'} ({copies} instances); head addresses are found "
+                 "at launch")
+    if json:
+        print_json(report)
 
 
-def _torch_plan(instances: Any, cat: Any, *, width: int, max_instances: int | None,
+def _instance_dict(inst: Any) -> dict[str, Any]:
+    return {"instance": inst.name, "model": inst.model, "region": inst.region,
+            "mode": inst.mode, "count": inst.count, "capacity_rps": inst.capacity_rps,
+            "usd_per_hour": inst.usd_per_hour, "shape": inst.describe()}
+
+
+def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: int | None,
                 in_process: bool, dry_run: bool, host: str, port: int,
-                api_key: str | None) -> None:
+                api_key: str | None, skip_unservable: bool, json: bool) -> None:
     from coral.runtime.deployment import approximate_specs
 
     if width % 16:
         raise UserError(f"--width {width} must be a multiple of 16")
+    instances = rows.instances
     deployment = approximate_specs(instances, cat, hidden_size=width,
                                    max_instances=max_instances)
+    refused = (*rows.refused, *deployment.refused)
+    report = _report(name, EngineName.torch, ProvisionerName.local, rows, refused,
+                     deployment.servable, dry_run=dry_run)
+    _check_refusals(report, refused, engine="the torch engine", json=json,
+                    skip_unservable=skip_unservable,
+                    fix="write the prefill/decode instances for vLLM with --engine vllm "
+                        "--provisioner skypilot")
     for note in deployment.notes:
         _note(note)
     by_name = {i.name: i for i in instances}
     workers = 0
+    servable = []
     for spec in deployment.specs:
         inst = by_name[spec.name]
-        workers += sum(len(s.node_weights) for s in spec.pipeline.stages)
+        n = sum(len(s.node_weights) for s in spec.pipeline.stages)
+        workers += n
+        servable.append({**_instance_dict(inst), "weight": spec.weight, "workers": n,
+                         "stages": [{"first_layer": s.first_layer, "end_layer": s.end_layer,
+                                     "nodes": len(s.node_weights)}
+                                    for s in spec.pipeline.stages]})
         _say(f"{spec.name} ({spec.served_name}, weight {spec.weight:.2f}): {inst.describe()}")
+    report["servable_instances"] = servable
+    report["left_out"] = list(deployment.left_out)
+    report["workers"] = workers
+    report["notes"] = list(deployment.notes)
     if dry_run:
         _say(f"dry run: would start {len(deployment.specs)} instances, {workers} workers")
+        if json:
+            print_json(report)
         return
     _runtime_imports()
     from coral.runtime.controller import Controller, LocalProvisioner
 
-    console.print(f"starting {len(deployment.specs)} instances "
-                  f"({'in-process' if in_process else f'{workers} worker processes'}) ...")
+    if json:
+        print_json(report)
+    _human["console"].print(f"starting {len(deployment.specs)} instances "
+                            f"({'in-process' if in_process else f'{workers} worker processes'})"
+                            " ...")
     controller = Controller(LocalProvisioner(in_process=in_process))
     try:
         controller.deploy(deployment.specs)
@@ -324,6 +443,6 @@ def _run_gateway(models: Any, tokenizers: Any, *, host: str, port: int,
     from coral.runtime.gateway import create_app
 
     app = create_app(models, api_key=api_key, tokenizer=tokenizers)
-    console.print(f"gateway on http://{host}:{port}/v1 (models: "
+    _human["console"].print(f"gateway on http://{host}:{port}/v1 (models: "
                   f"{escape(', '.join(sorted(models)))})", highlight=False)
     uvicorn.run(app, host=host, port=port, log_level="warning")

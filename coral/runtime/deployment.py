@@ -11,6 +11,10 @@ How an instance then runs depends on the engine and provisioner:
   plan's exact layer split and node mix, but a reduced width and random weights, because
   8B-70B models do not run on a CPU. Every such instance says so in `notes`.
 - vLLM (`coral.runtime.vllm`), on cloud nodes through SkyPilot (`coral.runtime.skypilot`).
+
+A row that cannot be read, or that the chosen engine cannot run, becomes a `Refusal` (the
+row's name and the reason) instead of failing the whole plan, so that the command line can
+list every refused row and deploy the rest when asked to (`--skip-unservable`).
 """
 
 from __future__ import annotations
@@ -116,42 +120,95 @@ def read_plan(path: str | Path) -> dict[str, Any]:
         raise DeploymentError(str(exc)) from None
 
 
-def planned_instances(plan: Mapping[str, Any]) -> tuple[PlannedInstance, ...]:
-    """Every row of a plan's 'instances' list, nodes in layer order; bad rows are named."""
+#: Modes of a prefill/decode-disaggregated row (the others are `aggregated`).
+PD_MODES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A plan row that is not deployed, and why."""
+
+    instance: str
+    """The row's name (`region/template_id`, or `instances[K]` when the row has none)."""
+    reason: str
+    blocks: bool = True
+    """Whether it refuses the plan unless the caller asks to skip unservable rows; False
+    for rows an engine leaves out by design (the torch engine's prefill/decode rows)."""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"instance": self.instance, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class PlanRows:
+    """A plan's rows that run (`count` >= 1): the readable ones as instances, the others
+    refused with the parser's reason."""
+
+    instances: tuple[PlannedInstance, ...]
+    refused: tuple[Refusal, ...]
+
+    @property
+    def total(self) -> int:
+        return len(self.instances) + len(self.refused)
+
+
+def read_instances(plan: Mapping[str, Any]) -> PlanRows:
+    """Every row of a plan's 'instances' list, nodes in layer order.
+
+    A row the shape parser refuses (or that is malformed) is refused with the reason rather
+    than failing the plan: which rows a deployment may leave out is the caller's choice.
+    Raises `DeploymentError` only when the plan has no list of rows, or no row that runs.
+    """
     rows = plan.get("instances")
     if not isinstance(rows, list):
         raise DeploymentError("the plan has no 'instances' list")
-    out = []
+    out: list[PlannedInstance] = []
+    refused: list[Refusal] = []
     for k, row in enumerate(rows):
         where = f"instances[{k}]"
         try:
             name = f"{row['region']}/{row['template_id']}"
-            shape = PipelineShape.from_row(row)
-            nodes = tuple(PlannedNode(st.node_type, st.first_layer, st.layers, st.tp_degree,
-                                      st.batch)
-                          for st in shape.stages for _ in range(st.count))
-            inst = PlannedInstance(
-                name=name, model=str(row["model"]), region=str(row["region"]),
-                count=int(row["count"]), nodes=nodes,
-                capacity_rps=float(row.get("capacity_rps") or 1.0),
-                usd_per_hour=float(row.get("usd_per_hour") or 0.0),
-                mode=str(row.get("mode", "aggregated")))
+        except (KeyError, TypeError):
+            name = where
+        try:
+            if int(row["count"]) < 1:
+                continue  # a row that runs nothing is not an instance, whatever its shape
+        except (KeyError, TypeError, ValueError):
+            pass  # refused below, with the rest of what is wrong with it
+        try:
+            inst = _instance_of(row, name)
         except ShapeError as exc:
-            raise DeploymentError(f"plan {where} ({row.get('region')}/"
-                                  f"{row.get('template_id')}): {exc}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DeploymentError(f"plan {where} is malformed ({type(exc).__name__}: {exc}); "
-                                  "expected a row written by `coral plan --out`") from None
-        if not nodes:
-            raise DeploymentError(f"plan {where} ({name}) has no node holding layers; re-plan "
-                                  "with a current `coral plan`")
-        if inst.count < 1:
+            refused.append(Refusal(name, f"plan {where} ({name}): {exc}"))
             continue
-        inst.stages()  # checks the ranges tile the model
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            refused.append(Refusal(name, f"plan {where} is malformed ({type(exc).__name__}: "
+                                         f"{exc}); expected a row written by `coral plan --out`"))
+            continue
         out.append(inst)
-    if not out:
+    if not out and not refused:
         raise DeploymentError("the plan runs no instance")
-    return tuple(out)
+    return PlanRows(tuple(out), tuple(refused))
+
+
+def _instance_of(row: Mapping[str, Any], name: str) -> PlannedInstance:
+    shape = PipelineShape.from_row(row)
+    nodes = tuple(PlannedNode(st.node_type, st.first_layer, st.layers, st.tp_degree, st.batch)
+                  for st in shape.stages for _ in range(st.count))
+    return PlannedInstance(
+        name=name, model=str(row["model"]), region=str(row["region"]),
+        count=int(row["count"]), nodes=nodes,
+        capacity_rps=float(row.get("capacity_rps") or 1.0),
+        usd_per_hour=float(row.get("usd_per_hour") or 0.0),
+        mode=str(row.get("mode", "aggregated")))
+
+
+def planned_instances(plan: Mapping[str, Any]) -> tuple[PlannedInstance, ...]:
+    """Every row of a plan's 'instances' list, nodes in layer order; a plan with a row that
+    cannot be read is refused, naming every such row."""
+    rows = read_instances(plan)
+    if rows.refused:
+        raise DeploymentError("; ".join(r.reason for r in rows.refused))
+    return rows.instances
 
 
 # ---------------------------------------------------------------- torch workers, locally
@@ -161,6 +218,14 @@ class ApproximateDeployment:
 
     specs: tuple  # of coral.runtime.controller.InstanceSpec
     notes: tuple[str, ...]
+    refused: tuple[Refusal, ...] = ()
+    """Rows the torch engine cannot run here, with the reason."""
+    left_out: tuple[str, ...] = ()
+    """Servable rows not started because of `max_instances`."""
+
+    @property
+    def servable(self) -> int:
+        return len(self.specs) + len(self.left_out)
 
 
 def approximate_model(arch, *, hidden_size: int = APPROX_HIDDEN_SIZE,
@@ -190,13 +255,46 @@ def approximate_specs(instances: Sequence[PlannedInstance], catalog, *,
     """One local instance per plan row (a row's `count` becomes its weight), each at the
     model's real depth and the plan's layer split, reduced width, random weights.
 
-    `max_instances` keeps that many rows, every model's largest-capacity rows first.
+    Rows it cannot run (prefill/decode rows, a model missing from the catalog, nodes that
+    do not cover the model's layers) are refused with the reason. `max_instances` keeps that
+    many of the servable rows, every model's largest-capacity rows first.
     """
     from coral.runtime.controller import InstanceSpec
 
-    rows = [i for i in instances if i.mode == "aggregated"]
-    notes = [f"skipped {i.name}: {i.mode} (prefill/decode disaggregated) instances are not "
-             "served by the runtime yet" for i in instances if i.mode != "aggregated"]
+    refused: list[Refusal] = []
+    models: dict[str, ModelConfig] = {}
+    notes: list[str] = []
+    servable: list[tuple[PlannedInstance, Any]] = []
+    for inst in instances:
+        if inst.mode != "aggregated":
+            refused.append(Refusal(inst.name, (
+                f"a {inst.mode} instance of {inst.model}; the torch engine serves aggregated "
+                "instances only (prefill/decode pairs need a KV transfer between instances, "
+                "which it does not have)" if inst.mode in PD_MODES
+                else f"an instance of {inst.model} with an unknown mode '{inst.mode}'"),
+                blocks=inst.mode not in PD_MODES))
+            continue
+        arch = catalog.models.get(inst.model)
+        if arch is None:
+            refused.append(Refusal(inst.name, (
+                f"instance {inst.name}: model '{inst.model}' is not in the catalog; to fix: "
+                "pass the catalog the plan was made with (--catalog FILE)")))
+            continue
+        model = models.get(inst.model) or approximate_model(arch, hidden_size=hidden_size)
+        try:
+            pipeline = inst.pipeline(model)
+        except DeploymentError as exc:
+            refused.append(Refusal(inst.name, str(exc)))
+            continue
+        if inst.model not in models:
+            models[inst.model] = model
+            notes.append(
+                f"approximate: {inst.model} runs its real {arch.num_layers} layers and "
+                f"{arch.vocab_size}-token vocabulary but at width {model.hidden_size} instead "
+                f"of {arch.hidden_size}, with random weights: the plan's topology (layer "
+                "split, node mix, routing weights) is real, the text is noise")
+        servable.append((inst, pipeline))
+    rows = [i for i, _ in servable]
     if max_instances is not None and len(rows) > max_instances:
         by_model: dict[str, list[PlannedInstance]] = {}
         for i in sorted(rows, key=lambda i: -i.capacity_rps * i.count):
@@ -206,31 +304,20 @@ def approximate_specs(instances: Sequence[PlannedInstance], catalog, *,
             for queue in by_model.values():
                 if queue and len(kept) < max_instances:
                     kept.append(queue.pop(0))
-        notes.append(f"running {len(kept)} of the plan's {len(rows)} instance rows "
+        notes.append(f"running {len(kept)} of the plan's {len(rows)} servable instance rows "
                      f"(--max-instances {max_instances})")
         rows = [i for i in rows if i in kept]
-    models: dict[str, ModelConfig] = {}
+    running = {i.name for i in rows}
     specs = []
-    for inst in rows:
-        arch = catalog.models.get(inst.model)
-        if arch is None:
-            raise DeploymentError(f"instance {inst.name}: model '{inst.model}' is not in the "
-                                  "catalog; to fix: pass the catalog the plan was made with "
-                                  "(--catalog FILE)")
-        if inst.model not in models:
-            models[inst.model] = approximate_model(arch, hidden_size=hidden_size)
-            m = models[inst.model]
-            notes.append(
-                f"approximate: {inst.model} runs its real {arch.num_layers} layers and "
-                f"{arch.vocab_size}-token vocabulary but at width {m.hidden_size} instead of "
-                f"{arch.hidden_size}, with random weights: the plan's topology (layer split, "
-                "node mix, routing weights) is real, the text is noise")
-        weight = inst.capacity_rps * inst.count
-        specs.append(InstanceSpec(inst.name, inst.pipeline(models[inst.model]), weight))
+    for inst, pipeline in servable:
+        if inst.name not in running:
+            continue
+        specs.append(InstanceSpec(inst.name, pipeline, inst.capacity_rps * inst.count))
         if inst.count > 1:
             notes.append(f"{inst.name}: the plan's {inst.count} copies run as one local "
                          f"instance with {inst.count}x its weight")
-    return ApproximateDeployment(tuple(specs), tuple(notes))
+    left_out = tuple(i.name for i, _ in servable if i.name not in running)
+    return ApproximateDeployment(tuple(specs), tuple(notes), tuple(refused), left_out)
 
 
 # ---------------------------------------------------------------- the built-in tiny deployment

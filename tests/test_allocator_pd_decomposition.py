@@ -126,3 +126,32 @@ def test_pd_models_keep_branch_and_price_throughout(seed: int, monkeypatch) -> N
     assert plan.status is reference.status
     if plan.status is PlanStatus.OPTIMAL:
         assert plan.objective == pytest.approx(reference.objective, rel=1e-6)
+
+
+def test_unpaired_halves_are_left_out_of_a_plan() -> None:
+    """A prefill (decode) instance in a region without a decode (prefill) instance of its model
+    serves nothing: the decoded plan leaves it out, costs less and serves the same."""
+    from coral.allocator.problem import make_plan
+
+    problem = pd_problem(5, mip_gap=0.0)
+    by_model: dict[tuple[str, str], dict[str, str]] = {}
+    for t in problem.templates:
+        for r in t.price_usd_per_hour:
+            by_model.setdefault((t.model, r), {}).setdefault(t.mode, t.id)
+    paired = next(k for k, v in by_model.items() if {"prefill", "decode"} <= set(v))
+    lone = next((k, v["prefill"]) for k, v in by_model.items() if "prefill" in v)
+    counts = {(by_model[paired]["prefill"], paired[1]): 2,
+              (by_model[paired]["decode"], paired[1]): 3}
+    with_lone = dict(counts)
+    key = (lone[1], lone[0][1])
+    if key in with_lone:  # the only prefill column is the paired one: drop its decode instead
+        del with_lone[(by_model[paired]["decode"], paired[1])]
+        counts = {}
+    else:
+        with_lone[key] = 4
+    full = make_plan(problem, with_lone, status=PlanStatus.FEASIBLE, gap=1.0, solve_s=0.0)
+    clean = make_plan(problem, counts, status=PlanStatus.FEASIBLE, gap=1.0, solve_s=0.0)
+    assert full.instances == clean.instances
+    assert full.cost_usd_per_hour == pytest.approx(clean.cost_usd_per_hour)
+    assert full.served_rps == clean.served_rps
+    assert any("unpaired" in n for n in full.notes)

@@ -333,9 +333,27 @@ def make_plan(
     goodput_gap: float = 0.0,
     notes: Sequence[str] = (),
 ) -> AllocationPlan:
-    """Decode instance counts into a plan: cost, penalty, capacity, nodes and the diff."""
+    """Decode instance counts into a plan: cost, penalty, capacity, nodes and the diff.
+
+    Prefill (decode) instances of a model in a region with no decode (prefill) instance of
+    it there serve nothing (a request needs both halves in one region) and are left out: a
+    solve stopped by its time limit can hold them, and no reader of the plan could route to
+    them. Leaving them out only lowers the cost and serves the same.
+    """
     by_id = {t.id: t for t in problem.templates}
     counts = {k: int(n) for k, n in sorted(instances.items()) if int(n) > 0}
+    halves: dict[tuple[str, str], set[str]] = {}
+    for tid, region in counts:
+        t = by_id[tid]
+        if t.mode in ("prefill", "decode"):
+            halves.setdefault((t.model, region), set()).add(t.mode)
+    unpaired = {key for key, modes in halves.items() if len(modes) < 2}
+    if unpaired:
+        counts = {(tid, region): n for (tid, region), n in counts.items()
+                  if (by_id[tid].model, region) not in unpaired
+                  or by_id[tid].mode not in ("prefill", "decode")}
+        notes = (*notes, "left out unpaired prefill/decode halves (they serve nothing): "
+                 + ", ".join(f"{m} in {r}" for m, r in sorted(unpaired)))
     cost = 0.0
     penalty = 0.0
     nodes: dict[NodeRegion, int] = {}

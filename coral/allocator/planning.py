@@ -552,7 +552,10 @@ def plan_scenario(
         n_used = int(scenario.spec.n_max if nmax is None else nmax)
         n_scenario = int(scenario.spec.n_max)
         notes = list(ScenarioTemplates({}, n_used, n_scenario).notes())
-    baseline_templates = templates
+    # the baselines plan their own (unrestricted) shapes: with another engine they get no
+    # templates of Coral's to reuse, as those are restricted, and solve every one they need
+    baseline_templates: Mapping[str, Sequence[Template]] = (
+        templates if engine == "coral" else {m: () for m in templates})
     if engine != "coral":
         templates, dropped = _deployable(templates, engine, catalog)
         if dropped:
@@ -579,8 +582,9 @@ def plan_scenario(
         if why:
             notes.append(why)
         elif engine != "coral":
-            notes.append(f"engine {engine} restricts Coral's plan only: the baselines plan "
-                         "their own shapes as Coral's runtime runs them (not engine-restricted)")
+            notes.append(f"engine {engine} restricts Coral's plan only: the baselines are not "
+                         "engine-restricted (they solve their own templates as Coral's runtime "
+                         "runs them; Helix's candidate clusters are the homogeneous ones only)")
     return PlanResult(
         scenario=scenario.name,
         level=scenario.level,

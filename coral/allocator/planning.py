@@ -352,6 +352,10 @@ class PlanResult:
     notes: tuple[str, ...] = ()  # for people: quick-run templates, shortfall, baselines
     mode: str = "aggregated"  # serving mode of the plan (`auto` scenarios: the one chosen)
     engine: str = DEFAULT_ENGINE  # the engine every instance is deployable on
+    #: model -> the SLO and request shape it was planned for; written to the plan file, so
+    #: that the file alone is enough to simulate and deploy (a scenario given as a YAML file
+    #: need not be at hand, or unchanged, when the plan is read)
+    slos: Mapping[str, SloSpec] = field(default_factory=dict)
 
     @property
     def cost_per_hour(self) -> float:
@@ -405,6 +409,7 @@ class PlanResult:
             "level": self.level,
             "mode": self.mode,
             "engine": self.engine,
+            "slos": {m: slo.model_dump(mode="json") for m, slo in sorted(self.slos.items())},
             "cost_per_hour": self.cost_per_hour,
             "solve_seconds": self.solve_seconds,
             "status": self.status,
@@ -455,6 +460,24 @@ def read_plan_file(path: str | Path) -> dict[str, Any]:
         raise PlanFileError(f"{p} is not a plan: expected 'scenario' and 'instances' (write "
                             "one with `coral plan SCENARIO --out FILE`)")
     return payload
+
+
+def plan_slos(payload: Mapping[str, Any], path: str | Path = "the plan"
+              ) -> dict[str, SloSpec] | None:
+    """The SLO of every model a plan file was planned for (its `slos`); None for a plan
+    written without them. A malformed entry raises `PlanFileError` naming it."""
+    raw = payload.get("slos")
+    if raw is None:
+        return None
+    if not isinstance(raw, MappingABC):
+        raise PlanFileError(f"{path}: 'slos' must map each model to its SLO")
+    out = {}
+    for model, values in raw.items():
+        try:
+            out[str(model)] = SloSpec(**values)
+        except (TypeError, ValueError) as exc:
+            raise PlanFileError(f"{path}: slos[{model!r}] is not an SLO ({exc})") from None
+    return out
 
 
 def baseline_summary(result: Any) -> dict[str, Any]:
@@ -598,6 +621,7 @@ def plan_scenario(
         notes=tuple(notes),
         mode=mode,
         engine=engine,
+        slos={m.name: scenario_slo(scenario, m.name) for m in scenario.models},
     )
 
 

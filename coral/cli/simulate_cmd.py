@@ -38,6 +38,7 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
     from coral.allocator.planning import (
         PlanFileError,
         plan_scenario,
+        plan_slos,
         read_plan_file,
         scenario_slo,
     )
@@ -51,8 +52,11 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
             payload = read_plan_file(path)
         except PlanFileError as exc:
             raise UserError(str(exc)) from None
-        scenario = load_scenario(payload["scenario"], level=payload.get("level"), catalog=cat)
-        slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
+        slos = plan_slos(payload, path)
+        if slos is None:  # a plan file written before plans carried their SLOs
+            scenario = load_scenario(payload["scenario"], level=payload.get("level"),
+                                     catalog=cat)
+            slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
         return (path.stem, instances_from_plan(payload, slos), slos,
                 dict(payload.get("demand_rps") or {}))
     scenario = load_scenario(ref, level=level, catalog=cat)

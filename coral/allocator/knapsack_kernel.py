@@ -2,12 +2,12 @@
 
 The knapsack is called a hundred times per re-plan on instances of a hundred or so items, and
 its Pareto-state programme takes tens of small steps per call: as array code it spent its time
-in per-operation overhead, so its loops are compiled here (numba: the helpers when this module
-is imported, the three entry points on first use; the machine code is cached in `__pycache__`,
-so that only the first run after a change compiles). The functions take and return plain
-arrays and numbers; `knapsack.py` keeps the API and the few dot products whose rounding the
-numpy build decides (each is computed there, with numpy, as before), so that the answers are
-those of the array code bit for bit.
+in per-operation overhead, so its loops are compiled here (numba: every function with its
+signatures when this module is imported, so that no solve's clock pays for it, and cached on
+disk, so that only the first import after an install or a change compiles; `jit.py`). The
+functions take and return plain arrays and numbers; `knapsack.py` keeps the API and the few
+dot products whose rounding the numpy build decides (each is computed there, with numpy, as
+before), so that the answers are those of the array code bit for bit.
 
 Every tie is broken as the array code breaks it: a sort by capacity then cost then position
 (stable), the first of equal minima, the stable order of equal bounds under the state cap. The
@@ -104,7 +104,7 @@ def _argsort(key: np.ndarray, n: int) -> np.ndarray:
     return idx
 
 
-@_jit
+@_jit("(float64[::1], float64[::1], int64[::1], float64, float64, float64, boolean)")
 def start(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float, tol: float,
           reward: float, hard: bool):
     """Items by ratio (ties: larger capacity, then position), the LP optimum and the quick
@@ -196,7 +196,7 @@ def start(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float, tol:
     return True, order, c, a, u, lam, z_lp, taken, q, starts, n_starts
 
 
-@_jit
+@_jit("(float64[::1], float64[::1], int64[::1], float64, float64, int64, int64, boolean)")
 def fix(c: np.ndarray, a: np.ndarray, u: np.ndarray, lam: float, slack: float, taken: int,
         q: int, hard: bool):
     """Reduced-cost fixing: a solution within `slack` of the LP optimum `lam` keeps x_j within
@@ -346,7 +346,8 @@ def _front(cap: np.ndarray, cost: np.ndarray, par: np.ndarray, kk: np.ndarray,
     return n_keep
 
 
-@_jit
+@_jit("(float64[::1], float64[::1], int64[::1], int64[::1], float64, float64, float64, float64, "
+      "float64, float64, int64, int64, float64, boolean)")
 def programme(c: np.ndarray, a: np.ndarray, lo: np.ndarray, hi: np.ndarray, demand: float,
               tol: float, pre_cap: float, pre_cost: float, best: float, rel_gap: float,
               max_states: int, pool: int, reward: float, hard: bool):

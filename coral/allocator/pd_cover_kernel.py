@@ -1,5 +1,9 @@
 """Compiled loops of the PD cover (`pd_cover.py`): one group's frontier, two frontiers'
-sums, and the least cost of completing a state."""
+sums, and the least cost of completing a state.
+
+Every function carries its signatures and is compiled when this module is imported (or
+loaded from numba's cache), never inside a solve's clock (`jit.py`). `pd_cover.py` passes a
+sum of no groups' free capacity as the int 0: it is converted to the declared float."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import math
 import numpy as np
 
 from coral.allocator.jit import jit
+# the knapsack's stable argsort: numpy's (the same order, stable too) takes seconds to compile
+from coral.allocator.knapsack_kernel import _argsort
 
 
 @jit("float64(float64, float64, float64, float64, float64, float64)")
@@ -38,12 +44,12 @@ def least_rest(q: float, demand: float, pair_rate: float, pair_free: float,
     return best
 
 
-@jit
+@jit("(float64[::1], float64[::1], int64, float64)")
 def _pareto(cq: np.ndarray, cc: np.ndarray, t: int, tol: float) -> np.ndarray:
     """Positions among the first `t` candidates (capacity, cost) that no other beats on both
     counts (equal capacity: the cheaper), capacity ascending: a sweep from the most capacity
     down keeps each state cheaper than every state above it."""
-    order = np.argsort(cq[:t], kind="mergesort")
+    order = _argsort(cq, t)
     keep = np.empty(t, np.int64)
     kept = 0
     best = np.inf
@@ -59,19 +65,30 @@ def _pareto(cq: np.ndarray, cc: np.ndarray, t: int, tol: float) -> np.ndarray:
     return keep[:kept][::-1].copy()
 
 
-@jit
+@jit("(int64[::1], float64[::1], int64)")
 def _least_keys(ascending: np.ndarray, key: np.ndarray, max_states: int
                 ) -> tuple[np.ndarray, float]:
     """The `max_states` states of least key (their order kept), and the least key of the
     others."""
-    by_key = np.argsort(key, kind="mergesort")
+    n = len(ascending)
+    by_key = _argsort(key, n)
     dropped = np.inf
-    for a in range(max_states, len(ascending)):
+    for a in range(max_states, n):
         dropped = min(dropped, key[by_key[a]])
-    return ascending[np.sort(by_key[:max_states])], dropped
+    chosen = np.zeros(n, np.bool_)
+    for a in range(max_states):
+        chosen[by_key[a]] = True
+    out = np.empty(max_states, np.int64)
+    w = 0
+    for a in range(n):
+        if chosen[a]:
+            out[w] = ascending[a]
+            w += 1
+    return out, dropped
 
 
-@jit
+@jit("(float64[::1], float64[::1], int64[::1], int64[::1], float64, float64, float64, "
+     "float64, float64, float64, float64, int64)")
 def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
              demand: float, limit: float, tol: float, pair_rate: float, pair_free: float,
              rest_rate: float, rest_free: float, max_states: int
@@ -198,13 +215,18 @@ def frontier(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     total = offsets[n]
     hist_par = np.empty(total, np.int64)
     hist_k = np.empty(total, np.int64)
-    for i in range(n):
-        hist_par[offsets[i]:offsets[i + 1]] = parts_par[i]
-        hist_k[offsets[i]:offsets[i + 1]] = parts_k[i]
+    for i in range(n):  # a loop: a slice assignment's shape check takes seconds to compile
+        part_par = parts_par[i]
+        part_k = parts_k[i]
+        at = offsets[i]
+        for a in range(len(part_par)):
+            hist_par[at + a] = part_par[a]
+            hist_k[at + a] = part_k[a]
     return q, c, hist_par, hist_k, offsets, dropped
 
 
-@jit
+@jit("(float64[::1], float64[::1], float64[::1], float64[::1], float64, float64, "
+     "float64, float64, float64, int64)")
 def combine(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray, demand: float,
             limit: float, tol: float, rest_rate: float, rest_free: float, max_states: int
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
@@ -258,7 +280,8 @@ def combine(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray, dema
     return cq[ascending], cc[ascending], ia[ascending], ib[ascending], dropped
 
 
-@jit
+@jit("(float64[::1], float64[::1], float64[::1], float64[::1], float64[::1], "
+     "float64[::1], float64, float64, float64)")
 def finish(qa: np.ndarray, ca: np.ndarray, qb: np.ndarray, cb: np.ndarray, qc: np.ndarray,
            cc: np.ndarray, demand: float, limit: float, tol: float
            ) -> tuple[float, int, int, int]:

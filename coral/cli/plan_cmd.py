@@ -129,6 +129,10 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
             )
         except MissingDependencyError as exc:
             raise UserError(escape(str(exc))) from None
+        from coral.allocator.jit import warm_up
+
+        with _busy("loading the allocator's compiled kernels...", show):
+            warm_up(on_message=_say)  # once per install it compiles them: said on stderr
         what = "allocating" + (" and running the baselines" if baselines else "")
         with _busy(f"{what}...", show):
             return plan_scenario(scenario, catalog=cat, perf=perf, templates=templates,

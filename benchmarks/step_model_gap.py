@@ -9,6 +9,7 @@ planner does not plan those). A ratio of 1 everywhere would mean the DP optimise
 what runs.
 
     python benchmarks/step_model_gap.py [--scenario core] [--nmax 3] [--modes aggregated pd]
+        [--engine coral|vllm]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main() -> None:
     ap.add_argument("--scenario", default="core")
     ap.add_argument("--nmax", type=int, default=3)
     ap.add_argument("--modes", nargs="+", default=["aggregated", "pd"])
+    ap.add_argument("--engine", default="coral", choices=["coral", "vllm"])
     ap.add_argument("--templates-dir", default="out/templates")
     args = ap.parse_args()
     cat = default_catalog()
@@ -39,7 +41,7 @@ def main() -> None:
         scenario = load_scenario(args.scenario, catalog=cat)
         scenario = scenario.in_mode(scenario_mode)
         st = templates_for_scenario(scenario, cat, perf, out_root=args.templates_dir,
-                                    nmax=args.nmax, workers=2)
+                                    nmax=args.nmax, workers=2, engine=args.engine)
         for mode in scenario.template_modes:
             rate, step, busy_miss, multi = [], [], 0, 0
             for tpls in st.by_model.values():
@@ -58,7 +60,7 @@ def main() -> None:
                 continue
             rate.sort()
             step.sort()
-            line = (f"{args.scenario} n_max {args.nmax} {mode}: {len(rate)} templates "
+            line = (f"{args.scenario} {args.engine} n_max {args.nmax} {mode}: {len(rate)} templates "
                     f"({multi} multi-stage); step-model rate / DP rate median "
                     f"{_q(rate, .5):.3f}, p10 {_q(rate, .1):.3f}, min {rate[0]:.3f}")
             if step:

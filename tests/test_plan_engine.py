@@ -10,6 +10,8 @@ batch values.
 
 from __future__ import annotations
 
+import itertools
+
 import dataclasses
 import json
 import types
@@ -263,17 +265,37 @@ def _random_chain_problem(seed: int) -> PlacementProblem:
 
 
 def _brute_force_common_batch(problem: PlacementProblem) -> float:
-    """Every batch value, every chain of the problem's nodes at that batch (the exhaustive
-    oracle, on the problem with each node's points at that batch only); the best."""
+    """Every batch value, every order of the problem's nodes, every split of the layers and
+    every operating point at that batch: the best rate of a chain over every node as the
+    pipeline step model runs it (`coral.perf.step`): `n` micro-batches, a step of `n x` the
+    slowest node's step time (TPOT), a prompt's step of `n x` the slowest prefill time
+    (TTFT), the rate the smallest node capacity or link. Written from the model, not from
+    the solver's per-node bounds."""
+    from coral.templates.exhaustive import _fits, _nic
+
+    L, N = problem.num_layers, len(problem.nodes)
     best = 0.0
     for b in sorted({o.batch for n in problem.nodes for o in n.options}):
-        nodes = tuple(dataclasses.replace(n, options=tuple(o for o in n.options if o.batch == b))
-                      for n in problem.nodes)
-        if any(not n.options for n in nodes):
-            continue
-        p = exhaustive_placement(dataclasses.replace(problem, nodes=nodes))
-        if p.status is not SolveStatus.INFEASIBLE:
-            best = max(best, p.throughput)
+        for perm in set(itertools.permutations(range(N))):
+            for cuts in itertools.combinations(range(1, L), N - 1):
+                bounds = (0, *cuts, L)
+                choices = []
+                for pos, i in enumerate(perm):
+                    k, s = bounds[pos + 1] - bounds[pos], bounds[pos]
+                    choices.append([op for oi, op in enumerate(problem.nodes[i].options)
+                                    if op.batch == b and op.layers == k
+                                    and op.is_last == (pos == N - 1) and _fits(problem, i, oi, s)])
+                for ops in itertools.product(*choices):
+                    tpot = N * max(op.step_s for op in ops)
+                    ttft = N * max(op.prefill_s for op in ops)
+                    if problem.tpot_s is not None and tpot > problem.tpot_s * (1 + 1e-9):
+                        continue
+                    if problem.ttft_s is not None and ttft > problem.ttft_s * (1 + 1e-9):
+                        continue
+                    rate = min(op.capacity for op in ops)
+                    for a, c in zip(perm, perm[1:]):
+                        rate = min(rate, _nic(problem, a, c))
+                    best = max(best, rate)
     return best
 
 

@@ -62,7 +62,9 @@ from coral.templates.operating_points import (
 from coral.templates.engine import (
     DEFAULT_ENGINE,
     check_engine,
+    deployable_combo,
     engine_topology,
+    max_nodes,
     same_gpu_count,
     solve_common_batch,
 )
@@ -381,6 +383,13 @@ def build_template(
             arch, names, slo, mode, topology, catalog,
             "vLLM runs one tensor-parallel size per pipeline: these node types have "
             "different GPU counts",
+        )
+    limit = max_nodes(engine, mode)
+    if limit is not None and len(names) > limit:
+        return infeasible_template(
+            arch, names, slo, mode, topology, catalog,
+            f"a {engine} {mode} instance runs on at most {limit} node(s) (vLLM's KV connector "
+            "runs no pipeline parallelism on the decode side)",
         )
     tables = tables or shared_tables(perf, catalog, batches)
     problem = tables.problem(arch, names, slo, mode, topology, per_batch=engine == "vllm")
@@ -709,9 +718,9 @@ def build_library(
     combos = enum.combos
     enumeration = enum.counts()
     if engine == "vllm":
-        # one TP size per pipeline; every sub-multiset of a kept combination is kept too, so
-        # the dominance and floor cuts still see every part
-        combos = tuple(c for c in combos if same_gpu_count(catalog, c))
+        # one TP size per pipeline (and single-node decode instances); every sub-multiset of
+        # a kept combination is kept too, so the dominance and floor cuts still see every part
+        combos = tuple(c for c in combos if deployable_combo(engine, catalog, c, mode))
         enumeration["pruned_engine"] = len(enum.combos) - len(combos)
         enumeration["candidates"] = len(combos)
 

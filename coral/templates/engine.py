@@ -40,6 +40,18 @@ DEFAULT_ENGINE: Engine = "coral"
 
 #: What a common-batch placement's notes say (with the batch), so a reader can tell.
 COMMON_BATCH_NOTE = "vllm: one batch on every node"
+#: Version of the rules a restricted engine's libraries were built under (in their digest):
+#: 2 adds the step-model bounds of `problem_at_batch` and single-node decode instances.
+ENGINE_RULES_VERSION = 2
+
+
+def max_nodes(engine: str, mode: str) -> int | None:
+    """Most nodes one instance of `engine` may have in `mode` (None: no limit of its own).
+
+    vLLM's NixlConnector runs no pipeline parallelism on the decode side (its
+    `kv_connector/v1/nixl` worker refuses a decode instance with pipeline-parallel size > 1),
+    so a vLLM decode instance is one node; prefill instances may be pipelines."""
+    return 1 if check_engine(engine) == "vllm" and mode == "decode" else None
 
 
 def check_engine(engine: str) -> Engine:
@@ -67,9 +79,15 @@ def same_gpu_count(catalog: Catalog, combo: Iterable[str]) -> bool:
     return len({catalog.node_type(n).gpu_count for n in combo}) <= 1
 
 
-def deployable_combo(engine: str, catalog: Catalog, combo: Iterable[str]) -> bool:
-    """Whether `engine` can run a template on `combo` at all (before placement)."""
-    return check_engine(engine) == "coral" or same_gpu_count(catalog, combo)
+def deployable_combo(engine: str, catalog: Catalog, combo: Iterable[str],
+                     mode: str | None = None) -> bool:
+    """Whether `engine` can run a template on `combo` at all (before placement); with
+    `mode`, also within the engine's node limit of that mode (`max_nodes`)."""
+    if check_engine(engine) == "coral":
+        return True
+    names = list(combo)
+    limit = max_nodes(engine, mode) if mode is not None else None
+    return same_gpu_count(catalog, names) and (limit is None or len(names) <= limit)
 
 
 def engine_violations(engine: str, template: Any, catalog: Catalog) -> list[str]:
@@ -88,6 +106,10 @@ def engine_violations(engine: str, template: Any, catalog: Catalog) -> list[str]
     gpus = sorted({catalog.node_type(s.node_type).gpu_count for s in shape.stages})
     if len(gpus) > 1:
         out.append(f"nodes with different GPU counts {gpus} (vLLM runs one TP size per pipeline)")
+    limit = max_nodes(engine, getattr(template, "mode", ""))
+    if limit is not None and shape.num_nodes > limit:
+        out.append(f"a {template.mode} instance of {shape.num_nodes} nodes (vLLM's KV connector "
+                   f"runs no pipeline parallelism on the decode side)")
     batches = sorted({s.batch for s in shape.stages})
     if len(batches) > 1:
         out.append(f"stages at different batches {batches} (vLLM runs one max-num-seqs per "
@@ -102,17 +124,21 @@ def engine_violations(engine: str, template: Any, catalog: Catalog) -> list[str]
 #: Filtered node specs, by (id of the full spec, batch), holding the full spec so that its id
 #: is not reused while the entry lives. The filtered spec keeps one identity across the
 #: combinations of a library, which is what `node_memo`'s per-node memo is keyed by.
-_FILTERED: dict[tuple[int, int], tuple[NodeSpec, NodeSpec]] = {}
+_FILTERED: dict[tuple[int, int, float, float], tuple[NodeSpec, NodeSpec]] = {}
 _FILTERED_SIZE = 8192
 
 
-def spec_at_batch(spec: NodeSpec, batch: int) -> NodeSpec:
-    """`spec` with only its operating points at `batch` (memoised by identity)."""
-    key = (id(spec), int(batch))
+def spec_at_batch(spec: NodeSpec, batch: int, max_step_s: float = math.inf,
+                  max_prefill_s: float = math.inf) -> NodeSpec:
+    """`spec` with only its operating points at `batch` whose step (prefill) time is at most
+    `max_step_s` (`max_prefill_s`) (memoised by identity)."""
+    key = (id(spec), int(batch), max_step_s, max_prefill_s)
     hit = _FILTERED.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]
-    out = replace(spec, options=tuple(op for op in spec.options if op.batch == batch))
+    out = replace(spec, options=tuple(
+        op for op in spec.options
+        if op.batch == batch and op.step_s <= max_step_s and op.prefill_s <= max_prefill_s))
     if len(_FILTERED) >= _FILTERED_SIZE:
         _FILTERED.clear()
     _FILTERED[key] = (spec, out)
@@ -128,7 +154,22 @@ def common_batches(problem: PlacementProblem) -> list[int]:
 
 
 def problem_at_batch(problem: PlacementProblem, batch: int) -> PlacementProblem:
-    return replace(problem, nodes=tuple(spec_at_batch(n, batch) for n in problem.nodes))
+    """`problem` with every node at `batch`, and each node's step bounded so that the chain
+    meets the SLO under the pipeline step model it runs by (`coral.perf.step`).
+
+    A chain of `n` nodes at one batch runs `n` micro-batches of `batch` sequences; a step
+    (every micro-batch one token further) lasts `n x` its slowest node's time (send
+    included), and that is every sequence's TPOT; a prompt's step likewise. So the chain meets
+    TPOT (TTFT) exactly when every node's step (prefill) time is at most `TPOT / n` (`TTFT /
+    n`): the per-path sums the chain DP bounds are then implied. Its rate, `batch /` the
+    slowest node's time, is what the DP maximises, and each node's KV memory already holds
+    `n x batch` resident sequences (`operating_points`, Little's law at depth `n`), so the DP
+    optimises what the simulator runs."""
+    n = max(1, len(problem.nodes))
+    step = math.inf if problem.tpot_s is None else problem.tpot_s / n
+    prefill = math.inf if problem.ttft_s is None else problem.ttft_s / n
+    return replace(problem, nodes=tuple(spec_at_batch(x, batch, step, prefill)
+                                        for x in problem.nodes))
 
 
 PlacementSolver = Callable[..., Placement]
@@ -233,6 +274,8 @@ __all__ = [
     "deployable_combo",
     "engine_topology",
     "engine_violations",
+    "ENGINE_RULES_VERSION",
+    "max_nodes",
     "problem_at_batch",
     "same_gpu_count",
     "solve_common_batch",

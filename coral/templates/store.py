@@ -28,6 +28,7 @@ from typing import Any, Iterator, Sequence
 
 from coral.catalog.loader import Catalog
 from coral.templates.build import Outcome, Template
+from coral.templates.engine import ENGINE_RULES_VERSION
 from coral.templates.enumerate import Combo
 from coral.templates.operating_points import OPERATING_POINTS_VERSION
 from coral.templates.slo import SloSpec
@@ -122,6 +123,7 @@ class LibraryInputs:
             # only a restricted engine is named, so that the digests of unrestricted
             # libraries (and the libraries already on disk) stay what they were
             out["engine"] = self.engine
+            out["engine_rules"] = ENGINE_RULES_VERSION
         return out
 
     def digest(self) -> str:

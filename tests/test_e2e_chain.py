@@ -90,6 +90,20 @@ def check_chain(plan_path: Path, plan: dict) -> None:
         assert cloud["refused"] == [], cloud["refused"]  # a vLLM plan is 100 % deployable
 
 
+VLLM_CASES = [(s, level, mode) for s in SCENARIOS for level in load_scenario(s).levels
+              for mode in ("aggregated", "mixed")]
+
+
+@pytest.mark.parametrize("scenario,level,mode", VLLM_CASES)
+def test_vllm_plans_are_fully_servable(scenario, level, mode, templates_dir, tmp_path):
+    """`--engine vllm` plans hold only what vLLM runs: every row servable (PD pairs too)."""
+    plan_path = tmp_path / "plan.json"
+    plan = _plan(scenario, plan_path, templates_dir, "--level", level, "--mode", mode,
+                 "--engine", "vllm")
+    assert plan["engine"] == "vllm"
+    check_chain(plan_path, plan)
+
+
 @pytest.mark.parametrize("scenario,level,mode", CASES)
 def test_plan_simulate_serve(scenario, level, mode, templates_dir, tmp_path):
     plan_path = tmp_path / "plan.json"

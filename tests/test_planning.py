@@ -461,11 +461,14 @@ def test_bad_timeline_scenario_and_file(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_demo_says_it_reduces_nmax(setup, fake_baselines, monkeypatch):
+def test_demo_says_it_reduces_nmax(setup, fake_baselines, monkeypatch, tmp_path):
     monkeypatch.setattr(plan_cmd, "DEMO_SCENARIO", str(setup.scenario_path))
+    out = tmp_path / "demo" / "plan.json"
     result = runner.invoke(app, ["demo", "--nmax", "1", "--workers", "1", "--templates-dir",
-                                 str(setup.templates_dir)])
+                                 str(setup.templates_dir), "--out", str(out)])
     assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["instances"]  # the plan simulate and serve read
+    assert f"plan written to {out}" in " ".join(result.stdout.split())
     assert "n_max = 1 instead of the scenario's" in result.stdout
     assert "Coral against the baselines" in result.stdout and "melange" in result.stdout
     assert plan_cmd.DEMO_NMAX in (2, 3)

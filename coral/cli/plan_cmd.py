@@ -73,6 +73,8 @@ EngineOpt = Annotated[EngineChoice, typer.Option(
     "batch on every node; its own template libraries).", case_sensitive=False)]
 
 DEFAULT_TEMPLATES_DIR = Path("out/templates")
+#: Where `coral demo` writes its plan (the README's main job; simulated and deployed from it).
+DEMO_PLAN_FILE = Path("out/demo/plan.json")
 #: The allocator's gap target (`coral.allocator.planning.DEFAULT_MIP_GAP`).
 DEFAULT_GAP = 5e-3
 
@@ -326,6 +328,9 @@ def demo(
         "best)."
     )] = DEMO_MODE,
     engine: EngineOpt = EngineChoice.coral,
+    out: Annotated[Path, typer.Option(
+        "--out", help="Where the demo's plan is written, for `coral simulate` and "
+        "`coral serve`.")] = DEMO_PLAN_FILE,
     json: JsonFlag = False,
 ) -> None:
     """Plan the core scenario end to end and show Coral against the baselines.
@@ -352,8 +357,10 @@ def demo(
                        templates_dir=templates_dir, time_limit=time_limit, progress=progress,
                        baselines=True, catalog=None, quiet_stdout=json, mode=mode, gap=gap,
                        engine=EngineChoice(engine).value)
+        payload = result.to_dict()
+        _write_json(payload, out)
     if json:
-        print_json(result.to_dict())
+        print_json(payload)
         return
     print_plan(result)
     costs = {n: float(b.cost_per_hour) for n, b in result.baselines.items()
@@ -364,6 +371,10 @@ def demo(
                       f"all demand: {best} at ${costs[best]:,.2f}/hour "
                       f"({costs[best] / result.cost_per_hour:.2f}x Coral's cost).[/]",
                       highlight=False)
+    console.print(f"plan written to {escape(str(out))}; simulate it with `coral simulate "
+                  f"{escape(str(out))}`, deploy it with `coral serve {escape(str(out))} "
+                  "--dry-run` (torch workers here) or `--engine vllm --provisioner skypilot`",
+                  highlight=False)
 
 
 def adapt(

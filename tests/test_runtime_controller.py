@@ -1,4 +1,5 @@
-"""Several instances per model, failover and live reconfiguration lose no request."""
+"""Several instances per model, failover, reconciliation to the plan and live reconfiguration
+lose no request."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ httpx = pytest.importorskip("httpx")
 
 from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
 from coral.runtime.controller import (Controller, Instance, InstanceSpec,  # noqa: E402
-                                      ModelRouter)
+                                      LocalProvisioner, ModelRouter)
 from coral.runtime.engine import Engine  # noqa: E402
 from coral.runtime.gateway import RETRIABLE_CODE, ServerThread, create_app  # noqa: E402
 from coral.runtime.messages import SamplingParams  # noqa: E402
@@ -99,6 +100,12 @@ def _load(url: str, n: int, concurrency: int, done: list, gates) -> dict[str, in
                     parts, error = [], None
                     with client.stream("POST", "/v1/completions", json=body) as r:
                         import json
+                        if r.status_code != 200:  # refused before the stream began
+                            r.read()
+                            error = r.json()["error"]
+                            retriable = r.status_code == 503 and "Retry-After" in r.headers
+                            outcome = "retriable" if retriable else "failed"
+                            return
                         for line in r.iter_lines():
                             if not line.startswith("data: ") or line == "data: [DONE]":
                                 continue
@@ -115,7 +122,7 @@ def _load(url: str, n: int, concurrency: int, done: list, gates) -> dict[str, in
                     r = client.post("/v1/completions", json=body)
                     if r.status_code == 200:
                         text = r.json()["choices"][0]["text"]
-                    elif r.json()["error"]["code"] == RETRIABLE_CODE:
+                    elif r.status_code == 503 and "Retry-After" in r.headers:
                         outcome = "retriable"
             if text is not None:
                 outcome = "ok" if text == done[0][prompt] else "wrong"
@@ -189,7 +196,15 @@ def test_reconfiguration_and_a_killed_worker_lose_no_request(expected):
                   f"{time.time() - t2:.1f} s")
             assert controller.dead == ["b"] and victim.state == "dead"
             assert router.retries + router.retriable_errors >= 1, "the kill hit no request"
-            assert [i.name for i in router.instances] == ["c"]
+            # the plan still holds b: a replacement (new worker processes) takes its place
+            until(lambda: controller.instances["b"] is not victim
+                  and controller.instances["b"].state == "active", 60)
+            replacement = controller.instances["b"]
+            assert replacement.state == "active" and set(replacement.pids).isdisjoint(
+                victim.pids)
+            assert sorted(i.name for i in router.instances) == ["b", "c"]
+            assert not any(p.is_alive() for p in victim.executor.processes)
+            assert router.worker_deaths == 1 and router.restarts == 1
             assert result["wrong"] == 0 and result["failed"] == 0
             assert result["ok"] + result["retriable"] == total
             # non-streamed requests are rerun by the gateway, never reported as retriable
@@ -201,16 +216,160 @@ def test_reconfiguration_and_a_killed_worker_lose_no_request(expected):
                                  "max_tokens": MAX_TOKENS, "temperature": 0})
             assert r.json()["choices"][0]["text"] == expected[PROMPTS[0]]
 
-            # a hung worker (process alive, no heartbeats) is found by its silence
+            # a hung worker (process alive, no heartbeats) is found by its silence, killed
+            # and replaced
             hung = controller.instances["c"]
             os.kill(hung.pids[0], signal.SIGSTOP)
             try:
-                deadline = time.time() + 10
-                while hung.state != "dead" and time.time() < deadline:
-                    time.sleep(0.05)
+                until(lambda: hung.state == "dead", 10)
                 assert hung.state == "dead" and controller.dead == ["b", "c"]
+                until(lambda: not any(p.is_alive() for p in hung.executor.processes), 10)
+                assert not any(p.is_alive() for p in hung.executor.processes)
+                until(lambda: len(router.instances) == 2, 60)
+                assert controller.instances["c"] is not hung
+                assert httpx.get(server.url + "/health").json()["models"][TINY.name][
+                    "status"] == "ready"
             finally:
-                os.kill(hung.pids[0], signal.SIGKILL)
+                if hung.executor.processes[0].is_alive():
+                    os.kill(hung.pids[0], signal.SIGKILL)
     finally:
         controller.close()
         torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------- reconciliation, in process
+class _Breakable:
+    """An in-process executor a test can break as a lost worker would: steps fail and the
+    controller's health check reports the node."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.broken = False
+        self.hidden = False  # broken, but the health check sees it only once a step failed
+
+    def execute(self, items):
+        if self.broken:
+            from coral.runtime.worker import WorkerLostError
+            self.hidden = False
+            raise WorkerLostError("worker(s) s0n0 exited")
+        return self.inner.execute(items)
+
+    def failed_nodes(self, timeout_s=None):
+        return ["s0n0"] if self.broken and not self.hidden else []
+
+    def close(self):
+        self.inner.close()
+
+
+class _FlakyProvisioner:
+    """In-process instances (no worker processes: fast) that break on demand, and starts that
+    fail while `fail_starts` is positive."""
+
+    def __init__(self, start_delay_s: float = 0.0):
+        self.inner = LocalProvisioner(in_process=True)
+        self.start_delay_s = start_delay_s
+        self.fail_starts = 0
+        self.started_at: list[float] = []
+
+    def start(self, spec: InstanceSpec) -> Instance:
+        self.started_at.append(time.monotonic())
+        time.sleep(self.start_delay_s)
+        if self.fail_starts > 0:
+            self.fail_starts -= 1
+            raise RuntimeError("no capacity left")
+        inst = self.inner.start(spec)
+        inst.executor = inst.engine.executor = _Breakable(inst.engine.executor)
+        return inst
+
+    def stop(self, instance: Instance) -> None:
+        self.inner.stop(instance)
+
+
+def _until(condition, timeout_s: float = 20) -> bool:
+    deadline = time.time() + timeout_s
+    while not condition() and time.time() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_request_waits_for_the_replacement_of_a_lost_instance(expected):
+    """One instance, lost: the request that hits it is not failed but run on the replacement
+    the controller starts; /metrics counts the death, the restart and the time without a
+    ready instance."""
+    provisioner = _FlakyProvisioner(start_delay_s=0.3)
+    with Controller(provisioner) as controller:
+        controller.deploy([_spec("only", 2)])
+        lost = controller.instances["only"]
+        with ServerThread(create_app(controller.models)) as server:
+            lost.executor.hidden = lost.executor.broken = True  # the request finds it
+            r = httpx.post(server.url + "/v1/completions", timeout=60,
+                           json={"model": TINY.name, "prompt": PROMPTS[1],
+                                 "max_tokens": MAX_TOKENS, "temperature": 0})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == expected[PROMPTS[1]]
+            assert controller.instances["only"] is not lost and lost.state == "dead"
+            assert len(provisioner.started_at) == 2
+            metrics = httpx.get(server.url + "/metrics").text
+            health = httpx.get(server.url + "/health").json()
+    model = f'model="{TINY.name}"'
+    assert f"coral_worker_deaths_total{{{model}}} 1" in metrics
+    assert f"coral_instance_restarts_total{{{model}}} 1" in metrics
+    assert f'coral_request_reruns_total{{{model},stage="before_first_token"}} 1' in metrics
+    unavailable = [line for line in metrics.splitlines()
+                   if line.startswith("coral_model_unavailable_seconds_total")]
+    assert unavailable and float(unavailable[0].split()[-1]) > 0
+    assert health["status"] == "ok"
+    (only,) = health["models"][TINY.name]["instances"]
+    assert (only["name"], only["state"], only["restarts"]) == ("only", "ready", 1)
+    assert only["failures"] == 1 and "s0n0" in only["error"]  # forgotten once it is stable
+
+
+def test_an_instance_failing_again_and_again_backs_off_then_is_reported_failed(expected):
+    """Restarts that keep failing are spaced out exponentially and stop after the limit; the
+    model then answers 503 with Retry-After (never a client error), /health says so, and a
+    reconfiguration brings it back."""
+    openai = pytest.importorskip("openai")
+    provisioner = _FlakyProvisioner()
+    backoff_s = 0.05
+    with Controller(provisioner, max_restarts=3, restart_backoff_s=backoff_s,
+                    wait_s=1.0) as controller:
+        controller.deploy([_spec("only", 1)])
+        with ServerThread(create_app(controller.models)) as server:
+            provisioner.fail_starts = 100
+            controller.instances["only"].executor.broken = True
+            assert _until(lambda: controller.status()[0].state == "failed")
+            restarts = provisioner.started_at[1:]
+            assert len(restarts) == 3, "one restart per failure up to the limit, then none"
+            gaps = [b - a for a, b in zip(restarts, restarts[1:])]
+            assert gaps[0] >= backoff_s and gaps[1] >= 2 * backoff_s  # doubling delays
+
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
+                                   timeout=30)
+            for stream in (False, True):
+                with pytest.raises(openai.APIStatusError) as info:
+                    client.completions.create(model=TINY.name, prompt="hello", max_tokens=4,
+                                              stream=stream)
+                err = info.value
+                assert err.status_code == 503 and err.response.headers["Retry-After"] == "60"
+                assert err.body["type"] == "service_unavailable"
+                assert err.body["code"] == "model_unavailable"
+                assert "temporarily unavailable" in err.body["message"]
+            # the context is the plan's, not that of the (no) live instances
+            with pytest.raises(openai.BadRequestError) as too_long:
+                client.completions.create(model=TINY.name, prompt="x" * 80, max_tokens=4)
+            assert f"maximum context length is {TINY.max_seq_len} tokens" in \
+                too_long.value.body["message"]
+
+            r = httpx.get(server.url + "/health")
+            assert r.status_code == 503 and r.json()["status"] == "unavailable"
+            (state,) = r.json()["models"][TINY.name]["instances"]
+            assert state["state"] == "failed" and "no capacity left" in state["error"]
+            metrics = httpx.get(server.url + "/metrics").text
+            assert f'coral_instance_restart_failures_total{{model="{TINY.name}"}} 3' in metrics
+
+            provisioner.fail_starts = 0
+            controller.reconfigure([_spec("only", 1)])  # the plan again: a fresh start
+            out = client.completions.create(model=TINY.name, prompt=PROMPTS[0],
+                                            max_tokens=MAX_TOKENS, temperature=0)
+            assert out.choices[0].text == expected[PROMPTS[0]]
+            assert httpx.get(server.url + "/health").json()["status"] == "ok"

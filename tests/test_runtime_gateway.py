@@ -175,3 +175,111 @@ def test_client_leaving_a_stream_cancels_its_request(server, monkeypatch):
         time.sleep(0.05)
     assert not server.engine.has_work(), "the abandoned request still runs"
     assert cancelled, "the engine was not told to cancel the abandoned request"
+
+
+# ---------------------------------------------------------------- failures the client sees
+class _Failing:
+    """A backend that fails as a lost or missing instance would: `unavailable` times with
+    ModelUnavailableError, then `cut` times with RetriableBackendError after `after` tokens,
+    then it echoes the prompt."""
+
+    max_context_tokens = 64
+
+    def __init__(self, *, unavailable: int = 0, cut: int = 0, after: int = 3,
+                 retry_after_s: int = 7):
+        self.unavailable, self.cut, self.after = unavailable, cut, after
+        self.retry_after_s = retry_after_s
+        self.calls = 0
+
+    async def generate(self, prompt_ids, max_tokens, sampling):
+        import asyncio
+
+        from coral.runtime.backends import ModelUnavailableError, RetriableBackendError
+
+        self.calls += 1
+        if self.unavailable > 0:
+            self.unavailable -= 1
+            raise ModelUnavailableError("model 'flaky' is temporarily unavailable: no ready "
+                                        "instance", retry_after_s=self.retry_after_s)
+        cut = self.cut > 0
+        self.cut -= cut
+        for i in range(max_tokens):
+            if cut and i == self.after:
+                raise RetriableBackendError("instance x of model 'flaky' failed after "
+                                            f"{i} tokens (worker(s) s0n0 exited)")
+            await asyncio.sleep(0.01)  # so that the client has the first events meanwhile
+            yield prompt_ids[1 + i % (len(prompt_ids) - 1)]
+
+
+def _serve(backend):
+    return ServerThread(create_app({"flaky": backend}))
+
+
+def _client(srv, retries: int = 0):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=retries,
+                         timeout=30)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_no_ready_instance_is_a_retriable_503_not_a_client_error(stream):
+    with _serve(_Failing(unavailable=1)) as srv:
+        with pytest.raises(openai.APIStatusError) as info:
+            _client(srv).completions.create(model="flaky", prompt="abc", max_tokens=4,
+                                            stream=stream)
+        err = info.value
+        assert err.status_code == 503 and err.response.headers["Retry-After"] == "7"
+        assert err.body["type"] == "service_unavailable"
+        assert err.body["code"] == "model_unavailable"
+        assert err.body["message"].startswith("model 'flaky' is temporarily unavailable")
+        r = httpx.get(srv.url + "/metrics")
+        assert 'coral_requests_total{model="flaky",endpoint="completions",status="unavailable"}' \
+            in r.text
+
+
+def test_the_openai_client_retries_a_503_by_itself():
+    backend = _Failing(unavailable=1, retry_after_s=1)
+    with _serve(backend) as srv:
+        out = _client(srv, retries=2).completions.create(model="flaky", prompt="abc",
+                                                         max_tokens=4)
+    assert out.choices[0].text == "abca" and backend.calls == 2
+
+
+def test_a_stream_cut_after_its_first_text_ends_with_an_error_the_client_raises():
+    with _serve(_Failing(cut=1, after=3)) as srv:
+        received = []
+        with pytest.raises(openai.APIError) as info:
+            for chunk in _client(srv).completions.create(model="flaky", prompt="abcdef",
+                                                         max_tokens=8, stream=True):
+                received.append(chunk.choices[0].text)
+    assert "".join(received) == "abc", "the text before the cut arrives, then the error"
+    assert not isinstance(info.value, openai.APIStatusError)  # inside the 200 stream
+    assert info.value.body["code"] == "instance_lost"
+    assert "retry" in info.value.body["message"].lower()
+
+
+def test_a_request_cut_before_any_text_reached_the_client_is_rerun():
+    """Non-streamed: its tokens were never sent. Streamed: cut before its first text, so the
+    response had not started. Both are run again from the prompt and answer in full."""
+    for stream in (False, True):
+        backend = _Failing(cut=1, after=2)
+        with _serve(backend) as srv:
+            client = _client(srv)
+            if stream:  # a long stop sequence holds the first text back past the cut
+                chunks = client.completions.create(model="flaky", prompt="abcdef",
+                                                   max_tokens=6, stream=True,
+                                                   stop=["zzzzzz"])
+                text = "".join(c.choices[0].text for c in chunks)
+            else:
+                text = client.completions.create(model="flaky", prompt="abcdef",
+                                                 max_tokens=6).choices[0].text
+            assert text == "abcdef"
+            metrics = httpx.get(srv.url + "/metrics").text
+        assert backend.calls == 2
+        assert 'coral_request_reruns_total{model="flaky",stage="after_tokens"} 1' in metrics
+
+
+def test_health_reports_each_model():
+    with _serve(EchoBackend(16)) as srv:
+        r = httpx.get(srv.url + "/health")
+    assert r.status_code == 200
+    assert r.json() == {"status": "ok", "models": {"flaky": {"status": "ready"}}}

@@ -355,12 +355,15 @@ def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: in
     _human["console"].print(f"starting {len(deployment.specs)} instances "
                             f"({'in-process' if in_process else f'{workers} worker processes'})"
                             " ...")
-    controller = Controller(LocalProvisioner(in_process=in_process))
-    try:
-        controller.deploy(deployment.specs)
-        _run_gateway(controller.models, None, host=host, port=port, api_key=api_key)
-    finally:
-        controller.close()
+    from coral.runtime.lifecycle import stop_on_signals
+
+    with stop_on_signals():  # SIGTERM/SIGINT unwind through close(), which stops the workers
+        controller = Controller(LocalProvisioner(in_process=in_process))
+        try:
+            controller.deploy(deployment.specs)
+            _run_gateway(controller.models, None, host=host, port=port, api_key=api_key)
+        finally:
+            controller.close()
 
 
 # ---------------------------------------------------------------- tiny
@@ -391,13 +394,16 @@ def _serve_tiny(eng: EngineName, *, stages: int, in_process: bool, random_weight
 
     torch.set_num_threads(1)  # small matmuls: threads only add contention
     console.print(f"starting {'in-process stages' if in_process else f'{stages} workers'} ...")
-    controller = Controller(LocalProvisioner(in_process=in_process))
-    try:
-        controller.deploy([InstanceSpec(instance.name, deployment.spec(model))])
-        _run_gateway(controller.models, {model.name: tokenizer_for(model)}, host=host,
-                     port=port, api_key=api_key)
-    finally:
-        controller.close()
+    from coral.runtime.lifecycle import stop_on_signals
+
+    with stop_on_signals():  # SIGTERM/SIGINT unwind through close(), which stops the workers
+        controller = Controller(LocalProvisioner(in_process=in_process))
+        try:
+            controller.deploy([InstanceSpec(instance.name, deployment.spec(model))])
+            _run_gateway(controller.models, {model.name: tokenizer_for(model)}, host=host,
+                         port=port, api_key=api_key)
+        finally:
+            controller.close()
 
 
 def _tiny_vllm(model: Any, instance: Any, *, out: Path | None, dry_run: bool, host: str,
@@ -430,7 +436,9 @@ def _tiny_vllm(model: Any, instance: Any, *, out: Path | None, dry_run: bool, ho
     server = VllmServer(launch, host=host, extra_args=extra, env=env,
                         log_path=folder.parent / f"{model.name}.vllm.log")
     console.print(f"starting vLLM (log: {server.log_path}) ...")
-    with server:
+    from coral.runtime.lifecycle import stop_on_signals
+
+    with stop_on_signals(), server:  # a stop signal unwinds through the server's stop()
         backend = VllmBackend(server.url, model.name, model.max_seq_len)
         _run_gateway({model.name: backend}, {model.name: tokenizer_for(model)}, host=host,
                      port=port, api_key=api_key)
@@ -438,11 +446,9 @@ def _tiny_vllm(model: Any, instance: Any, *, out: Path | None, dry_run: bool, ho
 
 def _run_gateway(models: Any, tokenizers: Any, *, host: str, port: int,
                  api_key: str | None) -> None:
-    import uvicorn
-
-    from coral.runtime.gateway import create_app
+    from coral.runtime.gateway import create_app, run_gateway
 
     app = create_app(models, api_key=api_key, tokenizer=tokenizers)
     _human["console"].print(f"gateway on http://{host}:{port}/v1 (models: "
                   f"{escape(', '.join(sorted(models)))})", highlight=False)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    run_gateway(app, host=host, port=port)  # returns on SIGTERM/SIGINT, requests drained

@@ -17,6 +17,16 @@ class RetriableBackendError(BackendError):
     request again (it restarts from the prompt) is safe."""
 
 
+class ModelUnavailableError(BackendError):
+    """The model has no ready instance to run the request (all lost, restarting or given up
+    on): the server's state, not the request's fault, so the client may send it again later."""
+
+    def __init__(self, message: str, retry_after_s: int = 5):
+        super().__init__(message)
+        self.retry_after_s = max(1, int(retry_after_s))
+        """Seconds after which the client may expect the model back (a hint)."""
+
+
 class Backend(Protocol):
     max_context_tokens: int  # prompt + generated tokens
 

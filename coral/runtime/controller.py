@@ -1,18 +1,18 @@
 """The controller: several instances per model behind the gateway, failure handling, and live
 reconfiguration.
 
-An *instance* is one complete copy of a model (a pipeline of worker processes plus its engine).
-Each served model has a `ModelRouter` (the gateway's backend for that name) that spreads requests
-over the model's instances by smooth weighted round robin on their capacity weights, skipping an
-instance whose in-flight count is far above the others'. A request whose instance fails before it
-produced a token is sent again to another instance of the same model; one that already produced
-tokens ends with `RetriableBackendError` (the gateway reruns non-streamed requests itself and
-sends streamed ones a clean, retriable OpenAI-style error).
+The `Controller` holds the plan (the instances that should run) as its desired state and
+reconciles toward it. It watches every instance's workers (exit or silence); a failed instance
+is taken out of routing, what is left of it is killed, and a replacement is started through
+the provisioner (`LocalProvisioner`: worker processes on this machine), under the same name.
+Consecutive failures of one instance (a failed start, or a death before it stayed ready for
+`stable_s`) back off exponentially; after `max_restarts` of them the instance is reported
+`failed` and left alone until the next reconfiguration. Each served model's requests go
+through its `ModelRouter` (`coral.runtime.model_router`), which routes to ready instances only
+and lets a request wait for a replacement rather than fail.
 
-The `Controller` starts instances through a provisioner (`LocalProvisioner`: worker processes on
-this machine), watches their heartbeats, and moves from one list of instances to another without
-dropping requests: start the new instances, wait until they are ready, shift traffic to them,
-drain the old ones (they finish what they accepted) and stop them.
+Moving from one plan to another drops no request: start the new instances, wait until they are
+ready, shift traffic to them, drain the old ones (they finish what they accepted) and stop them.
 """
 
 from __future__ import annotations
@@ -22,243 +22,39 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
-from coral.runtime.backends import BackendError, RetriableBackendError
-from coral.runtime.config import PipelineSpec
-from coral.runtime.messages import SamplingParams
+from coral.runtime.instance import (  # noqa: F401 - re-exported: the controller's vocabulary
+    Instance,
+    InstanceSpec,
+    InstanceStatus,
+    LocalProvisioner,
+    Provisioner,
+)
+from coral.runtime.model_router import (  # noqa: F401 - re-exported
+    MAX_ATTEMPTS,
+    UNAVAILABLE_WAIT_S,
+    ModelRouter,
+)
 
 log = logging.getLogger(__name__)
 
-#: How often the controller checks its instances' health.
+#: How often the controller checks its instances' health and reconciles them with the plan.
 MONITOR_S = 0.2
 #: Longest wait for an old instance to finish its accepted requests before it is stopped.
 DRAIN_TIMEOUT_S = 120.0
-#: Attempts of one request over distinct instances before it fails.
-MAX_ATTEMPTS = 3
+#: Delay before the second consecutive restart of an instance; doubled for every further
+#: failure up to RESTART_BACKOFF_MAX_S. The first restart after a failure is immediate.
+RESTART_BACKOFF_S = 0.5
+RESTART_BACKOFF_MAX_S = 15.0
+#: Consecutive failures of one instance after which it is reported failed, not restarted.
+MAX_RESTARTS = 10
+#: An instance ready this long has recovered: its count of consecutive failures resets.
+STABLE_S = 10.0
+#: How long close() waits for restarts in progress (they stop what they started themselves).
+CLOSE_JOIN_S = 10.0
 
 
-@dataclass(frozen=True)
-class InstanceSpec:
-    """One instance to run: a name (unique in a deployment), its pipeline and its weight."""
-
-    name: str
-    pipeline: PipelineSpec
-    weight: float = 1.0
-    """Capacity weight from the plan: the instance's share of the model's new requests."""
-    model: str | None = None
-    """Served model name (default: the pipeline's model name)."""
-
-    def __post_init__(self) -> None:
-        if self.weight <= 0:
-            raise ValueError(f"instance {self.name}: weight {self.weight} must be positive")
-
-    @property
-    def served_name(self) -> str:
-        return self.model or self.pipeline.model.name
-
-    @classmethod
-    def from_template(cls, name: str, template, model_config, *,
-                      served_name: str | None = None) -> "InstanceSpec":
-        """An instance of a plan's template (`coral.templates.build.Template`): its chain of
-        stages, weighted by the template's capacity (requests/s, else its throughput)."""
-        from coral.runtime.deploy import pipeline_spec_from_template
-
-        weight = (getattr(template, "throughput_rps", None) or
-                  getattr(template, "throughput", None) or 1.0)
-        return cls(name, pipeline_spec_from_template(template, model_config), float(weight),
-                   served_name)
-
-
-class Instance:
-    """A running instance: its engine, executor and routing state."""
-
-    def __init__(self, spec: InstanceSpec, engine, executor):
-        from coral.runtime.backends import EngineBackend
-
-        self.spec = spec
-        self.engine = engine
-        self.executor = executor
-        self.backend = EngineBackend(engine)
-        self.state = "ready"  # ready -> active -> draining -> stopped; or -> dead
-        self.in_flight = 0  # requests the router sent here that have not ended (router lock)
-        self.served = 0
-        self._stop_lock = threading.Lock()
-        self._stopped = False
-
-    def stop_once(self, provisioner: "Provisioner") -> None:
-        with self._stop_lock:
-            if self._stopped:
-                return
-            self._stopped = True
-        provisioner.stop(self)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def max_context_tokens(self) -> int:
-        return self.engine.max_seq_len
-
-    def failed_nodes(self, heartbeat_timeout_s: float | None = None) -> list[str]:
-        """Workers that exited or stopped sending heartbeats."""
-        check = getattr(self.executor, "failed_nodes", None)
-        if check is None:
-            return []
-        return check() if heartbeat_timeout_s is None else check(heartbeat_timeout_s)
-
-    @property
-    def pids(self) -> list[int | None]:
-        return list(getattr(self.executor, "pids", []))
-
-    def __repr__(self) -> str:
-        return f"Instance({self.name!r}, {self.state}, in_flight={self.in_flight})"
-
-
-class Provisioner(Protocol):
-    def start(self, spec: InstanceSpec) -> Instance: ...
-
-    def stop(self, instance: Instance) -> None: ...
-
-
-class LocalProvisioner:
-    """Instances as ZeroMQ worker processes on this machine (`in_process=True`: stages run in
-    the caller's process, for quick tests; such instances cannot fail on their own)."""
-
-    def __init__(self, *, device: str = "cpu", in_process: bool = False,
-                 start_timeout_s: float = 60.0):
-        self.device = device
-        self.in_process = in_process
-        self.start_timeout_s = start_timeout_s
-
-    def start(self, spec: InstanceSpec) -> Instance:
-        from coral.runtime.engine import Engine
-
-        if self.in_process:
-            from coral.runtime.pipeline import LocalPipeline
-            executor = LocalPipeline(spec.pipeline, device=self.device)
-        else:
-            executor = self._start_workers(spec)
-        model = spec.pipeline.model
-        engine = Engine(executor, max_seq_len=model.max_seq_len,
-                        eos_token_ids=model.eos_token_ids)
-        engine.start()
-        return Instance(spec, engine, executor)
-
-    def _start_workers(self, spec: InstanceSpec, attempts: int = 3):
-        import zmq
-
-        from coral.runtime.worker import WorkerLostError, ZmqPipeline
-
-        for attempt in range(attempts):
-            # ports are picked free then bound; another process may take one in between
-            try:
-                return ZmqPipeline(spec.pipeline, device=self.device,
-                                   start_timeout_s=self.start_timeout_s)
-            except (WorkerLostError, zmq.ZMQError) as exc:
-                if attempt == attempts - 1:
-                    raise
-                log.warning("instance %s: start failed (%s); retrying", spec.name, exc)
-        raise AssertionError("unreachable")
-
-    def stop(self, instance: Instance) -> None:
-        instance.engine.stop()  # fails requests still queued, then closes the workers
-
-
-# ---------------------------------------------------------------- routing
-class ModelRouter:
-    """The gateway's backend for one served model: picks an instance per request.
-
-    Smooth (interleaved) weighted round robin over the active instances: each pick adds every
-    eligible instance's weight to its credit, takes the instance with the most credit and
-    subtracts the total weight from it. An instance is not eligible while its in-flight count is
-    more than `load_slack` above, and more than twice, the least loaded instance's.
-    """
-
-    def __init__(self, name: str, *, load_slack: int = 4, max_attempts: int = MAX_ATTEMPTS):
-        self.name = name
-        self.load_slack = load_slack
-        self.max_attempts = max_attempts
-        self._lock = threading.Lock()
-        self._instances: list[Instance] = []  # active ones take new requests
-        self._credit: dict[str, float] = {}
-        self.retries = 0  # requests sent again to another instance
-        self.retriable_errors = 0  # requests ended with RetriableBackendError
-
-    # ---- membership (controller) ----
-    def set_active(self, instances: Sequence[Instance]) -> None:
-        with self._lock:
-            self._instances = list(instances)
-            self._credit = {i.name: self._credit.get(i.name, 0.0) for i in self._instances}
-
-    def remove(self, instance: Instance) -> None:
-        with self._lock:
-            self._instances = [i for i in self._instances if i is not instance]
-            self._credit.pop(instance.name, None)
-
-    @property
-    def instances(self) -> list[Instance]:
-        with self._lock:
-            return list(self._instances)
-
-    @property
-    def max_context_tokens(self) -> int:
-        insts = self.instances
-        return min((i.max_context_tokens for i in insts), default=0)
-
-    # ---- choice ----
-    def pick(self, exclude: Sequence[Instance] = ()) -> Instance:
-        """Choose an instance and count the request as in flight there."""
-        with self._lock:
-            live = [i for i in self._instances if i.state == "active" and i not in exclude]
-            if not live:
-                raise BackendError(f"no live instance of model '{self.name}'")
-            least = min(i.in_flight for i in live)
-            eligible = [i for i in live
-                        if i.in_flight - least <= max(self.load_slack, least)]
-            total = sum(i.spec.weight for i in eligible)
-            for i in eligible:
-                self._credit[i.name] = self._credit.get(i.name, 0.0) + i.spec.weight
-            chosen = max(eligible, key=lambda i: self._credit[i.name])
-            self._credit[chosen.name] -= total
-            chosen.in_flight += 1
-            return chosen
-
-    def _done(self, instance: Instance) -> None:
-        with self._lock:
-            instance.in_flight -= 1
-            instance.served += 1
-
-    # ---- Backend ----
-    async def generate(self, prompt_ids: list[int], max_tokens: int,
-                       sampling: SamplingParams) -> AsyncIterator[int]:
-        tried: list[Instance] = []
-        while True:
-            instance = self.pick(exclude=tried)
-            tried.append(instance)
-            produced = 0
-            try:
-                async for token in instance.backend.generate(prompt_ids, max_tokens, sampling):
-                    produced += 1
-                    yield token
-                return
-            except BackendError as exc:
-                log.warning("model %s: instance %s failed a request: %s", self.name,
-                            instance.name, exc)
-                if produced:
-                    self.retriable_errors += 1
-                    raise RetriableBackendError(
-                        f"instance {instance.name} of model '{self.name}' failed after "
-                        f"{produced} tokens ({exc})") from exc
-                if len(tried) >= self.max_attempts:
-                    raise
-                self.retries += 1  # nothing was produced: restart from the prompt elsewhere
-            finally:
-                self._done(instance)
-
-
-# ---------------------------------------------------------------- controller
 @dataclass
 class ReconfigureReport:
     started: list[str] = field(default_factory=list)
@@ -269,8 +65,41 @@ class ReconfigureReport:
     """Requests in flight on the old instances when traffic moved off them."""
 
 
+class _Slot:
+    """One planned instance across the `Instance` objects that run it over time (a
+    replacement is a new object under the same name). Guarded by the controller's state lock."""
+
+    def __init__(self, spec: InstanceSpec, instance: Instance | None = None):
+        self.spec = spec
+        self.instance = instance
+        self.streak = 0  # consecutive failures
+        self.restarts = 0
+        self.next_start_s = 0.0  # monotonic time of the next restart
+        self.starting_since: float | None = None
+        self.start_s = 0.0  # how long the last successful start took
+        self.failed: str | None = None
+        self.error: str | None = None
+        self.thread: threading.Thread | None = None
+
+    def status(self, now: float) -> InstanceStatus:
+        inst = self.instance
+        eta = None
+        if self.failed is not None:
+            state = "failed"
+        elif self.starting_since is not None:
+            state = "starting"
+            eta = max(1.0, self.start_s - (now - self.starting_since))
+        elif inst is not None and inst.state == "active":
+            state = "ready"
+        else:
+            state = "backoff"
+            eta = max(0.0, self.next_start_s - now) + max(1.0, self.start_s)
+        return InstanceStatus(self.spec.name, self.spec.served_name, state, self.restarts,
+                              self.streak, eta, self.failed or self.error)
+
+
 class Controller:
-    """Deploys instances, watches them, and reconfigures them live.
+    """Deploys instances, keeps them running as planned, and reconfigures them live.
 
     `models` is the mapping to pass to `create_app`: it is updated in place, so the gateway sees
     models that a reconfiguration adds.
@@ -278,21 +107,37 @@ class Controller:
 
     def __init__(self, provisioner: str | Provisioner = "local", *,
                  monitor_s: float = MONITOR_S, drain_timeout_s: float = DRAIN_TIMEOUT_S,
-                 load_slack: int = 4, heartbeat_timeout_s: float | None = None):
+                 load_slack: int = 4, heartbeat_timeout_s: float | None = None,
+                 max_restarts: int = MAX_RESTARTS, restart_backoff_s: float = RESTART_BACKOFF_S,
+                 restart_backoff_max_s: float = RESTART_BACKOFF_MAX_S,
+                 stable_s: float = STABLE_S, wait_s: float = UNAVAILABLE_WAIT_S):
         """`heartbeat_timeout_s`: a worker silent this long makes its instance dead (default:
-        the executor's own timeout)."""
+        the executor's own timeout). `max_restarts`: consecutive failures of one instance
+        after which it is reported failed; `restart_backoff_s` .. `restart_backoff_max_s`: the
+        exponential delay between them; `stable_s`: how long a replacement must stay ready for
+        its failures to be forgotten. `wait_s`: longest a request waits for a ready instance."""
         if provisioner == "local":
             provisioner = LocalProvisioner()
         elif isinstance(provisioner, str):
             raise ValueError(f"unknown provisioner '{provisioner}' (known: local)")
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts ({max_restarts}) must be at least 0")
         self.provisioner = provisioner
         self.drain_timeout_s = drain_timeout_s
         self.load_slack = load_slack
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.max_restarts = max_restarts
+        self.restart_backoff_s = restart_backoff_s
+        self.restart_backoff_max_s = restart_backoff_max_s
+        self.stable_s = stable_s
+        self.wait_s = wait_s
         self.models: dict[str, ModelRouter] = {}
-        self._instances: dict[str, Instance] = {}
+        self._instances: dict[str, Instance] = {}  # the current object of every slot
+        self._slots: dict[str, _Slot] = {}  # the desired state: one per planned instance
         self._lock = threading.RLock()  # one reconfiguration at a time
-        self.dead: list[str] = []
+        self._state = threading.RLock()  # instances, slots and routers' membership
+        self.dead: list[str] = []  # names of instances found dead, in order
+        self._disposing: list[threading.Thread] = []  # killing what is left of dead ones
         self._closing = threading.Event()
         self._monitor = threading.Thread(target=self._watch, args=(monitor_s,),
                                          name="coral-controller", daemon=True)
@@ -300,7 +145,17 @@ class Controller:
 
     @property
     def instances(self) -> dict[str, Instance]:
-        return dict(self._instances)
+        with self._state:
+            return dict(self._instances)
+
+    def status(self) -> list[InstanceStatus]:
+        """Every planned instance's state."""
+        now = time.monotonic()
+        with self._state:
+            return [slot.status(now) for slot in self._slots.values()]
+
+    def _model_status(self, model: str) -> list[InstanceStatus]:
+        return [s for s in self.status() if s.model == model]
 
     def deploy(self, specs: Sequence[InstanceSpec]) -> ReconfigureReport:
         return self.reconfigure(specs)
@@ -308,44 +163,62 @@ class Controller:
     def reconfigure(self, specs: Sequence[InstanceSpec], *,
                     on_ready: Callable[[], None] | None = None) -> ReconfigureReport:
         """Move to `specs` without dropping requests. Instances whose name and pipeline are
-        unchanged are kept (their weight is updated); the others are started, or drained and
-        stopped. If a new instance fails to start, the ones started are stopped and the old
-        configuration stays. `on_ready` is called once the new instances are up, before traffic
-        moves to them."""
+        unchanged and that are ready are kept (their weight is updated); the others are
+        started, or drained and stopped. If a new instance fails to start, the ones started
+        are stopped and the old configuration stays. `on_ready` is called once the new
+        instances are up, before traffic moves to them."""
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"instance names must be unique: {names}")
         report = ReconfigureReport()
         with self._lock:
-            current = self._instances
-            keep = {s.name: s for s in specs if s.name in current
-                    and current[s.name].spec.pipeline == specs[names.index(s.name)].pipeline
+            with self._state:
+                current = dict(self._instances)
+            keep = {s.name for s in specs if s.name in current
+                    and current[s.name].spec.pipeline == s.pipeline
                     and current[s.name].spec.served_name == s.served_name
                     and current[s.name].state == "active"}
-            to_start = [s for s in specs if s.name not in keep]
-            old = [i for n, i in current.items() if n not in keep]
-            started = self._start_all(to_start)
+            started = {i.name: i for i in self._start_all([s for s in specs
+                                                           if s.name not in keep])}
             if on_ready is not None:
                 on_ready()
-            for name, spec in keep.items():
-                current[name].spec = spec  # new weight
-            new_set = {**{n: current[n] for n in keep}, **{i.name: i for i in started}}
-            # shift traffic: new instances active, old ones draining (finish what they took)
-            by_model: dict[str, list[Instance]] = {}
-            for inst in new_set.values():
-                inst.state = "active"
-                by_model.setdefault(inst.spec.served_name, []).append(inst)
-            for inst in old:
-                if inst.state != "dead":
-                    inst.state = "draining"
-            for model, insts in by_model.items():
-                router = self.models.get(model)
-                if router is None:
-                    router = ModelRouter(model, load_slack=self.load_slack)
-                router.set_active(insts)
-                self.models[model] = router
-            self._instances = new_set
-            report.started = [i.name for i in started]
+            now = time.monotonic()
+            with self._state:
+                slots: dict[str, _Slot] = {}
+                for spec in specs:
+                    if spec.name in keep:  # its slot goes on (a restart in flight counts)
+                        slot = self._slots[spec.name]
+                        slot.spec = spec
+                        if slot.instance is not None:
+                            slot.instance.spec = spec  # new weight
+                    else:
+                        slot = _Slot(spec, started[spec.name])
+                        slot.instance.state, slot.instance.ready_s = "active", now
+                    slots[spec.name] = slot
+                # everything not kept drains: instances of names that leave the plan or are
+                # replaced, including ones a restart brought back during the start above
+                old = [i for n, i in self._instances.items() if n not in keep]
+                for inst in old:
+                    if inst.state == "active":
+                        inst.state = "draining"
+                self._slots = slots
+                self._instances = {n: s.instance for n, s in slots.items()
+                                   if s.instance is not None}
+                by_model: dict[str, list[InstanceSpec]] = {}
+                for spec in specs:
+                    by_model.setdefault(spec.served_name, []).append(spec)
+                for model, model_specs in by_model.items():
+                    router = self.models.get(model)
+                    if router is None:
+                        router = ModelRouter(model, load_slack=self.load_slack,
+                                             wait_s=self.wait_s)
+                        router.status_of = lambda m=model: self._model_status(m)
+                    router.set_active([slots[s.name].instance for s in model_specs
+                                       if slots[s.name].instance is not None
+                                       and slots[s.name].instance.state == "active"])
+                    router.plan(model_specs)
+                    self.models[model] = router
+            report.started = sorted(started)
             report.kept = sorted(keep)
             report.drained_requests = sum(i.in_flight for i in old)
             t0 = time.perf_counter()
@@ -393,41 +266,147 @@ class Controller:
         for router in list(self.models.values()):
             router.remove(inst)
 
-    # ---- health ----
+    # ---- reconciliation ----
     def _watch(self, period_s: float) -> None:
         while not self._closing.wait(period_s):
-            for inst in list(self._instances.values()):
-                if inst.state not in ("active", "draining"):
-                    continue
-                try:
-                    failed = inst.failed_nodes(self.heartbeat_timeout_s)
-                except Exception:  # noqa: BLE001
-                    log.exception("health check of %s failed", inst.name)
-                    continue
-                if failed:
-                    self.mark_dead(inst, f"worker(s) {', '.join(failed)} lost")
+            try:
+                self._reconcile()
+            except Exception:  # noqa: BLE001 - the watch must go on
+                log.exception("reconciliation failed")
 
-    def mark_dead(self, inst: Instance, why: str) -> None:
-        """Take a failed instance out of routing and stop it; its requests fail over."""
-        if inst.state in ("dead", "stopped"):
-            return
-        log.warning("instance %s is dead: %s", inst.name, why)
-        inst.state = "dead"
-        self.dead.append(inst.name)
-        router = self.models.get(inst.spec.served_name)
+    def _reconcile(self) -> None:
+        """One pass: find failed instances, forget old failures of stable ones, start the
+        replacements that are due."""
+        for inst in list(self.instances.values()):
+            if inst.state != "active":
+                continue
+            try:
+                failed = inst.failed_nodes(self.heartbeat_timeout_s)
+            except Exception:  # noqa: BLE001
+                log.exception("health check of %s failed", inst.name)
+                continue
+            if failed:
+                self._lost(inst, f"worker(s) {', '.join(failed)} lost", workers=len(failed))
+        now = time.monotonic()
+        with self._state:
+            for slot in self._slots.values():
+                inst = slot.instance
+                if inst is not None and inst.state == "active":
+                    if slot.streak and now - inst.ready_s >= self.stable_s:
+                        slot.streak, slot.error = 0, None
+                    continue
+                if (slot.failed or slot.starting_since is not None or self._closing.is_set()
+                        or now < slot.next_start_s):
+                    continue
+                slot.starting_since = now
+                slot.thread = threading.Thread(target=self._restart, args=(slot,),
+                                               name=f"coral-restart-{slot.spec.name}",
+                                               daemon=True)
+                slot.thread.start()
+
+    def _backoff_s(self, streak: int) -> float:
+        """Delay before the restart that follows the `streak`-th consecutive failure."""
+        if streak <= 1:
+            return 0.0
+        return min(self.restart_backoff_s * 2 ** (streak - 2), self.restart_backoff_max_s)
+
+    def _failure(self, slot: _Slot, why: str) -> None:
+        """Count one failure of the slot's instance: schedule its restart, or give up on it
+        (state lock held)."""
+        slot.streak += 1
+        slot.error = why
+        if slot.streak > self.max_restarts:
+            slot.failed = (f"gave up after {slot.streak} consecutive failures "
+                           f"(the last: {why})")
+            log.error("instance %s: %s; it stays down until the next reconfiguration",
+                      slot.spec.name, slot.failed)
+        else:
+            delay = self._backoff_s(slot.streak)
+            slot.next_start_s = time.monotonic() + delay
+            log.warning("instance %s: %s; restarting it in %.1f s (failure %d of at most %d)",
+                        slot.spec.name, why, delay, slot.streak, self.max_restarts)
+
+    def _lost(self, inst: Instance, why: str, *, workers: int = 0) -> None:
+        """Take a failed instance out of routing, count the failure and kill what is left of
+        it (in the background: a hung worker takes a moment to kill)."""
+        with self._state:
+            if inst.state in ("dead", "stopped"):
+                return
+            log.warning("instance %s is dead: %s", inst.name, why)
+            inst.state = "dead"
+            self.dead.append(inst.name)
+            slot = self._slots.get(inst.name)
+            if slot is not None and slot.instance is inst:
+                self._failure(slot, why)
+            router = self.models.get(inst.spec.served_name)
         if router is not None:
             router.remove(inst)
-        inst.stop_once(self.provisioner)  # ends its queued and running requests with an error
+            router.count("instance_deaths")
+            router.count("worker_deaths", workers)
+
+        def dispose() -> None:
+            inst.kill()
+            inst.stop_once(self.provisioner)  # ends its queued and running requests
+
+        thread = threading.Thread(target=dispose, name=f"coral-dispose-{inst.name}",
+                                  daemon=True)
+        with self._state:
+            self._disposing = [t for t in self._disposing if t.is_alive()] + [thread]
+        thread.start()
+
+    def mark_dead(self, inst: Instance, why: str) -> None:
+        """Take a failed instance out of routing and replace it; its requests fail over."""
+        self._lost(inst, why)
+
+    def _restart(self, slot: _Slot) -> None:
+        t0 = time.monotonic()
+        name = slot.spec.name
+        router = self.models.get(slot.spec.served_name)
+        try:
+            inst = self.provisioner.start(slot.spec)
+        except Exception as exc:  # noqa: BLE001 - counted as a failure of the instance
+            with self._state:
+                slot.starting_since = None
+                if self._slots.get(name) is slot and not self._closing.is_set():
+                    self._failure(slot, f"restart failed: {exc}")
+            if router is not None:
+                router.count("restart_failures")
+            return
+        with self._state:
+            slot.starting_since = None
+            keep = not self._closing.is_set() and self._slots.get(name) is slot
+            if keep:
+                inst.state, inst.ready_s = "active", time.monotonic()
+                slot.instance, slot.start_s = inst, inst.ready_s - t0
+                slot.restarts += 1
+                self._instances[name] = inst
+                router = self.models.get(slot.spec.served_name)
+                if router is not None:
+                    router.add(inst)
+                    router.count("restarts")
+        if keep:
+            log.warning("instance %s is back after %.1f s (restart %d)", name,
+                        time.monotonic() - t0, slot.restarts)
+        else:  # closed or re-planned meanwhile: what it started is not wanted
+            inst.stop_once(self.provisioner)
 
     def close(self) -> None:
         self._closing.set()
         self._monitor.join(timeout=5)
-        with self._lock:
-            for inst in list(self._instances.values()):
-                if inst.state != "dead":
-                    inst.state = "stopped"
-                inst.stop_once(self.provisioner)
+        with self._lock, self._state:
+            instances = list(self._instances.values())
+            threads = [s.thread for s in self._slots.values() if s.thread is not None]
+            threads += self._disposing
             self._instances = {}
+        for inst in instances:
+            if inst.state != "dead":
+                inst.state = "stopped"
+            inst.stop_once(self.provisioner)
+        deadline = time.monotonic() + CLOSE_JOIN_S
+        for thread in threads:  # a restart that ends now stops its own instance
+            if thread is None or not thread.is_alive():
+                continue
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> "Controller":
         return self

@@ -191,6 +191,9 @@ class Engine:
         with self._lock:
             self._stopping = True
             self._lock.notify()
+        abort = getattr(self.executor, "abort", None)
+        if abort is not None:  # a step waiting on lost workers ends now, not at its timeout
+            abort()
         if self._thread is not None:
             self._thread.join(timeout=5)
         with self._lock:  # requests still here will never run: end them with an error

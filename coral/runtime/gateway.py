@@ -3,6 +3,13 @@
 Endpoints: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (both also streamed as
 server-sent events), `/health`, `/metrics` (Prometheus text). Errors use OpenAI's JSON shape,
 `{"error": {"message", "type", "param", "code"}}`, and never take the server down.
+
+Failures are told apart for the client: a request the server cannot serve *now* (its model has
+no ready instance, or lost it) gets HTTP 503 with `Retry-After`, which OpenAI clients retry;
+4xx is only for requests that are wrong. A streamed request starts its response only once the
+first text is there, so that it too gets a 503 rather than a stream that ends at once; a stream
+cut after text was sent ends with an error event (`data: {"error": ...}`), which the `openai`
+client raises, never with a silent truncation.
 """
 
 from __future__ import annotations
@@ -23,7 +30,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from coral.runtime.backends import Backend, BackendError, RetriableBackendError
+from coral.runtime.backends import (
+    Backend,
+    BackendError,
+    ModelUnavailableError,
+    RetriableBackendError,
+)
 from coral.runtime.messages import SamplingParams
 from coral.runtime.metrics import GatewayMetrics
 from coral.runtime.tokenizer import ByteTokenizer, Tokenizer
@@ -40,6 +52,13 @@ MAX_STOP_SEQUENCES = 4
 MAX_REQUEST_RETRIES = 2
 #: Error code of a request whose instance was lost after its stream began (safe to resend).
 RETRIABLE_CODE = "instance_lost"
+#: Error code of a request whose model has no ready instance (HTTP 503, safe to resend).
+UNAVAILABLE_CODE = "model_unavailable"
+#: Retry-After of a request cut by a lost instance: the model's other instances, or its
+#: replacement, usually take it at once.
+LOST_RETRY_AFTER_S = 1
+#: How long a stopping server lets requests in flight finish before it closes them.
+GRACEFUL_SHUTDOWN_S = 30.0
 
 
 # ---------------------------------------------------------------- request bodies
@@ -93,17 +112,42 @@ class ApiError(Exception):
     """An error returned to the client in OpenAI's shape."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None,
+                 retry_after_s: int | None = None):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = (
             status, message, type, param, code)
+        self.retry_after_s = retry_after_s
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        headers = ({"Retry-After": str(self.retry_after_s)}
+                   if self.retry_after_s is not None else None)
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def backend_error(exc: BackendError, model: str) -> ApiError:
+    """The client's view of a backend failure: always retriable (503), never its fault."""
+    if isinstance(exc, ModelUnavailableError):
+        return ApiError(503, f"{exc}. Please retry after {exc.retry_after_s} s.",
+                        type="service_unavailable", code=UNAVAILABLE_CODE,
+                        retry_after_s=exc.retry_after_s)
+    if isinstance(exc, RetriableBackendError):
+        return ApiError(503, f"The model instance serving this request was lost: {exc}. "
+                        "Please retry the request.", type="server_error", code=RETRIABLE_CODE,
+                        retry_after_s=LOST_RETRY_AFTER_S)
+    return ApiError(503, f"The backend of model '{model}' failed: {exc}", type="server_error",
+                    code="backend_unavailable", retry_after_s=LOST_RETRY_AFTER_S)
+
+
+def model_health(backend: Any) -> dict[str, Any]:
+    """A backend's own health (`ready`, `degraded`, `unavailable`), or `ready` for backends
+    that are always there (echo, an engine in this process, a vLLM server)."""
+    health = getattr(backend, "health", None)
+    return health() if callable(health) else {"status": "ready"}
 
 
 def _validation_error(exc: RequestValidationError) -> ApiError:
@@ -217,6 +261,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
         emitted = 0
         t0 = time.perf_counter()
         first_s = last_s = None
+        outcome.text, outcome.finish_reason = "", None  # a rerun starts afresh
         outcome.prompt_tokens = len(ids)
         status = "error"
         try:
@@ -241,14 +286,10 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                     outcome.text = text
                     outcome.finish_reason = "length" if len(generated) >= max_tokens else "stop"
             status = "ok"
-        except RetriableBackendError as exc:
-            status = "retriable"
-            raise ApiError(503, f"The model instance serving this request was lost: {exc}. "
-                           "Please retry the request.", type="server_error",
-                           code=RETRIABLE_CODE) from exc
         except BackendError as exc:
-            raise ApiError(503, f"The model backend failed: {exc}", type="server_error",
-                           code="backend_unavailable") from exc
+            status = ("unavailable" if isinstance(exc, ModelUnavailableError) else
+                      "retriable" if isinstance(exc, RetriableBackendError) else "error")
+            raise backend_error(exc, body.model) from exc
         finally:
             outcome.completion_tokens = len(generated)
             stats.count_request(body.model, endpoint, status)
@@ -269,8 +310,38 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
             except ApiError as exc:
                 if exc.code != RETRIABLE_CODE or attempt == MAX_REQUEST_RETRIES:
                     raise
+                stats.count_rerun(body.model)
                 log.warning("rerunning a %s request after: %s", endpoint, exc.message)
         raise AssertionError("unreachable")
+
+    async def started(body: _Body, endpoint: str, args: tuple, outcome: _Outcome
+                      ) -> AsyncIterator[str]:
+        """A streamed request's text deltas, run up to its first text before the response
+        starts: a request that cannot be served gets an HTTP error (503 and Retry-After) the
+        client can act on, and one whose instance was lost before any text reached the client
+        is rerun from its prompt, as a non-streamed one is."""
+        for attempt in range(MAX_REQUEST_RETRIES + 1):
+            deltas = run(body, endpoint, *args, outcome)
+            try:
+                first = await anext(deltas)
+                break
+            except StopAsyncIteration:
+                first = None
+                break
+            except ApiError as exc:
+                if exc.code != RETRIABLE_CODE or attempt == MAX_REQUEST_RETRIES:
+                    raise
+                stats.count_rerun(body.model)
+                log.warning("rerunning a streamed %s request after: %s", endpoint, exc.message)
+
+        async def rest() -> AsyncIterator[str]:
+            if first is None:
+                return
+            yield first
+            async with contextlib.aclosing(deltas):
+                async for delta in deltas:
+                    yield delta
+        return rest()
 
     def usage(o: _Outcome) -> dict[str, int]:
         return {"prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
@@ -300,12 +371,25 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
 
     # ------------------------------------------------------------ routes
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "models": sorted(models)}
+    async def health() -> JSONResponse:
+        """`ok` when every model is ready, `degraded` when some instance is down, and
+        `unavailable` (HTTP 503, for load balancers) when no model can answer."""
+        per_model = {name: model_health(models[name]) for name in sorted(models)}
+        states = [m["status"] for m in per_model.values()]
+        if all(s == "ready" for s in states):
+            status = "ok"
+        elif all(s == "unavailable" for s in states):
+            status = "unavailable"
+        else:
+            status = "degraded"
+        return JSONResponse({"status": status, "models": per_model},
+                            status_code=503 if status == "unavailable" else 200)
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(stats.render(), media_type="text/plain; version=0.0.4")
+        runtime = {name: b.runtime_stats() for name, b in list(models.items())
+                   if callable(getattr(b, "runtime_stats", None))}
+        return PlainTextResponse(stats.render(runtime), media_type="text/plain; version=0.0.4")
 
     def model_card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": created, "owned_by": "coral"}
@@ -334,8 +418,10 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                                  "finish_reason": finish}]}
 
         if body.stream:
+            deltas = await started(body, "completions", args, outcome)
+
             async def stream() -> AsyncIterator[dict]:
-                async for delta in run(body, "completions", *args, outcome):
+                async for delta in deltas:
                     if delta:
                         yield chunk(delta, None)
                 yield chunk("", outcome.finish_reason)
@@ -356,9 +442,11 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
         if body.stream:
+            deltas = await started(body, "chat", args, outcome)
+
             async def stream() -> AsyncIterator[dict]:
                 yield chunk({"role": "assistant", "content": ""}, None)
-                async for delta in run(body, "chat", *args, outcome):
+                async for delta in deltas:
                     if delta:
                         yield chunk({"content": delta}, None)
                 yield chunk({}, outcome.finish_reason)
@@ -413,3 +501,16 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=5)
+
+
+def run_gateway(app: FastAPI, *, host: str = DEFAULT_HOST, port: int = 8000,
+                log_level: str = "warning", graceful_s: float = GRACEFUL_SHUTDOWN_S) -> None:
+    """Serve `app` in this thread until SIGINT or SIGTERM: then stop accepting connections,
+    let the requests in flight finish (at most `graceful_s`) and return, so that the caller
+    stops its workers. Uvicorn raises the signal again once it has stopped; run this inside
+    `coral.runtime.lifecycle.stop_on_signals()` so that it unwinds instead of killing the
+    process before the caller's cleanup."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                  timeout_graceful_shutdown=graceful_s)).run()

@@ -7,13 +7,23 @@ socket. Every worker also sends a heartbeat to the driver each `heartbeat_s`.
 
 Messages are pickled dataclasses (`coral.runtime.messages`): bind to loopback or a trusted
 private network only.
+
+Lifetime: a worker belongs to the process that started it. It ignores SIGINT (a terminal's
+Ctrl-C reaches the whole process group; the parent decides how to stop, by `Shutdown`), and a
+watchdog thread ends it once its parent is gone (the parent's pid is no longer its parent's,
+e.g. after `kill -9` of `coral serve`), so that no worker outlives the server that owns it.
+`prctl(PR_SET_PDEATHSIG)` is not used: it fires when the *thread* that started the worker ends,
+and instances are started from short-lived threads.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
+import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -30,6 +40,8 @@ HEARTBEAT_TIMEOUT_S = 5.0
 STEP_TIMEOUT_S = 60.0
 #: How long closing waits for workers to exit after Shutdown (and again after SIGTERM).
 SHUTDOWN_GRACE_S = 3.0
+#: How often a worker checks that the process that started it is still there.
+PARENT_WATCH_S = 0.5
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
@@ -62,10 +74,30 @@ class Topology:
         return cls(spec, nodes, f"tcp://{host}:{free_tcp_port(host)}")
 
 
+def exit_with_parent(parent_pid: int, period_s: float = PARENT_WATCH_S) -> threading.Thread:
+    """End this process soon after `parent_pid` stops being its parent (the parent died and the
+    process was re-parented). A thread, so that it also fires while the worker loads weights or
+    runs a long step."""
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(0)  # nothing to flush: the worker's state dies with its parent
+            time.sleep(period_s)
+
+    thread = threading.Thread(target=watch, name="coral-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_worker(topology: Topology, stage_index: int, node_index: int,
                heartbeat_s: float = HEARTBEAT_S, torch_threads: int = 1,
-               device: str = "cpu") -> None:
-    """Process entry point of one node: receive batches, run the stage, pass results on."""
+               device: str = "cpu", parent_pid: int | None = None) -> None:
+    """Process entry point of one node: receive batches, run the stage, pass results on.
+
+    `parent_pid`: the process that owns this worker; the worker exits once it is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if parent_pid is not None:
+        exit_with_parent(parent_pid)
     import torch
     import zmq
 
@@ -148,10 +180,12 @@ class ZmqPipeline:
         self._router = WeightedRouter(spec.stages[0].node_weights)
         self.last_seen_s: dict[str, float] = {}
         self._batch_ids = 0
+        # set by abort() from another thread: a step in progress gives up at its next poll
+        self._aborted = threading.Event()
         mp_ctx = mp.get_context("spawn")
         self.processes = [
             mp_ctx.Process(target=run_worker, args=(self.topology, n.stage, n.index),
-                           kwargs={"device": device},
+                           kwargs={"device": device, "parent_pid": os.getpid()},
                            name=f"coral-worker-{n.node_id}", daemon=True)
             for stage in self.topology.nodes for n in stage]
         for p in self.processes:
@@ -218,6 +252,8 @@ class ZmqPipeline:
             msg = self._receive(0.2)
             if isinstance(msg, Results) and msg.batch_id == self._batch_ids:
                 tokens.extend(msg.tokens)
+            if self._aborted.is_set():
+                raise WorkerLostError(f"step {self._batch_ids}: the pipeline is closing")
             dead = self.dead_nodes()
             stale = dead or self.stale_nodes()
             if stale or time.time() > deadline:
@@ -227,7 +263,23 @@ class ZmqPipeline:
                     if stale else f"step {self._batch_ids} timed out after {STEP_TIMEOUT_S} s")
         return tokens
 
+    def abort(self) -> None:
+        """Make a step in progress (in another thread) fail at once instead of waiting for
+        tokens that will not come; called before close()."""
+        self._aborted.set()
+
+    def kill(self) -> None:
+        """SIGKILL every worker still running: for an instance found dead or hung, whose
+        workers need no graceful stop (a stopped or wedged worker would not read Shutdown)."""
+        self._aborted.set()
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+        for p in self.processes:
+            p.join(timeout=SHUTDOWN_GRACE_S)
+
     def close(self) -> None:
+        self._aborted.set()
         for stage in self.topology.nodes:
             for node in stage:
                 sock = self._ctx.socket(self._zmq.PUSH)

@@ -1,0 +1,180 @@
+"""Instances: one complete copy of a model (a pipeline of worker processes plus its engine),
+what the plan asks for (`InstanceSpec`), how one is started and stopped (`LocalProvisioner`:
+worker processes on this machine) and how a planned instance stands (`InstanceStatus`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from coral.runtime.config import PipelineSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One instance to run: a name (unique in a deployment), its pipeline and its weight."""
+
+    name: str
+    pipeline: PipelineSpec
+    weight: float = 1.0
+    """Capacity weight from the plan: the instance's share of the model's new requests."""
+    model: str | None = None
+    """Served model name (default: the pipeline's model name)."""
+
+    def __post_init__(self) -> None:
+        if self.weight <= 0:
+            raise ValueError(f"instance {self.name}: weight {self.weight} must be positive")
+
+    @property
+    def served_name(self) -> str:
+        return self.model or self.pipeline.model.name
+
+    @classmethod
+    def from_template(cls, name: str, template, model_config, *,
+                      served_name: str | None = None) -> "InstanceSpec":
+        """An instance of a plan's template (`coral.templates.build.Template`): its chain of
+        stages, weighted by the template's capacity (requests/s, else its throughput)."""
+        from coral.runtime.deploy import pipeline_spec_from_template
+
+        weight = (getattr(template, "throughput_rps", None) or
+                  getattr(template, "throughput", None) or 1.0)
+        return cls(name, pipeline_spec_from_template(template, model_config), float(weight),
+                   served_name)
+
+
+class Instance:
+    """A running instance: its engine, executor and routing state."""
+
+    def __init__(self, spec: InstanceSpec, engine, executor):
+        from coral.runtime.backends import EngineBackend
+
+        self.spec = spec
+        self.engine = engine
+        self.executor = executor
+        self.backend = EngineBackend(engine)
+        self.state = "ready"  # ready -> active -> draining -> stopped; or -> dead
+        self.ready_s = time.monotonic()  # when it started taking requests
+        self.in_flight = 0  # requests the router sent here that have not ended (router lock)
+        self.served = 0
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+
+    def stop_once(self, provisioner: "Provisioner") -> None:
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        provisioner.stop(self)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.engine.max_seq_len
+
+    def failed_nodes(self, heartbeat_timeout_s: float | None = None) -> list[str]:
+        """Workers that exited or stopped sending heartbeats."""
+        check = getattr(self.executor, "failed_nodes", None)
+        if check is None:
+            return []
+        return check() if heartbeat_timeout_s is None else check(heartbeat_timeout_s)
+
+    def kill(self) -> None:
+        """End what is left of a failed instance's workers at once (no graceful stop: they
+        may be hung, and their requests are already being failed over)."""
+        kill = getattr(self.executor, "kill", None)
+        if kill is not None:
+            kill()
+
+    @property
+    def pids(self) -> list[int | None]:
+        return list(getattr(self.executor, "pids", []))
+
+    def __repr__(self) -> str:
+        return f"Instance({self.name!r}, {self.state}, in_flight={self.in_flight})"
+
+
+class Provisioner(Protocol):
+    def start(self, spec: InstanceSpec) -> Instance: ...
+
+    def stop(self, instance: Instance) -> None: ...
+
+
+class LocalProvisioner:
+    """Instances as ZeroMQ worker processes on this machine (`in_process=True`: stages run in
+    the caller's process, for quick tests; such instances cannot fail on their own)."""
+
+    def __init__(self, *, device: str = "cpu", in_process: bool = False,
+                 start_timeout_s: float = 60.0):
+        self.device = device
+        self.in_process = in_process
+        self.start_timeout_s = start_timeout_s
+
+    def start(self, spec: InstanceSpec) -> Instance:
+        from coral.runtime.engine import Engine
+
+        if self.in_process:
+            from coral.runtime.pipeline import LocalPipeline
+            executor = LocalPipeline(spec.pipeline, device=self.device)
+        else:
+            executor = self._start_workers(spec)
+        model = spec.pipeline.model
+        engine = Engine(executor, max_seq_len=model.max_seq_len,
+                        eos_token_ids=model.eos_token_ids)
+        engine.start()
+        return Instance(spec, engine, executor)
+
+    def _start_workers(self, spec: InstanceSpec, attempts: int = 3):
+        import zmq
+
+        from coral.runtime.worker import WorkerLostError, ZmqPipeline
+
+        for attempt in range(attempts):
+            # ports are picked free then bound; another process may take one in between
+            try:
+                return ZmqPipeline(spec.pipeline, device=self.device,
+                                   start_timeout_s=self.start_timeout_s)
+            except (WorkerLostError, zmq.ZMQError) as exc:
+                if attempt == attempts - 1:
+                    raise
+                log.warning("instance %s: start failed (%s); retrying", spec.name, exc)
+        raise AssertionError("unreachable")
+
+    def stop(self, instance: Instance) -> None:
+        instance.engine.stop()  # fails requests still queued, then closes the workers
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    """Where one planned instance stands, as /health and the router see it."""
+
+    name: str
+    model: str
+    state: str
+    """ready (taking requests), starting (a replacement is starting), backoff (waiting before
+    the next restart), failed (given up on after too many consecutive failures)."""
+    restarts: int
+    """Replacements started for it since it was planned."""
+    failures: int
+    """Consecutive failures (reset once an instance stays ready for `stable_s`)."""
+    eta_s: float | None = None
+    """While it is restarting: about how long until it is ready again."""
+    error: str | None = None
+    """The last failure."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "state": self.state,
+                               "restarts": self.restarts, "failures": self.failures}
+        if self.eta_s is not None:
+            out["eta_s"] = round(self.eta_s, 1)
+        if self.error is not None:
+            out["error"] = self.error
+        return out

@@ -1,0 +1,245 @@
+"""Routing one served model's requests over its ready instances.
+
+`ModelRouter` is the gateway's backend for one model name. It spreads requests over the
+model's ready instances by smooth weighted round robin on their capacity weights, skipping an
+instance whose in-flight count is far above the others'. A request whose instance fails before
+it produced a token is sent again to another ready instance, or waits (at most `wait_s`) for
+one to be ready again; one that already produced tokens ends with `RetriableBackendError`.
+While the model has no ready instance, requests end with `ModelUnavailableError` (HTTP 503 with
+Retry-After), never with a client error. Its counters and health feed /metrics and /health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from typing import Any, AsyncIterator, Callable, Sequence
+
+from coral.runtime.backends import BackendError, ModelUnavailableError, RetriableBackendError
+from coral.runtime.instance import Instance, InstanceSpec, InstanceStatus
+from coral.runtime.messages import SamplingParams
+
+log = logging.getLogger(__name__)
+
+#: Instances one request may fail on before it produced a token, before it is given up on.
+MAX_ATTEMPTS = 4
+#: Longest a request waits for a ready instance of its model (while one is being restarted)
+#: before it is answered 503; a replacement usually comes well within it.
+UNAVAILABLE_WAIT_S = 30.0
+#: How often a waiting request looks for a ready instance again.
+WAIT_POLL_S = 0.05
+#: Retry-After suggested when nothing better is known (no start has been timed yet).
+DEFAULT_RETRY_AFTER_S = 5
+#: Retry-After of a model whose every instance was given up on (it needs an operator).
+FAILED_RETRY_AFTER_S = 60
+
+
+class ModelRouter:
+    """The gateway's backend for one served model: picks a ready instance per request.
+
+    Smooth (interleaved) weighted round robin over the active instances: each pick adds every
+    eligible instance's weight to its credit, takes the instance with the most credit and
+    subtracts the total weight from it. An instance is not eligible while its in-flight count is
+    more than `load_slack` above, and more than twice, the least loaded instance's.
+
+    The model's context length is the plan's (`plan()`), not the live instances': a model
+    whose instances are all down still has its context, and its requests are told to come back
+    later (503), not that they are too long.
+    """
+
+    def __init__(self, name: str, *, load_slack: int = 4, max_attempts: int = MAX_ATTEMPTS,
+                 wait_s: float = UNAVAILABLE_WAIT_S):
+        self.name = name
+        self.load_slack = load_slack
+        self.max_attempts = max_attempts
+        self.wait_s = wait_s
+        self._lock = threading.Lock()
+        self._instances: list[Instance] = []  # active ones take new requests
+        self._credit: dict[str, float] = {}
+        self._planned = 0
+        self._context_tokens: int | None = None
+        self.status_of: Callable[[], list[InstanceStatus]] | None = None
+        """The controller's view of the model's planned instances (None: no controller, so
+        nothing will come back once the instances are gone)."""
+        self.retries = 0  # requests sent again to another instance before their first token
+        self.retriable_errors = 0  # requests ended with RetriableBackendError
+        self.unavailable = 0  # requests answered ModelUnavailableError
+        self.worker_deaths = 0
+        self.instance_deaths = 0
+        self.restarts = 0
+        self.restart_failures = 0
+        self._down_since: float | None = None
+        self._down_total_s = 0.0
+
+    # ---- membership (controller) ----
+    def plan(self, specs: Sequence[InstanceSpec]) -> None:
+        """The model's planned instances: how many should be ready, and their context."""
+        with self._lock:
+            self._planned = len(specs)
+            self._context_tokens = min((s.pipeline.model.max_seq_len for s in specs),
+                                       default=None)
+            self._note_availability()
+
+    def set_active(self, instances: Sequence[Instance]) -> None:
+        with self._lock:
+            self._instances = list(instances)
+            self._credit = {i.name: self._credit.get(i.name, 0.0) for i in self._instances}
+            self._note_availability()
+
+    def add(self, instance: Instance) -> None:
+        """A (replacement) instance is ready: it takes requests from now on."""
+        with self._lock:
+            self._instances = [i for i in self._instances if i.name != instance.name]
+            self._instances.append(instance)
+            self._credit.setdefault(instance.name, 0.0)
+            self._note_availability()
+
+    def remove(self, instance: Instance) -> None:
+        with self._lock:
+            if instance not in self._instances:
+                return
+            self._instances = [i for i in self._instances if i is not instance]
+            self._credit.pop(instance.name, None)
+            self._note_availability()
+
+    def _note_availability(self) -> None:
+        """Track the time without a ready instance (router lock held)."""
+        now = time.monotonic()
+        down = self._planned > 0 and not self._instances
+        if down and self._down_since is None:
+            self._down_since = now
+        elif not down and self._down_since is not None:
+            self._down_total_s += now - self._down_since
+            self._down_since = None
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Add to one of the failure counters (`worker_deaths`, `restarts`, ...)."""
+        with self._lock:
+            setattr(self, what, getattr(self, what) + n)
+
+    @property
+    def instances(self) -> list[Instance]:
+        with self._lock:
+            return list(self._instances)
+
+    @property
+    def max_context_tokens(self) -> int:
+        if self._context_tokens is not None:
+            return self._context_tokens
+        return min((i.max_context_tokens for i in self.instances), default=0)
+
+    # ---- health ----
+    def unavailable_s(self) -> float:
+        """Seconds so far during which the model had no ready instance."""
+        with self._lock:
+            ongoing = time.monotonic() - self._down_since if self._down_since else 0.0
+            return self._down_total_s + ongoing
+
+    def statuses(self) -> list[InstanceStatus]:
+        if self.status_of is not None:
+            return self.status_of()
+        return [InstanceStatus(i.name, self.name, "ready", 0, 0) for i in self.instances]
+
+    def health(self) -> dict[str, Any]:
+        """`ready` (every planned instance ready), `degraded` (some), `unavailable` (none)."""
+        ready = len(self.instances)
+        planned = max(self._planned, ready)
+        status = ("unavailable" if ready == 0 else "ready" if ready >= planned else "degraded")
+        return {"status": status, "ready_instances": ready, "planned_instances": planned,
+                "instances": [s.to_dict() for s in self.statuses()]}
+
+    def runtime_stats(self) -> dict[str, float]:
+        """Counters for /metrics."""
+        with self._lock:
+            counters = {k: getattr(self, k) for k in (
+                "worker_deaths", "instance_deaths", "restarts", "restart_failures", "retries",
+                "retriable_errors", "unavailable")}
+            ready = len(self._instances)
+        return {**counters, "ready_instances": ready, "planned_instances": self._planned,
+                "unavailable_s": self.unavailable_s()}
+
+    def _recovering(self) -> bool:
+        """Whether an instance may become ready (none is, yet): some planned instance is not
+        given up on. Without a controller nothing restarts."""
+        return self.status_of is not None and any(
+            s.state != "failed" for s in self.status_of())
+
+    def _unavailable(self, why: str) -> ModelUnavailableError:
+        statuses = self.statuses()
+        etas = [s.eta_s for s in statuses if s.eta_s is not None]
+        if statuses and all(s.state == "failed" for s in statuses):
+            retry_after = FAILED_RETRY_AFTER_S
+        else:
+            retry_after = math.ceil(min(etas)) if etas else DEFAULT_RETRY_AFTER_S
+        self.count("unavailable")
+        return ModelUnavailableError(why, retry_after_s=retry_after)
+
+    # ---- choice ----
+    def _pick(self, exclude: Sequence[Instance] = ()) -> Instance | None:
+        with self._lock:
+            live = [i for i in self._instances if i.state == "active" and i not in exclude]
+            if not live:
+                return None
+            least = min(i.in_flight for i in live)
+            eligible = [i for i in live
+                        if i.in_flight - least <= max(self.load_slack, least)]
+            total = sum(i.spec.weight for i in eligible)
+            for i in eligible:
+                self._credit[i.name] = self._credit.get(i.name, 0.0) + i.spec.weight
+            chosen = max(eligible, key=lambda i: self._credit[i.name])
+            self._credit[chosen.name] -= total
+            chosen.in_flight += 1
+            return chosen
+
+    def pick(self, exclude: Sequence[Instance] = ()) -> Instance:
+        """Choose an instance and count the request as in flight there."""
+        chosen = self._pick(exclude)
+        if chosen is None:
+            raise BackendError(f"no ready instance of model '{self.name}'")
+        return chosen
+
+    def _done(self, instance: Instance) -> None:
+        with self._lock:
+            instance.in_flight -= 1
+            instance.served += 1
+
+    # ---- Backend ----
+    async def generate(self, prompt_ids: list[int], max_tokens: int,
+                       sampling: SamplingParams) -> AsyncIterator[int]:
+        deadline = time.monotonic() + self.wait_s
+        failed: list[Instance] = []  # instances that failed this request
+        while True:
+            instance = self._pick(exclude=failed)
+            if instance is None:
+                # Nothing ready now: wait for a replacement while one may come (bounded).
+                if time.monotonic() < deadline and self._recovering():
+                    await asyncio.sleep(WAIT_POLL_S)
+                    continue
+                raise self._unavailable(
+                    f"model '{self.name}' is temporarily unavailable: no ready instance"
+                    + (f" after {self.wait_s:g} s" if self._recovering() else ""))
+            produced = 0
+            try:
+                async for token in instance.backend.generate(prompt_ids, max_tokens, sampling):
+                    produced += 1
+                    yield token
+                return
+            except BackendError as exc:
+                log.warning("model %s: instance %s failed a request: %s", self.name,
+                            instance.name, exc)
+                if produced:
+                    self.count("retriable_errors")
+                    raise RetriableBackendError(
+                        f"instance {instance.name} of model '{self.name}' failed after "
+                        f"{produced} tokens ({exc})") from exc
+                failed.append(instance)
+                if len(failed) >= self.max_attempts:
+                    raise self._unavailable(
+                        f"model '{self.name}' is temporarily unavailable: {len(failed)} "
+                        f"instances failed the request ({exc})") from exc
+                self.count("retries")  # nothing was produced: restart from the prompt
+            finally:
+                self._done(instance)

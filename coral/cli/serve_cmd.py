@@ -438,10 +438,14 @@ def _tiny_vllm(model: Any, instance: Any, *, out: Path | None, dry_run: bool, ho
     console.print(f"starting vLLM (log: {server.log_path}) ...")
     from coral.runtime.lifecycle import stop_on_signals
 
-    with stop_on_signals(), server:  # a stop signal unwinds through the server's stop()
-        backend = VllmBackend(server.url, model.name, model.max_seq_len)
-        _run_gateway({model.name: backend}, {model.name: tokenizer_for(model)}, host=host,
-                     port=port, api_key=api_key)
+    with stop_on_signals():  # a stop signal unwinds through stop(), even while vLLM starts
+        try:
+            server.start()
+            backend = VllmBackend(server.url, model.name, model.max_seq_len)
+            _run_gateway({model.name: backend}, {model.name: tokenizer_for(model)},
+                         host=host, port=port, api_key=api_key)
+        finally:
+            server.stop()
 
 
 def _run_gateway(models: Any, tokenizers: Any, *, host: str, port: int,

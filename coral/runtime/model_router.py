@@ -31,6 +31,10 @@ MAX_ATTEMPTS = 4
 UNAVAILABLE_WAIT_S = 30.0
 #: How often a waiting request looks for a ready instance again.
 WAIT_POLL_S = 0.05
+#: How long an instance that failed a request is avoided by it while the instance stays
+#: ready: long enough for the controller to find a lost worker (then a replacement comes);
+#: after that the failure was the request's bad luck, not the instance's, and it may go back.
+AVOID_S = 1.0
 #: Retry-After suggested when nothing better is known (no start has been timed yet).
 DEFAULT_RETRY_AFTER_S = 5
 #: Retry-After of a model whose every instance was given up on (it needs an operator).
@@ -211,8 +215,11 @@ class ModelRouter:
                        sampling: SamplingParams) -> AsyncIterator[int]:
         deadline = time.monotonic() + self.wait_s
         failed: list[Instance] = []  # instances that failed this request
+        failed_at = 0.0
         while True:
-            instance = self._pick(exclude=failed)
+            avoid = (failed if time.monotonic() - failed_at < AVOID_S
+                     else [i for i in failed if i.state != "active"])
+            instance = self._pick(exclude=avoid)
             if instance is None:
                 # Nothing ready now: wait for a replacement while one may come (bounded).
                 if time.monotonic() < deadline and self._recovering():
@@ -236,10 +243,11 @@ class ModelRouter:
                         f"instance {instance.name} of model '{self.name}' failed after "
                         f"{produced} tokens ({exc})") from exc
                 failed.append(instance)
+                failed_at = time.monotonic()
                 if len(failed) >= self.max_attempts:
                     raise self._unavailable(
-                        f"model '{self.name}' is temporarily unavailable: {len(failed)} "
-                        f"instances failed the request ({exc})") from exc
+                        f"model '{self.name}' is temporarily unavailable: the request "
+                        f"failed on {len(failed)} attempts ({exc})") from exc
                 self.count("retries")  # nothing was produced: restart from the prompt
             finally:
                 self._done(instance)

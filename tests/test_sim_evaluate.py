@@ -58,7 +58,7 @@ def test_report_on_tiny_scenario(tmp_path: Path) -> None:
     assert result.report == out / "report.md"
     assert "(failed)" not in text, text
     for title in ("## Headline", "## 1. Cost", "## 2. Goodput", "## 3. Online solve",
-                  "## 4. Helix", "## 5. Adaptation"):
+                  "## 4. Helix", "## 5. Adaptation", "## 6. Cost of deployability on vLLM"):
         assert title in text
     # tables hold numbers
     rows = [ln for ln in text.splitlines() if ln.startswith("| coral") or ln.startswith("| x")]
@@ -69,6 +69,8 @@ def test_report_on_tiny_scenario(tmp_path: Path) -> None:
     assert "Every planner's deployment" in text
     assert re.search(r"\| coral \| [\d,.]+ \| \d+\.\d% \|", text)
     assert re.search(r"\| homo \| [\d,.]+ \| (\d+\.\d%|-) \|", text)
+    # Coral's plan and the vLLM-deployable plan side by side
+    assert re.search(r"\| \S*tiny\S* \| vllm \| [\d,.]+ \| [\d.]+ \| \d+\.\d% \|", text)
     for png in ("goodput.png", "solve_time.png", "helix.png", "adapt/adapt.png"):
         assert (out / png).is_file() and (out / png).stat().st_size > 1000, png
     assert list(out.glob("cost_*.png"))

@@ -19,7 +19,7 @@ def evaluate(
         "--out", help="Folder for report.md and the PNG plots.")] = Path("out/evaluate"),
     sections: Annotated[Optional[str], typer.Option(
         "--sections", help="Comma-separated sections to run: cost, goodput, solve, helix, "
-        "adapt (default: all).")] = None,
+        "adapt, deploy (default: all).")] = None,
     templates_dir: Annotated[Path, typer.Option(
         "--templates-dir", help="Root of the template libraries (reused when inputs match).")]
     = Path("out/templates"),

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 #: The paper's headline figures the report sets beside the measured ones.
 PAPER_COST_RATIO = 2.79  # cheaper than homogeneous replicas
 PAPER_GOODPUT_RATIO = 2.39  # more goodput when GPUs are scarce
-SECTIONS = ("cost", "goodput", "solve", "helix", "adapt")
+SECTIONS = ("cost", "goodput", "solve", "helix", "adapt", "deploy")
 HELIX_CLUSTER = (("1x-a100-40gb", 4), ("1x-l4", 8), ("1x-t4", 12))
 HELIX_MODEL = "llama-2-70b"
 
@@ -153,29 +153,31 @@ class _Ctx:
         self.say = say
         self.catalog = load_catalog(())
         self.perf = default_perf_factory(self.catalog)
-        self._templates: dict[tuple[str, str | None, str], Any] = {}
+        self._templates: dict[tuple[str, str | None, str, str], Any] = {}
 
     def scenario(self, name: str, level: str | None = None) -> Any:
         from coral.allocator.scenario import load_scenario
 
         return load_scenario(name, level=level, catalog=self.catalog)
 
-    def templates(self, scenario: Any) -> Any:
+    def templates(self, scenario: Any, engine: str = "coral") -> Any:
         from coral.allocator.planning import templates_for_scenario
 
-        key = (scenario.name, scenario.level, scenario.mode)
+        key = (scenario.name, scenario.level, scenario.mode, engine)
         if key not in self._templates:
             self._templates[key] = templates_for_scenario(
                 scenario, self.catalog, self.perf, out_root=self.cfg.templates_dir,
-                workers=self.cfg.workers, nmax=self.cfg.nmax)
+                workers=self.cfg.workers, nmax=self.cfg.nmax, engine=engine)
         return self._templates[key]
 
-    def plan(self, scenario: Any, templates: Any, baselines: bool = True) -> Any:
+    def plan(self, scenario: Any, templates: Any, baselines: bool = True,
+             engine: str = "coral") -> Any:
         from coral.allocator.planning import plan_scenario
 
         return plan_scenario(scenario, catalog=self.catalog, perf=self.perf,
                              templates=templates, nmax=self.cfg.nmax,
-                             time_limit_s=self.cfg.time_limit_s, baselines=baselines)
+                             time_limit_s=self.cfg.time_limit_s, baselines=baselines,
+                             engine=engine)
 
 
 def _scaled(scenario: Any, demand: float = 1.0, availability: float = 1.0) -> Any:
@@ -584,8 +586,52 @@ def section_adapt(ctx: _Ctx, head: dict[str, Any]) -> Section:
     return sec
 
 
+def section_deploy(ctx: _Ctx, head: dict[str, Any]) -> Section:
+    """What planning only shapes vLLM runs costs, and how much of Coral's plan vLLM could not
+    run (`coral plan --engine vllm` against `--engine coral`)."""
+    from coral.templates.engine import engine_violations
+
+    cfg = ctx.cfg
+    sec = Section("6. Cost of deployability on vLLM")
+    sec.body.append(
+        f"Ran: `plan_scenario` on {', '.join(f'`{s}`' for s in cfg.scenarios)} (default level, "
+        f"mode `{cfg.coral_mode}`, templates n_max {cfg.nmax}, time limit "
+        f"{cfg.time_limit_s:g} s) with `--engine coral` and `--engine vllm` (one node per "
+        "stage, one GPU count and one batch per pipeline, single-node decode instances); "
+        "then every instance row of Coral's plan checked against vLLM's rules.")
+    sec.body.append("")
+    rows = []
+    for name in cfg.scenarios:
+        base = ctx.scenario(name).in_mode(cfg.coral_mode)
+        res = {}
+        for engine in ("coral", "vllm"):
+            ctx.say(f"[deploy] {name} --engine {engine}: planning")
+            res[engine] = ctx.plan(base, ctx.templates(base, engine), baselines=False,
+                                   engine=engine)
+        coral, vllm = res["coral"], res["vllm"]
+        bad = [i for i in coral.instances if i.shape is not None
+               and engine_violations("vllm", i, ctx.catalog)]
+        for engine, r in res.items():
+            demand = dict(r.plan.demand_rps)
+            ratio = (r.cost_per_hour / coral.cost_per_hour if coral.cost_per_hour > 0
+                     else float("nan"))
+            rows.append([name, engine, _num(r.cost_per_hour), _num(ratio),
+                         _pct(_overall(dict(r.served_fraction), demand)), r.plan.proof,
+                         sum(i.count for i in r.instances)])
+        rows.append([name, "coral, rows vLLM cannot run", _num(sum(
+            i.usd_per_hour * i.count for i in bad)), "-", "-", "-", sum(i.count for i in bad)])
+        head.setdefault("deploy", {})[name] = (coral.cost_per_hour, vllm.cost_per_hour,
+                                               vllm.plan.meets_demand)
+    sec.body += _table(["scenario", "engine", "$/hour", "vs coral", "served", "solved",
+                        "instances"], rows)
+    sec.body.append("Approximate: costs from list prices and the performance model; a "
+                    "time-limited plan may be up to its gap dearer than its engine's optimum.")
+    sec.body.append("")
+    return sec
+
+
 _RUNNERS = {"cost": section_cost, "goodput": section_goodput, "solve": section_solve,
-            "helix": section_helix, "adapt": section_adapt}
+            "helix": section_helix, "adapt": section_adapt, "deploy": section_deploy}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -643,6 +689,11 @@ def _headline(head: dict[str, Any]) -> list[tuple[str, str, str]]:
         elif sims:
             rows.append(("Cost vs cheapest baseline holding every SLO in simulation", "-",
                          "no baseline's plan held every model's SLO in simulation"))
+    for name, (coral, vllm, met) in head.get("deploy", {}).items():
+        if coral > 0:
+            rows.append((f"Cost of deployability on vLLM (`{name}`)", "-",
+                         f"{vllm / coral:.2f}x Coral's cost"
+                         + ("" if met else ", and short of demand")))
     return rows
 
 

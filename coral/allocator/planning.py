@@ -159,6 +159,7 @@ def templates_for_scenario(
     progress: bool = False,
     on_message: Callable[[str], None] | None = None,
     engine: str = DEFAULT_ENGINE,
+    also_vllm_shapes: bool = True,
     **build_options: Any,
 ) -> ScenarioTemplates:
     """Build (or reuse) one library per model and template mode of `scenario`.
@@ -167,7 +168,9 @@ def templates_for_scenario(
     `notes()`). With `out_root=None` nothing is written and everything is solved afresh.
     `build_options` go to `build_library` as they are (e.g. `batches`, `time_limit_s`).
     `engine` limits every template, the homogeneous completions included, to the shapes that
-    engine runs (`coral.templates.engine`; `vllm` solves in topology `chain`).
+    engine runs (`coral.templates.engine`; `vllm` solves in topology `chain`). Under Coral's
+    own engine the vLLM libraries are built too and their templates added
+    (`also_vllm_shapes`), as Coral runs those shapes as well.
     """
     n = int(scenario.spec.n_max if nmax is None else nmax)
     if n < 1:
@@ -181,34 +184,44 @@ def templates_for_scenario(
     by_model: dict[str, tuple[Template, ...]] = {}
     reports: list[BuildReport] = []
     dirs: dict[str, str] = {}
+    # Coral's own runtime runs every shape, vLLM's included: its plans also get, for every
+    # combination, the template the pipeline step model is optimised for exactly (one batch
+    # on every node, `coral.templates.engine`), and the allocator's column of that
+    # combination takes whichever of the two plans more capacity by that model
+    # (`columns_from_templates`). So Coral's plan is never dearer than its vLLM restriction.
+    engines = (engine, "vllm") if engine == "coral" and also_vllm_shapes else (engine,)
     for m in scenario.models:
         slo = scenario_slo(scenario, m.name)
         kept_all: list[Template] = []
-        for mode in scenario.template_modes:
-            out = None if out_root is None else library_dir(out_root, scenario, m.name, mode, n,
-                                                             engine)
-            kept, report = build_library(
-                m.name, catalog, slo=slo, mode=mode, topology=topology, engine=engine, nmax=n,
-                rho=scenario.spec.rho, node_types=scenario.node_types, regions=regions, out=out,
-                workers=workers, perf=perf, progress=progress, on_message=on_message,
-                **build_options,
-            )
-            kept_all.extend(kept)
-            # the k x g combinations the library dropped by throughput: one instance pools
-            # its queue, so it may plan above its parts (see `coral.templates.homogeneous`)
-            useful = [g for g in scenario.node_types if g not in report.excluded_node_types]
-            combos = homogeneous_combos(m.name, catalog, slo, mode, node_types=useful, n_max=n,
-                                        rho=scenario.spec.rho,
-                                        memory_reserve=tables.memory_reserve)
-            kept_all.extend(cached_completions(
-                out, _library_digest(out), kept, combos, lambda c, mode=mode: build_template(
-                    m.name, c, slo, mode, topology, perf, catalog, tables=tables,
-                    time_limit_s=time_limit_s, solver=build_options.get("solver"),
-                    floor=0.0, engine=engine)))
-            reports.append(report)
-            if out is not None:
-                dirs[f"{m.name}/{mode}"] = str(out)
-            log.info("%s %s: %d templates kept (n_max %d)", m.name, mode, len(kept), n)
+        for eng in engines:
+            eng_topology = engine_topology(eng, topology if eng == engine else None)
+            for mode in scenario.template_modes:
+                out = None if out_root is None else library_dir(out_root, scenario, m.name,
+                                                                 mode, n, eng)
+                kept, report = build_library(
+                    m.name, catalog, slo=slo, mode=mode, topology=eng_topology, engine=eng,
+                    nmax=n, rho=scenario.spec.rho, node_types=scenario.node_types,
+                    regions=regions, out=out, workers=workers, perf=perf, progress=progress,
+                    on_message=on_message, **build_options,
+                )
+                kept_all.extend(kept)
+                # the k x g combinations the library dropped by throughput: one instance
+                # pools its queue, so it may plan above its parts (`coral.templates.homogeneous`)
+                useful = [g for g in scenario.node_types if g not in report.excluded_node_types]
+                combos = homogeneous_combos(m.name, catalog, slo, mode, node_types=useful,
+                                            n_max=n, rho=scenario.spec.rho,
+                                            memory_reserve=tables.memory_reserve)
+                kept_all.extend(cached_completions(
+                    out, _library_digest(out), kept, combos,
+                    lambda c, mode=mode, eng=eng, topo=eng_topology: build_template(
+                        m.name, c, slo, mode, topo, perf, catalog, tables=tables,
+                        time_limit_s=time_limit_s, solver=build_options.get("solver"),
+                        floor=0.0, engine=eng)))
+                reports.append(report)
+                if out is not None:
+                    dirs[f"{m.name}/{mode}" + ("" if eng == engine else f"/{eng}")] = str(out)
+                log.info("%s %s %s: %d templates kept (n_max %d)", m.name, mode, eng,
+                         len(kept), n)
         by_model[m.name] = tuple(kept_all)
     return ScenarioTemplates(by_model=by_model, nmax=n, scenario_nmax=int(scenario.spec.n_max),
                              reports=tuple(reports), library_dirs=dirs, engine=engine)
@@ -248,9 +261,18 @@ def columns_from_templates(
     throughput times the utilisation at which TTFT still holds), not its full throughput.
     Left out: templates with no planned capacity, of models or modes the scenario does not
     serve, that are not one pipeline (not one instance a reader can deploy), or whose node
-    types no scenario region prices together. Of two templates with the same
-    id (same model, mode and combination) the one of higher throughput is kept.
+    types no scenario region prices together. Of two templates with the same id (same model,
+    mode and combination: e.g. Coral's and the vLLM-shaped one) the one of higher planned
+    capacity is kept; `columns_and_templates` says which.
     """
+    return columns_and_templates(scenario, templates)[0]
+
+
+def columns_and_templates(
+    scenario: Scenario, templates: Mapping[str, Sequence[Template]]
+) -> tuple[list[TemplateColumn], dict[str, Template]]:
+    """`columns_from_templates`, and the template behind each column (by column id): what
+    an instance of that column deploys."""
     served = {m.name for m in scenario.models}
     modes = set(scenario.template_modes)
     best: dict[str, tuple[TemplateColumn, Template]] = {}
@@ -269,20 +291,8 @@ def columns_from_templates(
                 continue
             if col.id not in best or col.capacity > best[col.id][0].capacity:
                 best[col.id] = (col, t)
-    return [best[k][0] for k in sorted(best)]
-
-
-def templates_by_id(templates: Mapping[str, Sequence[Template]]) -> dict[str, Template]:
-    """Column id -> template (the one of highest throughput per id)."""
-    out: dict[str, Template] = {}
-    for tpls in templates.values():
-        for t in tpls:
-            if not t.is_pipeline:
-                continue
-            cid = column_id(t)
-            if cid not in out or t.throughput > out[cid].throughput:
-                out[cid] = t
-    return out
+    ids = sorted(best)
+    return [best[k][0] for k in ids], {k: best[k][1] for k in ids}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -577,8 +587,11 @@ def plan_scenario(
         notes = list(ScenarioTemplates({}, n_used, n_scenario).notes())
     # the baselines plan their own (unrestricted) shapes: with another engine they get no
     # templates of Coral's to reuse, as those are restricted, and solve every one they need
+    # (and under Coral's own engine only its own flow templates, not the vLLM-shaped ones
+    # added beside them, so that the baselines are what they were)
     baseline_templates: Mapping[str, Sequence[Template]] = (
-        templates if engine == "coral" else {m: () for m in templates})
+        {m: tuple(t for t in tpls if t.topology == "flow") for m, tpls in templates.items()}
+        if engine == "coral" else {m: () for m in templates})
     if engine != "coral":
         templates, dropped = _deployable(templates, engine, catalog)
         if dropped:
@@ -587,14 +600,14 @@ def plan_scenario(
     tried = []
     for mode in modes:
         sub = scenario.in_mode(mode)
-        cols = columns_from_templates(sub, templates)
+        cols, chosen = columns_and_templates(sub, templates)
         prob = sub.problem(cols, current=current, time_limit_s=time_limit_s, mip_gap=mip_gap)
-        tried.append((mode, cols, prob, solve_allocation(prob)))
-    mode, columns, problem, plan = min(tried, key=lambda t: _plan_rank(t[3]))
+        tried.append((mode, cols, chosen, prob, solve_allocation(prob)))
+    mode, columns, chosen, problem, plan = min(tried, key=lambda t: _plan_rank(t[4]))
     if len(tried) > 1:
         notes.append("mode auto: " + "; ".join(
             f"{m} ${p.cost_usd_per_hour:,.2f}/hour serving {_served_share(p):.1%}"
-            for m, _, _, p in tried) + f" -> {mode}")
+            for m, _, _, _, p in tried) + f" -> {mode}")
     if not plan.meets_demand:
         notes.append(infeasibility_message(problem, plan))
 
@@ -612,7 +625,7 @@ def plan_scenario(
         scenario=scenario.name,
         level=scenario.level,
         plan=plan,
-        instances=decode_instances(plan, columns, templates_by_id(templates)),
+        instances=decode_instances(plan, columns, chosen),
         nmax=n_used,
         scenario_nmax=n_scenario,
         templates=sum(len(t) for t in templates.values()),

@@ -472,3 +472,23 @@ def test_demo_says_it_reduces_nmax(setup, fake_baselines, monkeypatch, tmp_path)
     assert "n_max = 1 instead of the scenario's" in result.stdout
     assert "Coral against the baselines" in result.stdout and "melange" in result.stdout
     assert plan_cmd.DEMO_NMAX in (2, 3)
+
+
+def test_each_column_deploys_the_template_it_was_priced_from(setup):
+    """Coral's templates hold, per combination, its flow template and the vLLM-shaped one; a
+    column takes the one of higher planned capacity, and the decoded plan deploys that one."""
+    from coral.allocator.planning import columns_and_templates
+
+    tpls = [t for ts in setup.templates.values() for t in ts]
+    assert {t.topology for t in tpls} == {"flow", "chain"}  # both shapes are offered
+    columns, chosen = columns_and_templates(setup.scenario, setup.templates)
+    assert [c.id for c in columns] == sorted(chosen)
+    for col in columns:
+        same = [t for t in tpls if column_id(t) == col.id and t.is_pipeline]
+        best = max(setup.scenario.planned_capacity(t) for t in same)
+        assert col.capacity == pytest.approx(best)
+        assert setup.scenario.planned_capacity(chosen[col.id]) == pytest.approx(col.capacity)
+    result = plan_scenario(setup.scenario, catalog=setup.catalog, perf=setup.perf,
+                           templates=setup.templates, baselines=False)
+    for inst in result.instances:
+        assert inst.shape == chosen[inst.template_id].shape

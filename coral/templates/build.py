@@ -25,7 +25,7 @@ makes two lossless cuts possible:
   is, the combination cannot be kept, and it is not solved.
 
 Zero-throughput and infeasible combinations are recorded and dropped. Every outcome is written
-to the library as it arrives (see `library.py`), so an interrupted build resumes where it
+to the library as it arrives (see `store.py`), so an interrupted build resumes where it
 stopped; `parallel.py` runs the solves on local processes or a Ray cluster.
 """
 

@@ -1,4 +1,4 @@
-"""Exact placement for the `chain` topology, and the replica heuristic for `flow`.
+"""Exact placement for the `chain` topology, and the exact best split into replicas for `flow`.
 
 A chain is one pipeline: an ordering of the nodes, a split of `[0, L)` into consecutive
 stages, and one operating point per stage. Its throughput is the bottleneck
@@ -619,7 +619,7 @@ def _path_lp_one(prep: Prepared, metric: str | None, seed: Assignment | None,
             b, idx = int(pb[idx]), int(pidx[idx])
         return best_cost, w
 
-    # seed columns: the replicas of the heuristic (their paths), else none
+    # seed columns: the paths of the best split into replicas, else none
     cols: list[np.ndarray] = []
     if seed is not None:
         succ: dict[int, list[int]] = {}

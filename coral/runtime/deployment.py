@@ -19,6 +19,7 @@ list every refused row and deploy the rest when asked to (`--skip-unservable`).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -71,20 +72,10 @@ class PlannedInstance:
     mode: str = "aggregated"
 
     def stages(self) -> tuple[tuple[PlannedNode, ...], ...]:
-        """Nodes grouped by layer range, in layer order; the ranges must tile [0, L)."""
-        groups: dict[tuple[int, int], list[PlannedNode]] = {}
-        for n in self.nodes:
-            groups.setdefault((n.first_layer, n.end_layer), []).append(n)
-        stages, expected = [], 0
-        for (first, end), nodes in sorted(groups.items()):
-            if first != expected:
-                raise DeploymentError(
-                    f"instance {self.name} ({self.model}): layer ranges "
-                    f"{sorted(groups)} do not form a pipeline (a stage starts at layer {first}, "
-                    f"expected {expected})")
-            stages.append(tuple(nodes))
-            expected = end
-        return tuple(stages)
+        """Nodes grouped by layer range, in layer order (the nodes come from a
+        `PipelineShape`, whose ranges tile [0, L))."""
+        return tuple(tuple(group) for _, group in itertools.groupby(
+            self.nodes, key=lambda n: (n.first_layer, n.end_layer)))
 
     @property
     def num_layers(self) -> int:

@@ -77,6 +77,7 @@ from coral.templates.types import (
     PlacementProblem,
     SolveStatus,
     Topology,
+    upper_bound_of,
 )
 
 log = logging.getLogger(__name__)
@@ -217,21 +218,6 @@ class Template:
 
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
-
-
-def upper_bound_of(throughput: float, status: SolveStatus, gap: float) -> float:
-    """Proven bound on the optimum from a solve's incumbent and relative gap.
-
-    `throughput / (1 - gap)` is at least `throughput * (1 + gap)`, so it is a bound whichever
-    of the two usual gap definitions (relative to the bound or to the incumbent) was used.
-    """
-    if status is SolveStatus.OPTIMAL:
-        return throughput
-    if status is SolveStatus.INFEASIBLE:
-        return 0.0
-    if not math.isfinite(gap) or gap >= 1.0:
-        return math.inf
-    return throughput / (1.0 - max(gap, 0.0))
 
 
 def combo_prices(catalog: Catalog, combo: Sequence[str]) -> dict[str, float]:

@@ -32,7 +32,14 @@ from enum import Enum
 from typing import Any, Callable, Iterable, Literal
 
 from coral.catalog.loader import Catalog
-from coral.templates.types import NodeSpec, Placement, PlacementProblem, SolveStatus, Topology
+from coral.templates.types import (
+    NodeSpec,
+    Placement,
+    PlacementProblem,
+    SolveStatus,
+    Topology,
+    upper_bound_of,
+)
 
 Engine = Literal["coral", "vllm"]
 ENGINES: tuple[str, ...] = ("coral", "vllm")
@@ -247,21 +254,14 @@ def solve_common_batch(problem: PlacementProblem, *, time_limit_s: float = 60.0,
     if time_limited:
         # a value solved only to its time limit may hide a better chain: the proven bound is
         # the largest of every value's bound
-        ub = max([p.throughput] + [_upper(q) for q in time_limited])
+        ub = max([p.throughput] + [upper_bound_of(q.throughput, q.status, q.gap)
+                                     for q in time_limited])
         status = SolveStatus.TIME_LIMIT
         gap = 0.0 if ub <= p.throughput else (1.0 if not math.isfinite(ub)
                                               else (ub - p.throughput) / ub)
     return Placement(throughput=p.throughput, nodes=p.nodes, edges=p.edges, status=status,
                      gap=gap, solve_s=wall, method=p.method,
                      notes=(f"{COMMON_BATCH_NOTE} (batch {b})", *p.notes))
-
-
-def _upper(p: Placement) -> float:
-    if p.status is SolveStatus.OPTIMAL:
-        return p.throughput
-    if not math.isfinite(p.gap) or p.gap >= 1.0:
-        return math.inf
-    return p.throughput / (1.0 - max(p.gap, 0.0))
 
 
 __all__ = [

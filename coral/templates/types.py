@@ -8,6 +8,7 @@ turns (model, node type, layers, batch) into times and capacities lives in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
@@ -117,6 +118,21 @@ class Placement:
     @property
     def path_prefill_s(self) -> float:
         return _longest_path(self, "prefill_s")
+
+
+def upper_bound_of(throughput: float, status: SolveStatus, gap: float) -> float:
+    """Proven bound on the optimum from a solve's incumbent and relative gap.
+
+    `throughput / (1 - gap)` is at least `throughput * (1 + gap)`, so it is a bound whichever
+    of the two usual gap definitions (relative to the bound or to the incumbent) was used.
+    """
+    if status is SolveStatus.OPTIMAL:
+        return throughput
+    if status is SolveStatus.INFEASIBLE:
+        return 0.0
+    if not math.isfinite(gap) or gap >= 1.0:
+        return math.inf
+    return throughput / (1.0 - max(gap, 0.0))
 
 
 SOURCE, SINK = -1, -2

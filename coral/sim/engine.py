@@ -75,7 +75,6 @@ import numpy as np
 from coral.perf.step import (
     DEFAULT_MAX_BATCHED_TOKENS,
     NET_LATENCY_S,
-    StepCost,
     StepModel,
     StepModelError,
     build_step_model,

@@ -70,24 +70,19 @@ from typing import Any, Mapping, Sequence
 
 from coral.perf.step import (
     KV_TRANSFER_LATENCY_S,
+    StepCost,
     StepModel,
     kv_bytes_per_token,
     slowest_nic_bytes_per_s,
-    transfer_seconds,
 )
 from coral.sim.deployment import DeploymentError, InstanceSpec
 from coral.sim.engine import (
     _NO_CHUNKS,
     SimConfig,
-    StepCost,
     _Instance,
     _Router,
     _Seq,
 )
-
-def nic_bytes_per_s(spec: InstanceSpec, catalog: Any) -> float:
-    """The slowest NIC over an instance's nodes, bytes/s."""
-    return slowest_nic_bytes_per_s(spec.node_types, catalog)
 
 
 class Landing:
@@ -299,7 +294,7 @@ def wire(instances: Sequence[_Instance], routers: dict[str, _Router],
                 if "prefill" in rs}
     for inst in instances:
         if isinstance(inst, (PrefillInstance, DecodeInstance)):
-            inst.nic = nic_bytes_per_s(inst.spec, catalog)
+            inst.nic = slowest_nic_bytes_per_s(inst.spec.node_types, catalog)
         if isinstance(inst, PrefillInstance):
             spec = inst.spec
             router = decode_routers.get((spec.model, spec.region))

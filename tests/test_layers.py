@@ -1,7 +1,14 @@
-"""Packages import only downwards: catalog → perf → templates → allocator → baselines → sim →
-runtime → cli. Every import is read from the source (those inside functions too), so a
-back-edge cannot hide behind a late import; the shared pieces (the instance shape and the
-pipeline step model in `coral.perf`) stay below everything that reads them."""
+"""Coral's modules import only downwards and never in a cycle.
+
+Layers, lowest first: the shared helpers at the top of the package (`coral/messages.py`,
+`coral/errors.py`, `coral/routing.py`, `coral/solvers`) → catalog → perf → templates →
+allocator → baselines → (sim, runtime) → planning (`allocator/planning.py`, which runs the
+baselines beside Coral's plan, and `allocator/adapt.py`, which re-plans) → evaluation
+(`sim/evaluate.py`, `allocator/adapt_report.py`) → cli. A module belongs to its package's layer
+unless `MODULE_LAYER` places it elsewhere; sim and runtime share a layer and import neither
+one from the other. Every import is read from the source (those inside functions too), so
+neither a back-edge nor a cycle can hide behind a late import.
+"""
 
 from __future__ import annotations
 
@@ -10,44 +17,201 @@ from pathlib import Path
 
 import coral
 
-ORDER = ("catalog", "perf", "templates", "allocator", "baselines", "sim", "runtime", "cli")
+#: Layers, lowest first; packages in one tuple share a layer (and may not import each other).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("base",),
+    ("catalog",),
+    ("perf",),
+    ("templates",),
+    ("allocator",),
+    ("baselines",),
+    ("sim", "runtime"),
+    ("planning",),
+    ("evaluation",),
+    ("cli",),
+)
 
-#: Upward imports still to be removed, each with why it is there today.
-KNOWN = {
-    # planning orchestrates the allocator and the baselines (every plan shows them beside
-    # Coral's): it belongs in a layer above both
-    ("coral/allocator/planning.py", "baselines"),
+#: Modules whose layer is not their package's.
+MODULE_LAYER = {
+    "coral.messages": "base",
+    "coral.errors": "base",
+    "coral.routing": "base",
+    "coral.solvers": "base",
+    "coral.solvers.highs": "base",
+    "coral.allocator.planning": "planning",
+    "coral.allocator.adapt": "planning",
+    "coral.sim.evaluate": "evaluation",
+    "coral.allocator.adapt_report": "evaluation",
+}
+
+#: Upward (or sideways) imports still to be removed, each with why it is there today and who
+#: owns the fix.
+KNOWN_UPWARD = {
+    # baselines/common.py decodes a baseline's plan with planning's decoder; the decoder
+    # belongs in the allocator layer (allocator/baselines owners)
+    ("coral.baselines.common", "planning"),
+    # runtime reads plan files through planning's reader; the plan-file format belongs in the
+    # allocator layer, below every reader of it (allocator owner)
+    ("coral.runtime.deployment", "planning"),
+}
+
+#: Import cycles still to be removed (each a set of modules that reach one another), with
+#: why and who owns the fix. A cycle found must lie inside one of these.
+KNOWN_CYCLES: dict[frozenset[str], str] = {
+    frozenset({"coral.templates.build", "coral.templates.store", "coral.templates.parallel"}):
+        "Template and Outcome live in build.py, which store.py and parallel.py read and which "
+        "calls them; they belong in templates/types.py (templates owner)",
+    frozenset({"coral.allocator.planning", "coral.baselines", "coral.baselines.common",
+               "coral.baselines.cauchy", "coral.baselines.helix", "coral.baselines.homo",
+               "coral.baselines.joint", "coral.baselines.melange", "coral.baselines.run"}):
+        "planning runs every baseline, and baselines/common.py decodes with planning's "
+        "decoder; planning belongs above the baselines (allocator/baselines owners)",
+    # being removed in this change (sim/perf/runtime)
+    frozenset({"coral.perf.calibration", "coral.perf.model"}): "Efficiencies in model.py",
+    frozenset({"coral.sim.engine", "coral.sim.pd"}): "pd subclasses engine's classes",
+    frozenset({"coral.runtime.checkpoint", "coral.runtime.config"}): "config reads checkpoints",
+    frozenset({"coral.runtime.controller", "coral.runtime.deploy", "coral.runtime.deployment",
+               "coral.runtime.instance", "coral.runtime.model_router"}): "two tiny deployments",
 }
 
 
-def _upward_imports() -> set[tuple[str, str]]:
+def _modules() -> dict[str, Path]:
     root = Path(coral.__file__).parent
-    out = set()
+    out = {}
     for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root.parent)
-        if len(rel.parts) < 3 or rel.parts[1] not in ORDER:
-            continue
-        own = ORDER.index(rel.parts[1])
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                parts = name.split(".")
-                if parts[0] == "coral" and len(parts) > 1 and parts[1] in ORDER \
-                        and ORDER.index(parts[1]) > own:
-                    out.add((rel.as_posix(), parts[1]))
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
     return out
 
 
-def test_packages_import_only_downwards():
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the coral modules it imports anywhere in its source: `from P import N` names
+    module `P.N` when that is a module, else `P`."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                graph[mod] |= {a.name for a in node.names if a.name in mods}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    if sub in mods:
+                        graph[mod].add(sub)
+                    elif target in mods:
+                        graph[mod].add(target)
+    for mod in graph:
+        graph[mod].discard(mod)
+    return graph
+
+
+def _layer(mod: str) -> str:
+    if mod in MODULE_LAYER:
+        return MODULE_LAYER[mod]
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else "base"
+
+
+def _rank(layer: str) -> int:
+    for k, names in enumerate(LAYERS):
+        if layer in names:
+            return k
+    raise AssertionError(f"layer {layer!r} is in no entry of LAYERS")
+
+
+def _upward_imports() -> set[tuple[str, str]]:
+    out = set()
+    for mod, targets in _import_graph().items():
+        own = _layer(mod)
+        for target in targets:
+            layer = _layer(target)
+            if layer != own and _rank(layer) >= _rank(own):
+                out.add((mod, layer))
+    return out
+
+
+def _cycles() -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    graph = _import_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, it = work[-1]
+            for nxt in it:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = set()
+                    while True:
+                        m = stack.pop()
+                        on_stack.discard(m)
+                        comp.add(m)
+                        if m == node:
+                            break
+                    if len(comp) > 1:
+                        found.append(frozenset(comp))
+    return found
+
+
+def test_every_module_has_a_layer():
+    for mod in _modules():
+        _rank(_layer(mod))
+
+
+def test_modules_import_only_downwards():
     found = _upward_imports()
-    assert found - KNOWN == set(), sorted(found - KNOWN)
+    assert found - KNOWN_UPWARD == set(), sorted(found - KNOWN_UPWARD)
 
 
 def test_the_known_upward_imports_are_still_there():
-    """A removed back-edge leaves `KNOWN`, so that the list never excuses a new one."""
-    assert KNOWN <= _upward_imports()
+    """A removed back-edge leaves `KNOWN_UPWARD`, so that the list never excuses a new one."""
+    assert KNOWN_UPWARD <= _upward_imports()
+
+
+def test_no_import_cycles():
+    new = [sorted(c) for c in _cycles() if not any(c <= known for known in KNOWN_CYCLES)]
+    assert new == [], new
+
+
+def test_the_known_cycles_are_still_there():
+    """A broken cycle leaves `KNOWN_CYCLES` (or shrinks to what is left of it)."""
+    cycles = _cycles()
+    for known in KNOWN_CYCLES:
+        assert any(c <= known and len(c) > 1 for c in cycles), sorted(known)
+        assert known <= set().union(*[c for c in cycles if c <= known]), (
+            "part of this known cycle is gone; shrink its entry", sorted(known))
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(monkeypatch):
+    graph = {"coral.a": {"coral.b"}, "coral.b": {"coral.c"}, "coral.c": {"coral.a"},
+             "coral.d": {"coral.a"}}
+    monkeypatch.setattr(f"{__name__}._import_graph", lambda: graph)
+    assert _cycles() == [frozenset({"coral.a", "coral.b", "coral.c"})]

@@ -17,10 +17,9 @@ from coral.perf.calibration import (
     _points,
     _predict,
     calibrate,
-    efficiencies_for,
-    load_efficiencies,
     write_efficiencies,
 )
+from coral.perf.efficiencies import efficiencies_for, load_efficiencies
 from coral.perf.model import ITERATION_OVERHEAD_S, PerfModel
 from coral.perf.vidur_profiles import (
     LAYER_OPERATORS,

@@ -5,17 +5,15 @@ measured operator profiles (`coral.perf.calibration`), or reads a measured profi
 one exists for the (model, node type).
 """
 
-from coral.perf.calibration import (
-    Calibration,
-    calibrate,
+from coral.perf.calibration import Calibration, calibrate, write_efficiencies
+from coral.perf.efficiencies import (
+    Efficiencies,
+    EfficiencyTable,
     default_efficiencies,
     efficiencies_for,
     load_efficiencies,
-    write_efficiencies,
 )
 from coral.perf.model import (
-    Efficiencies,
-    EfficiencyTable,
     IterationTime,
     MeasuredTable,
     PerfModel,

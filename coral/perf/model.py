@@ -39,13 +39,22 @@ per (model, node) constants are computed once and the call itself is plain float
 from __future__ import annotations
 
 import hashlib
-import math
-from dataclasses import dataclass, replace
-from importlib import resources
+from dataclasses import dataclass
 from typing import Literal, Mapping, Protocol, Sequence
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import GpuType, ModelArch, NodeType
+from coral.perf.efficiencies import (
+    Efficiencies,
+    EfficiencyTable,
+    default_efficiencies,
+    efficiencies_file,
+)
+from coral.perf.layer_costs import (
+    Matmul,
+    expected_distinct_experts,
+    layer_coefficients,
+)
 
 #: Version of the formula; bump it when a change to this module changes predictions.
 FORMULA_VERSION = 1
@@ -53,7 +62,7 @@ FORMULA_VERSION = 1
 
 def _efficiencies_digest() -> str:
     try:
-        blob = (resources.files("coral.perf") / "data" / "efficiencies.yaml").read_bytes()
+        blob = efficiencies_file().read_bytes()
     except OSError:  # pragma: no cover - package data missing
         return "none"
     return hashlib.sha256(blob).hexdigest()[:8]
@@ -111,88 +120,6 @@ class MeasuredTable(Protocol):
         ...
 
 
-# ---- efficiencies ----
-
-#: Which architecture's fitted efficiencies a GPU without its own fit borrows.
-#: Ada (L4, L40S) and the older Volta/Turing parts borrow Ampere's figures (closest tensor-core
-#: generation among those profiled), Blackwell borrows Hopper's.
-DONOR_ARCHITECTURE: Mapping[str, str] = {
-    "hopper": "hopper",
-    "ampere": "ampere",
-    "ada": "ampere",
-    "volta": "ampere",
-    "turing": "ampere",
-    "blackwell": "hopper",
-    "other": "ampere",
-}
-
-
-@dataclass(frozen=True)
-class Efficiencies:
-    """Achieved fractions of peak and fixed costs for one GPU type.
-
-    `eta_compute`: matmul/attention FLOP/s over peak dense bf16. `eta_memory`: bandwidth of
-    weight-streaming matmuls and attention over peak. `eta_elementwise`: bandwidth of the
-    element-wise kernels (norms, rope, activation, add) over peak. `kernel_overhead_s`: fixed
-    GPU time per kernel. `fitted_on` says which measurements; `borrowed_from` names the GPU type
-    whose fit these are when this GPU type has no measurements of its own.
-    """
-
-    gpu: str
-    architecture: str
-    eta_compute: float
-    eta_memory: float
-    eta_elementwise: float
-    kernel_overhead_s: float
-    fitted_on: str
-    borrowed_from: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("eta_compute", "eta_memory", "eta_elementwise"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"{name} of {self.gpu!r} must be in (0, 1], got {value}")
-        if self.kernel_overhead_s < 0:
-            raise ValueError(f"kernel_overhead_s of {self.gpu!r} must be >= 0")
-
-    @property
-    def label(self) -> str:
-        """Where these figures come from, for reports."""
-        if self.borrowed_from:
-            return f"borrowed from {self.borrowed_from} ({self.architecture} GPU, no own fit)"
-        return f"fitted on {self.gpu} ({self.fitted_on})"
-
-
-class EfficiencyTable:
-    """Fitted efficiencies by catalog GPU name, with the borrowing rule for the others."""
-
-    def __init__(self, entries: Mapping[str, Efficiencies]):
-        self.entries: dict[str, Efficiencies] = dict(entries)
-
-    def __repr__(self) -> str:
-        return f"EfficiencyTable({sorted(self.entries)})"
-
-    def for_gpu(self, gpu: GpuType) -> Efficiencies:
-        """The GPU's own fit, or the fit of the nearest profiled architecture (marked borrowed)."""
-        own = self.entries.get(gpu.name)
-        if own is not None:
-            return own
-        fitted = [e for _, e in sorted(self.entries.items()) if e.borrowed_from is None]
-        if not fitted:
-            raise ValueError("the efficiency table holds no fitted GPU type")
-        wanted = DONOR_ARCHITECTURE.get(gpu.architecture, "ampere")
-        for arch in (wanted, "ampere", "hopper"):
-            donors = [e for e in fitted if e.architecture == arch]
-            if donors:
-                break
-        else:
-            donors = fitted
-        donor = donors[0]
-        return replace(
-            donor, gpu=gpu.name, architecture=gpu.architecture, borrowed_from=donor.gpu
-        )
-
-
 # ---- results ----
 
 
@@ -211,118 +138,6 @@ class IterationTime:
     overhead_s: float
     source: Literal["roofline", "measured"]
     efficiencies_from: str
-
-
-@dataclass(frozen=True)
-class _Matmul:
-    """Per-GPU cost of one matmul: FLOPs and bytes = weight_bytes + bytes_per_token * T."""
-
-    flops_per_token: float
-    weight_bytes: float
-    bytes_per_token: float
-
-
-@dataclass(frozen=True)
-class LayerCoefficients:
-    """Per-GPU cost coefficients of one layer of `model` under TP over `tp` GPUs."""
-
-    tp: int
-    qkv: _Matmul
-    o: _Matmul
-    up: _Matmul  # dense gate+up; for MoE the active-expert part with no weights (see below)
-    down: _Matmul
-    norm_bytes_per_token: float  # both RMSNorms, read + write
-    rope_bytes_per_token: float
-    act_bytes_per_token: float
-    add_bytes_per_token: float
-    kv_write_bytes_per_token: float
-    q_dim_per_gpu: float
-    kv_dim_per_gpu: float
-    dtype_bytes: int
-    # MoE (zero / None for dense models)
-    moe_experts: int = 0
-    moe_top_k: int = 0
-    expert_up_bytes: float = 0.0  # one routed expert's gate+up weights, per GPU
-    expert_down_bytes: float = 0.0  # one routed expert's down weights, per GPU
-    fixed_up_bytes: float = 0.0  # router + shared experts' gate+up weights, per GPU
-    fixed_down_bytes: float = 0.0  # shared experts' down weights, per GPU
-
-    @property
-    def profiled_elementwise_bytes_per_token(self) -> float:
-        """Element-wise bytes of the operators Vidur profiles (no KV-cache write)."""
-        return (
-            self.norm_bytes_per_token
-            + self.rope_bytes_per_token
-            + self.act_bytes_per_token
-            + self.add_bytes_per_token
-        )
-
-
-def layer_coefficients(model: ModelArch, tp: int) -> LayerCoefficients:
-    """Per-GPU FLOPs/bytes coefficients of one layer of `model` sharded over `tp` GPUs.
-
-    Heads are split over the GPUs; KV heads are replicated when tp exceeds their number.
-    Inputs of the column-parallel matmuls and outputs of the row-parallel ones are full-size
-    on every GPU; norms and the residual add run replicated.
-    """
-    dt = float(model.dtype_bytes)
-    h = float(model.hidden_size)
-    c = float(tp)
-    qg = model.num_heads * model.head_dim / c
-    kvg = float(math.ceil(model.num_kv_heads / tp) * model.head_dim)
-    nu = 2.0 if model.gated_mlp else 1.0  # matrices in the up projection
-
-    qkv = _Matmul(2.0 * h * (qg + 2 * kvg), h * (qg + 2 * kvg) * dt, (h + qg + 2 * kvg) * dt)
-    o = _Matmul(2.0 * qg * h, qg * h * dt, (qg + h) * dt)
-    norms = 2 * (2 * h * dt)
-    rope = 2 * (qg + kvg) * dt
-    add = 3 * h * dt
-    kv_write = 2 * (2 * kvg) * dt
-    if model.moe is None:
-        f = model.ffn_size / c
-        up = _Matmul(2.0 * h * nu * f, h * nu * f * dt, (h + nu * f) * dt)
-        down = _Matmul(2.0 * f * h, f * h * dt, (f + h) * dt)
-        act = (nu + 1) * f * dt
-        return LayerCoefficients(
-            tp=tp, qkv=qkv, o=o, up=up, down=down,
-            norm_bytes_per_token=norms, rope_bytes_per_token=rope, act_bytes_per_token=act,
-            add_bytes_per_token=add, kv_write_bytes_per_token=kv_write,
-            q_dim_per_gpu=qg, kv_dim_per_gpu=kvg, dtype_bytes=model.dtype_bytes,
-        )
-    m = model.moe
-    k, e = m.experts_per_token, m.num_experts
-    fe = m.expert_ffn_size / c
-    fs = m.shared_experts * m.shared_expert_ffn_size / c
-    # up: routed experts (k per token) + shared experts + the replicated router
-    up = _Matmul(
-        2.0 * h * nu * (k * fe + fs) + 2.0 * h * e,
-        0.0,  # expert weights depend on the tokens: added per call (expert_*_bytes)
-        (h * (k + (1 if fs else 0)) + nu * (k * fe + fs) + e) * dt,
-    )
-    down = _Matmul(
-        2.0 * (k * fe + fs) * h,
-        0.0,
-        ((k * fe + fs) + h * (k + (1 if fs else 0))) * dt,
-    )
-    act = (nu + 1) * (k * fe + fs) * dt
-    return LayerCoefficients(
-        tp=tp, qkv=qkv, o=o, up=up, down=down,
-        norm_bytes_per_token=norms, rope_bytes_per_token=rope, act_bytes_per_token=act,
-        add_bytes_per_token=add, kv_write_bytes_per_token=kv_write,
-        q_dim_per_gpu=qg, kv_dim_per_gpu=kvg, dtype_bytes=model.dtype_bytes,
-        moe_experts=e, moe_top_k=k,
-        expert_up_bytes=nu * h * fe * dt,
-        expert_down_bytes=h * fe * dt,
-        fixed_up_bytes=(nu * h * fs + h * e) * dt,
-        fixed_down_bytes=h * fs * dt,
-    )
-
-
-def expected_distinct_experts(num_experts: int, top_k: int, tokens: float) -> float:
-    """Expected number of distinct experts `tokens` tokens route to (uniform routing)."""
-    if tokens <= 0:
-        return 0.0
-    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
 class _Consts:
@@ -355,8 +170,6 @@ class PerfModel:
     ):
         self.catalog = catalog
         if efficiencies is None:
-            from coral.perf.calibration import default_efficiencies
-
             efficiencies = default_efficiencies()
         elif isinstance(efficiencies, Mapping):
             efficiencies = EfficiencyTable(efficiencies)
@@ -419,7 +232,7 @@ class PerfModel:
         k.vocab = float(arch.vocab_size)
         v = arch.vocab_size / tp
         h = float(arch.hidden_size)
-        k.lm_head = _Matmul(2.0 * h * v, h * v * k.dt, (h + v) * k.dt)
+        k.lm_head = Matmul(2.0 * h * v, h * v * k.dt, (h + v) * k.dt)
         k.table = self._tables.get((arch.name, node_t.name))
         self._cache[key] = k
         return k

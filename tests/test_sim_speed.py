@@ -23,7 +23,9 @@ from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
 from coral.sim import InstanceSpec, Request, SimConfig, Simulator, synthetic
 from coral.sim.deployment import stages_from_nodes
-from coral.sim.engine import ARRIVAL, LOAD_SKIP_FACTOR, MIN_SKIP_QUEUE, STEP_DONE, swrr_picks
+from coral.routing import swrr_picks
+from coral.sim.engine import ARRIVAL, STEP_DONE
+from coral.sim.routing import LOAD_SKIP_FACTOR, MIN_SKIP_QUEUE
 from coral.sim.workload import merge
 from coral.templates.operating_points import NET_LATENCY_S
 

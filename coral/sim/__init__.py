@@ -9,14 +9,9 @@ from coral.sim.deployment import (
     instance_from_template,
     instances_from_plan,
 )
-from coral.sim.engine import (
-    PdRequestResult,
-    RequestResult,
-    SimConfig,
-    SimResult,
-    Simulator,
-    simulate,
-)
+from coral.sim.config import SimConfig
+from coral.sim.engine import Simulator, simulate
+from coral.sim.results import PdRequestResult, RequestResult, SimResult
 from coral.sim.metrics import summarize
 from coral.sim.workload import Request, WorkloadError, read_trace, synthetic, trace_requests
 

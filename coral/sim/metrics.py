@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from coral.sim.engine import RequestResult, SimResult
+from coral.sim.results import RequestResult, SimResult
 from coral.templates.slo import SloSpec
 
 PERCENTILES = (50, 90, 99)

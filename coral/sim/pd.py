@@ -75,14 +75,10 @@ from coral.perf.step import (
     kv_bytes_per_token,
     slowest_nic_bytes_per_s,
 )
+from coral.sim.config import SimConfig
 from coral.sim.deployment import DeploymentError, InstanceSpec
-from coral.sim.engine import (
-    _NO_CHUNKS,
-    SimConfig,
-    _Instance,
-    _Router,
-    _Seq,
-)
+from coral.sim.routing import SimRouter
+from coral.sim.scheduler import NO_CHUNKS, Seq, SimInstance
 
 
 class Landing:
@@ -90,7 +86,7 @@ class Landing:
 
     __slots__ = ("seq", "src", "dst")
 
-    def __init__(self, seq: _Seq, src: "PrefillInstance", dst: "DecodeInstance"):
+    def __init__(self, seq: Seq, src: "PrefillInstance", dst: "DecodeInstance"):
         self.seq, self.src, self.dst = seq, src, dst
 
     def land(self, t: float) -> None:
@@ -109,7 +105,7 @@ class Landing:
             dst.cut(t)  # it may join after the step in progress, as an arrival may
 
 
-class PrefillInstance(_Instance):
+class PrefillInstance(SimInstance):
     """A prefill instance: chunked prefill only, its token budget the template's chunk; a
     request whose prompt is done goes on to a decode instance (`hand_over`)."""
 
@@ -120,12 +116,12 @@ class PrefillInstance(_Instance):
         # the nodes' batches count prompt tokens per iteration: stages x the smallest stage's
         self.max_tokens = self.max_seqs = layout.max_seqs
         self.handoff = self.hand_over
-        self.decode_router: _Router | None = None  # set by `wire`
+        self.decode_router: SimRouter | None = None  # set by `wire`
         self.kv_bytes = 0.0  # KV bytes per token of the model
         self.nic = 0.0  # slowest NIC, bytes/s
         self.nic_free = 0.0  # when the NIC has sent every transfer started so far
 
-    def hand_over(self, s: _Seq, t: float) -> None:
+    def hand_over(self, s: Seq, t: float) -> None:
         """`s` has its first token at `t`: free its slot, pick its decode instance and start
         sending its KV cache (the blocks stay taken here until it lands)."""
         del self.running[s]
@@ -144,7 +140,7 @@ class PrefillInstance(_Instance):
         self.push_due(end, Landing(s, self, dst))
 
 
-class DecodeInstance(_Instance):
+class DecodeInstance(SimInstance):
     """A decode instance: requests arrive with their prompt's KV cache and join the decode
     batch directly; only requests preempted here are recomputed in prompt chunks."""
 
@@ -156,7 +152,7 @@ class DecodeInstance(_Instance):
         self.nic_free = 0.0  # when the NIC has taken in every transfer started so far
 
     def schedule(self, now: float) -> None:
-        """Form the next step from `now` (see `_Instance.schedule`, which this follows):
+        """Form the next step from `now` (see `SimInstance.schedule`, which this follows):
 
         1. preempt while the cache cannot take this step's decode tokens;
         2. landed requests at the head of the queue join the decode batch, FCFS, while a slot
@@ -190,7 +186,7 @@ class DecodeInstance(_Instance):
         kv_used = self.kv_used
         budget = self.max_tokens - b
         free = kv_cap - kv_used - b
-        chunks: Sequence[tuple[_Seq, int]] = _NO_CHUNKS
+        chunks: Sequence[tuple[Seq, int]] = NO_CHUNKS
         p = 0
         if self.prefilling or (waiting and waiting[0].ctx < waiting[0].target):
             chunks = []
@@ -259,7 +255,7 @@ class DecodeInstance(_Instance):
         return kv_used + (s.target - s.ctx) <= self.kv_cap
 
 
-def instance_class(role: str) -> type[_Instance]:
+def instance_class(role: str) -> type[SimInstance]:
     """The instance class of a PD role."""
     if role == "prefill":
         return PrefillInstance
@@ -268,8 +264,8 @@ def instance_class(role: str) -> type[_Instance]:
     raise DeploymentError(f"no PD instance class for role {role!r}")
 
 
-def wire(instances: Sequence[_Instance], routers: dict[str, _Router],
-         catalog: Any) -> dict[tuple[str, str], _Router]:
+def wire(instances: Sequence[SimInstance], routers: dict[str, SimRouter],
+         catalog: Any) -> dict[tuple[str, str], SimRouter]:
     """Connect a deployment's PD halves: one decode router per (model, region), given to the
     prefill instances of that model and region, with the KV bytes per token and the NIC
     speeds that the transfers take; and the weights of the models' prefill `routers` scaled
@@ -279,7 +275,7 @@ def wire(instances: Sequence[_Instance], routers: dict[str, _Router],
     Raises `DeploymentError` when prefill instances have no decode instance in their region,
     or decode instances no prefill instance."""
     roles: dict[str, set[str]] = {}
-    decode: dict[tuple[str, str], list[_Instance]] = {}
+    decode: dict[tuple[str, str], list[SimInstance]] = {}
     for inst in instances:
         spec = inst.spec
         roles.setdefault(spec.model, set()).add(spec.role)
@@ -289,7 +285,7 @@ def wire(instances: Sequence[_Instance], routers: dict[str, _Router],
         if "decode" in rs and "prefill" not in rs:
             raise DeploymentError(
                 f"model {model} has decode instances but no prefill instance to feed them")
-    decode_routers = {key: _Router(v) for key, v in sorted(decode.items())}
+    decode_routers = {key: SimRouter(v) for key, v in sorted(decode.items())}
     kv_bytes = {m: kv_bytes_per_token(catalog.model(m)) for m, rs in roles.items()
                 if "prefill" in rs}
     for inst in instances:
@@ -310,7 +306,7 @@ def wire(instances: Sequence[_Instance], routers: dict[str, _Router],
     return decode_routers
 
 
-def _pair_weights(router: _Router, decode_routers: Mapping[tuple[str, str], _Router]) -> None:
+def _pair_weights(router: SimRouter, decode_routers: Mapping[tuple[str, str], SimRouter]) -> None:
     """Scale a model's prefill weights by `min(1, decode / prefill capacity)` of their region
     (its aggregated instances keep theirs)."""
     prefill: dict[str, float] = {}

@@ -1,0 +1,290 @@
+"""One simulated instance: its queues, KV cache, decode clock and the step in progress
+(continuous batching with chunked prefill and preemption; see `coral.sim.engine` for the
+model). The event loop (`coral.sim.engine.Simulator`) drives it; the prefill/decode
+instances of `coral.sim.pd` are subclasses of `SimInstance`."""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from collections import deque
+from typing import Any, Callable, Literal, Sequence
+
+from coral.perf.step import StepModel
+from coral.sim.config import SimConfig
+from coral.sim.deployment import InstanceSpec
+from coral.sim.workload import Request
+
+
+class Seq:
+    """A request inside an instance.
+
+    While decoding, `ctx` and `generated` hold their values at instance decode clock `off`;
+    both grow by one per decode step, so their current values are `x + clock - off` (this
+    keeps a decode step O(1) instead of O(batch))."""
+
+    __slots__ = ("req", "instance", "target", "ctx", "generated", "first_token_s",
+                 "preemptions", "off", "fin", "status", "end_s", "decode_instance",
+                 "transfer_s")
+
+    def __init__(self, req: Request, instance: str):
+        self.req = req
+        self.instance = instance  # the name of the instance it was routed to
+        self.target = req.prompt_tokens  # tokens to have in cache before the next token
+        self.ctx = 0  # tokens in the KV cache
+        self.generated = 0
+        self.first_token_s: float | None = None
+        self.preemptions = 0
+        self.off = -1  # decode clock when decoding started; -1 while prefilling or waiting
+        self.fin = -1  # decode clock of its last token while decoding
+        self.status: Literal["done", "unfinished", "rejected"] = "unfinished"
+        self.end_s: float | None = None
+        self.decode_instance = ""  # PD: the decode instance its KV cache went to
+        self.transfer_s: float | None = None  # PD: seconds of that transfer (None: none)
+
+
+#: Step ends: a heap of times, each time's instance (or instances, in push order, on a tie)
+#: in a dict. A float heap compares much faster than one of tuples; an entry is stale (its
+#: run was cut short) unless the instance's `step_end` is still its time.
+Due = dict[float, "SimInstance | list[SimInstance]"]
+NO_CHUNKS: tuple[tuple[Seq, int], ...] = ()
+_heappush = heapq.heappush
+
+
+class SimInstance:
+    """The state of one instance: its queues, decode clock, KV use and step in progress.
+
+    The step in progress (`step_n` identical steps from `step_start`, each `step_dt` long)
+    is kept in fields rather than an object, as one is formed per event; `step_n` is 0 when
+    the instance is idle. Decoding seqs are filed by the clock of their last token (`fin`,
+    with its keys in ascending order in `fin_clocks`: a sorted list rather than a heap, as
+    seqs mostly finish in the order they start, so a key is mostly appended and always taken
+    from the front, comparing with no other key). A preempted seq's entry stays behind,
+    stale, and is skipped: a live entry has `s.off >= 0 and s.fin == clock`."""
+
+    __slots__ = (
+        "spec", "index", "layout", "kv_cap", "max_seqs", "max_tokens", "n_stages",
+        "buckets", "closed_form", "waiting", "running", "prefilling", "clock", "n_decode",
+        "ctx_base", "fin", "fin_clocks", "kv_used", "step_end", "busy", "step_start",
+        "step_dt", "step_n", "step_decode", "step_chunks", "step_busy", "heap", "due",
+        "on_reject", "router", "costs", "slot", "inflight", "handoff")
+
+    def __init__(self, spec: InstanceSpec, index: int, layout: StepModel, cfg: SimConfig):
+        self.spec, self.index, self.layout = spec, index, layout
+        self.kv_cap, self.max_seqs = layout.kv_cap, layout.max_seqs
+        self.n_stages = layout.n_stages
+        self.costs = layout.costs
+        self.max_tokens = max(cfg.max_batched_tokens, 1)
+        self.buckets = cfg.context_buckets
+        self.closed_form = cfg.mode == "fast" and cfg.context_buckets > 0
+        self.waiting: deque[Seq] = deque()
+        self.running: dict[Seq, None] = {}  # in admission order (the last is preempted first)
+        self.prefilling: dict[Seq, None] = {}  # running seqs whose prompt is not all cached
+        self.clock = 0  # decode steps run so far
+        self.n_decode = 0  # running seqs that decode
+        self.ctx_base = 0  # sum over decoding seqs of ctx - off (context = this + n clock)
+        self.fin: dict[int, list[Seq]] = {}  # clock -> seqs whose last token is then
+        self.fin_clocks: list[int] = []  # fin's keys, ascending
+        self.kv_used = 0
+        self.step_end = -1.0  # when the step (run) in progress ends
+        self.busy = [0.0] * len(layout.nodes)
+        self.step_start = self.step_dt = 0.0
+        self.step_n = 0  # identical steps in the run in progress (0: idle)
+        self.step_decode = 0  # sequences that decode in each of them
+        self.step_chunks: Sequence[tuple[Seq, int]] = NO_CHUNKS  # prompt chunks (n = 1)
+        self.step_busy: tuple[tuple[int, float], ...] = ()
+        # set by Simulator.run: the step-end heap and its instances, the reject callback
+        self.heap: list[float] = []
+        self.due: Due = {}
+        self.on_reject: Callable[[Seq], None] = lambda s: None
+        self.router: Any = None  # its model's `coral.sim.routing.SimRouter`, set by it
+        self.slot = 0  # this instance's index in its router's lists
+        self.inflight: list[int] = [0]  # the router's (waiting + running) per instance
+        # PD prefill instances: takes a seq whose prompt is done to a decode instance
+        self.handoff: Callable[[Seq, float], None] | None = None
+
+    # ---- decoding seqs ----
+
+    def materialise(self, s: Seq) -> None:
+        """Bring a decoding seq's ctx/generated up to the clock and take it out of decoding."""
+        d = self.clock - s.off
+        self.ctx_base -= s.ctx - s.off
+        s.ctx += d
+        s.generated += d
+        s.off = -1
+        self.n_decode -= 1
+
+    def preempt(self) -> None:
+        """Preempt the most recently admitted seqs until this step's decode tokens fit."""
+        while self.kv_used + self.n_decode > self.kv_cap and self.running:
+            victim = next(reversed(self.running))
+            del self.running[victim]
+            if victim.off >= 0:
+                self.materialise(victim)
+            self.prefilling.pop(victim, None)
+            self.kv_used -= victim.ctx
+            victim.ctx = 0
+            victim.target = victim.req.prompt_tokens + victim.generated
+            victim.preemptions += 1
+            self.waiting.appendleft(victim)
+
+    # ---- scheduling ----
+
+    def start_decoding(self, s: Seq) -> None:
+        """`s` (its prompt done, or its KV cache landed) decodes from this step on, filed by
+        the decode clock at which its last token comes."""
+        clock = self.clock
+        s.off = clock
+        self.n_decode += 1
+        self.ctx_base += s.ctx - clock
+        f = s.fin = clock + s.req.output_tokens - s.generated
+        filed = self.fin.get(f)
+        if filed is None:
+            self.fin[f] = [s]
+            fc = self.fin_clocks
+            if not fc or f > fc[-1]:
+                fc.append(f)
+            else:
+                insort(fc, f)
+        else:
+            filed.append(s)
+
+    def schedule(self, now: float) -> None:
+        """Form the next step from `now` and queue its end (the instance idles when there is
+        nothing to run):
+
+        1. preempt the most recently admitted seqs while the cache cannot take this step's
+           decode tokens;
+        2. every decoding seq decodes one token, and the rest of the token budget goes to
+           prompt chunks: running partial prefills first, then waiting requests FCFS while
+           fewer than `max_seqs` run and the whole prompt fits in the free cache (a prompt
+           that cannot fit even alone is rejected);
+        3. the step's cost is looked up for its context rounded up to its bucket;
+        4. in fast mode, a pure-decode step that no waiting request could join repeats
+           until the first decoding seq finishes, the cache fills, or the context leaves its
+           bucket: those steps are one event.
+
+        It runs once per event, so its helpers are written inline (as is `min` of ints)."""
+        running, waiting, kv_cap = self.running, self.waiting, self.kv_cap
+        if self.kv_used + self.n_decode > kv_cap and running:
+            self.preempt()
+        b = self.n_decode
+        kv_used = self.kv_used
+        budget = self.max_tokens - b
+        free = kv_cap - kv_used - b
+        chunks: Sequence[tuple[Seq, int]] = NO_CHUNKS
+        p = 0
+        if self.prefilling:
+            chunks = []
+            for s in self.prefilling:
+                if budget <= 0 or free <= 0:
+                    break
+                k = s.target - s.ctx
+                if k > budget:
+                    k = budget
+                if k > free:
+                    k = free
+                chunks.append((s, k))
+                budget -= k
+                free -= k
+                p += k
+        max_seqs = self.max_seqs
+        if waiting and budget > 0 and len(running) < max_seqs:
+            if not p:
+                chunks = []
+            while budget > 0 and waiting and len(running) < max_seqs:
+                s = waiting[0]
+                need = s.target - s.ctx
+                if need + 1 > kv_cap:  # can never fit, even alone
+                    waiting.popleft()
+                    self.inflight[self.slot] -= 1
+                    self.on_reject(s)
+                    continue
+                if need > free:
+                    break
+                waiting.popleft()
+                running[s] = None
+                self.prefilling[s] = None
+                k = need if need < budget else budget
+                chunks.append((s, k))
+                budget -= k
+                free -= k
+                p += k
+        if not b and not p:
+            self.step_n = 0
+            return
+        c = c_raw = self.ctx_base + b * self.clock
+        nb = self.buckets
+        if nb > 0 and c > nb:  # up to a multiple of 1/nb of its power of two
+            q = (1 << (c.bit_length() - 1)) // nb
+            if q > 1:
+                c = -(-c // q) * q
+        m = b + len(chunks)
+        if m > self.n_stages:
+            m = self.n_stages
+        cost = self.costs.get((p, b, c, m)) or self.layout.step_cost(p, b, c, m)
+        n = 1
+        if not p and self.closed_form and not (
+                waiting and len(running) < max_seqs
+                and kv_used + (waiting[0].target - waiting[0].ctx) <= kv_cap):
+            fc, fin = self.fin_clocks, self.fin
+            while True:  # the first clock with a live entry (dropping stale ones)
+                f = fc[0]
+                for s in fin[f]:
+                    if s.off >= 0 and s.fin == f:
+                        break
+                else:
+                    del fc[0]
+                    del fin[f]
+                    continue
+                break
+            # steps until the first finishes, the cache fills, or the context leaves c's
+            # bucket (steps k = 0..n-1 keep context c_raw + k b in it)
+            n = f - self.clock
+            k = (kv_cap - kv_used) // b
+            if k < n:
+                n = k
+            k = (c - c_raw) // b + 1
+            if k < n:
+                n = k
+            if n < 1:
+                n = 1
+        dt, self.step_busy = cost
+        self.step_start, self.step_dt, self.step_n = now, dt, n
+        self.step_decode, self.step_chunks = b, chunks
+        self.step_end = t = now + n * dt
+        other = self.due.get(t)  # self.queue(t)
+        if other is None:
+            self.due[t] = self
+            _heappush(self.heap, t)
+        elif other.__class__ is list:
+            other.append(self)
+        else:
+            self.due[t] = [other, self]
+
+    def cut(self, t: float) -> None:
+        """An arrival at `t` may join the batch: end a closed-form run after the step in
+        progress. The run's batch is fixed until it ends, so an arrival can only join earlier
+        when it heads the queue and a slot is free (otherwise the per-step schedule would not
+        admit it either)."""
+        k = min(self.step_n, int((t - self.step_start) / self.step_dt) + 1)
+        if k < self.step_n:
+            self.step_n = k
+            self.queue(self.step_start + k * self.step_dt)
+
+    def queue(self, t: float) -> None:
+        """Make `t` the end of the step in progress (its earlier entry, if any, is stale)."""
+        self.step_end = t
+        self.push_due(t, self)
+
+    def push_due(self, t: float, item: Any) -> None:
+        """Put `item` (this instance's step end, or a PD hand-over landing) on the shared
+        heap of due times at `t`; items due together run in push order."""
+        other = self.due.get(t)
+        if other is None:
+            self.due[t] = item
+            _heappush(self.heap, t)
+        elif other.__class__ is list:
+            other.append(item)
+        else:
+            self.due[t] = [other, item]

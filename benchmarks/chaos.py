@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from coral.runtime.chaos import ChaosConfig, reference_texts, run_chaos
-    from coral.runtime.controller import Controller, InstanceSpec
-    from coral.runtime.deploy import TinyDeployment
+    from coral.runtime.controller import Controller, RuntimeInstanceSpec
+    from coral.runtime.tiny import TinyDeployment
     from coral.runtime.gateway import ServerThread, create_app
     from coral.runtime.tokenizer import tokenizer_for
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                          seed=args.seed)
     expected = reference_texts(model, tokenizer, prompts, config.max_tokens)
     with Controller("local") as controller:
-        controller.deploy([InstanceSpec(deployment.instance(model).name,
+        controller.deploy([RuntimeInstanceSpec(deployment.instance(model).name,
                                         deployment.spec(model))])
 
         def workers() -> list[int]:

@@ -66,10 +66,6 @@ KNOWN_CYCLES: dict[frozenset[str], str] = {
                "coral.baselines.joint", "coral.baselines.melange", "coral.baselines.run"}):
         "planning runs every baseline, and baselines/common.py decodes with planning's "
         "decoder; planning belongs above the baselines (allocator/baselines owners)",
-    # being removed in this change (sim/perf/runtime)
-    frozenset({"coral.runtime.checkpoint", "coral.runtime.config"}): "config reads checkpoints",
-    frozenset({"coral.runtime.controller", "coral.runtime.deploy", "coral.runtime.deployment",
-               "coral.runtime.instance", "coral.runtime.model_router"}): "two tiny deployments",
 }
 
 

@@ -15,8 +15,8 @@ pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from coral.runtime.chaos import ChaosConfig, reference_texts, run_chaos  # noqa: E402
-from coral.runtime.controller import Controller, InstanceSpec  # noqa: E402
-from coral.runtime.deploy import TinyDeployment  # noqa: E402
+from coral.runtime.controller import Controller, RuntimeInstanceSpec  # noqa: E402
+from coral.runtime.tiny import TinyDeployment  # noqa: E402
 from coral.runtime.gateway import ServerThread, create_app  # noqa: E402
 from coral.runtime.tokenizer import ByteTokenizer  # noqa: E402
 
@@ -37,7 +37,7 @@ def test_killing_workers_under_load_gives_no_wrong_answer_and_the_model_recovers
     try:
         with Controller("local") as controller:
             name = deployment.instance(model).name
-            controller.deploy([InstanceSpec(name, deployment.spec(model))])
+            controller.deploy([RuntimeInstanceSpec(name, deployment.spec(model))])
 
             def workers() -> list[int]:
                 return [pid for inst in controller.instances.values()

@@ -18,7 +18,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
-from coral.runtime.controller import (Controller, Instance, InstanceSpec,  # noqa: E402
+from coral.runtime.controller import (Controller, Instance, RuntimeInstanceSpec,  # noqa: E402
                                       LocalProvisioner, ModelRouter)
 from coral.runtime.engine import Engine  # noqa: E402
 from coral.runtime.gateway import RETRIABLE_CODE, ServerThread, create_app  # noqa: E402
@@ -32,8 +32,8 @@ MAX_TOKENS = 6
 PROMPTS = ["alpha", "beta gamma", "delta", "epsilon zeta eta", "theta", "iota kappa"]
 
 
-def _spec(name: str, stages: int, weight: float = 1.0) -> InstanceSpec:
-    return InstanceSpec(name, PipelineSpec.even(TINY, stages), weight)
+def _spec(name: str, stages: int, weight: float = 1.0) -> RuntimeInstanceSpec:
+    return RuntimeInstanceSpec(name, PipelineSpec.even(TINY, stages), weight)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def expected() -> dict[str, str]:
 
 class _Fake(Instance):
     def __init__(self, name: str, weight: float):  # no engine: routing only
-        self.spec = InstanceSpec(name, PipelineSpec.even(TINY, 1), weight)
+        self.spec = RuntimeInstanceSpec(name, PipelineSpec.even(TINY, 1), weight)
         self.state, self.in_flight, self.served = "active", 0, 0
 
 
@@ -74,7 +74,7 @@ def test_instance_spec_from_a_plans_template():
     nodes = (SimpleNamespace(first_layer=0, layers=2, capacity=4.0),
              SimpleNamespace(first_layer=2, layers=2, capacity=4.0))
     template = SimpleNamespace(model="tiny", nodes=nodes, edges=(), throughput_rps=7.5)
-    spec = InstanceSpec.from_template("x", template, TINY)
+    spec = RuntimeInstanceSpec.from_template("x", template, TINY)
     assert spec.weight == 7.5 and spec.served_name == TINY.name
     assert [(s.first_layer, s.end_layer) for s in spec.pipeline.stages] == [(0, 2), (2, 4)]
 
@@ -271,7 +271,7 @@ class _FlakyProvisioner:
         self.fail_starts = 0
         self.started_at: list[float] = []
 
-    def start(self, spec: InstanceSpec) -> Instance:
+    def start(self, spec: RuntimeInstanceSpec) -> Instance:
         self.started_at.append(time.monotonic())
         time.sleep(self.start_delay_s)
         if self.fail_starts > 0:

@@ -166,7 +166,7 @@ def _template(ranges, edges=()):
 
 
 def test_template_with_data_parallel_stage_becomes_a_pipeline(reference):
-    from coral.runtime.deploy import pipeline_spec_from_template
+    from coral.runtime.instance import pipeline_spec_from_template
 
     template = _template([(0, 2, 5.0), (2, 6, 2.0), (2, 6, 3.0)],
                          edges=[(-1, 0, 5.0), (0, 1, 2.0), (0, 2, 3.0), (1, -2, 2.0),
@@ -178,7 +178,7 @@ def test_template_with_data_parallel_stage_becomes_a_pipeline(reference):
 
 
 def test_template_whose_paths_split_differently_is_refused():
-    from coral.runtime.deploy import TemplateNotServableError, pipeline_spec_from_template
+    from coral.runtime.instance import TemplateNotServableError, pipeline_spec_from_template
 
     with pytest.raises(TemplateNotServableError, match="do not tile"):
         pipeline_spec_from_template(_template([(0, 2, 1.0), (0, 3, 1.0), (2, 6, 1.0)]), TINY)

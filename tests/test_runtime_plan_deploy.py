@@ -13,12 +13,12 @@ from typer.testing import CliRunner
 from coral.catalog import default_catalog
 from coral.cli.main import app
 from coral.runtime.deployment import (
-    DeploymentError,
+    RuntimeDeploymentError,
     approximate_specs,
     planned_instances,
     read_instances,
-    tiny_instance,
 )
+from coral.runtime.tiny import tiny_instance
 from coral.runtime.skypilot import SKYPILOT_ACCELERATORS, group_file_name, write_skypilot
 from coral.runtime.vllm import (
     KV_TRANSFER_CONFIG,
@@ -140,13 +140,13 @@ def test_stages_and_placement_rows_read_alike(instances):
 def test_malformed_plans_are_named():
     plan = make_plan()
     del plan["instances"][1]["stages"][0]["first_layer"]
-    with pytest.raises(DeploymentError, match=r"instances\[1\].*is malformed"):
+    with pytest.raises(RuntimeDeploymentError, match=r"instances\[1\].*is malformed"):
         planned_instances(plan)
     gap = make_plan()
     gap["instances"][0]["placement"][0]["first_layer"] = 21  # [0,20) then [21,33)
-    with pytest.raises(DeploymentError, match="do not form one pipeline"):
+    with pytest.raises(RuntimeDeploymentError, match="do not form one pipeline"):
         planned_instances(gap)
-    with pytest.raises(DeploymentError, match="no 'instances'"):
+    with pytest.raises(RuntimeDeploymentError, match="no 'instances'"):
         planned_instances({"scenario": "core"})
 
 
@@ -163,7 +163,7 @@ def test_bad_rows_are_refused_not_fatal():
         "instances[5]"]
     assert "do not form one pipeline" in rows.refused[0].reason
     assert "no 'stages'" in rows.refused[1].reason and "is malformed" in rows.refused[2].reason
-    with pytest.raises(DeploymentError, match="runs no instance"):
+    with pytest.raises(RuntimeDeploymentError, match="runs no instance"):
         read_instances({"instances": []})
 
 

@@ -180,8 +180,8 @@ def test_tiny_deployment_serves_smollm2_over_worker_processes(model, tok, refere
     gateway, answers exactly as the unsplit model."""
     pytest.importorskip("zmq")
     openai = pytest.importorskip("openai")
-    from coral.runtime.controller import Controller, InstanceSpec, LocalProvisioner
-    from coral.runtime.deploy import TinyDeployment
+    from coral.runtime.controller import Controller, LocalProvisioner, RuntimeInstanceSpec
+    from coral.runtime.tiny import TinyDeployment
     from coral.runtime.gateway import ServerThread, create_app
 
     deployment = TinyDeployment()
@@ -190,7 +190,7 @@ def test_tiny_deployment_serves_smollm2_over_worker_processes(model, tok, refere
     instance = deployment.instance(model)
     assert {n.node_type for n in instance.nodes} == {"cpu-large", "cpu-small"}
     with Controller(LocalProvisioner()) as controller:
-        controller.deploy([InstanceSpec(instance.name, deployment.spec(model))])
+        controller.deploy([RuntimeInstanceSpec(instance.name, deployment.spec(model))])
         (inst,) = controller.instances.values()
         assert len(inst.pids) == 3
         app = create_app(controller.models, tokenizer={model.name: tok})
@@ -208,7 +208,7 @@ def test_tiny_deployment_serves_smollm2_over_worker_processes(model, tok, refere
 
 def test_tiny_deployment_falls_back_to_random_weights(monkeypatch):
     import coral.runtime.checkpoint as checkpoint
-    from coral.runtime.deploy import TINY_RANDOM_NAME, TinyDeployment
+    from coral.runtime.tiny import TINY_RANDOM_NAME, TinyDeployment
 
     monkeypatch.setattr(checkpoint, "find_smollm2", lambda: None)
     served, note = TinyDeployment().model()

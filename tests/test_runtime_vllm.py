@@ -36,7 +36,7 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
-    from coral.runtime.deployment import tiny_instance
+    from coral.runtime.tiny import tiny_instance
     from coral.runtime.hf_export import export_hf
     from coral.runtime.vllm import VllmServer, cpu_env, vllm_launch
     from coral.runtime.worker import free_tcp_port

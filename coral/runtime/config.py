@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from coral.catalog.schema import ModelArch
 
@@ -64,22 +63,6 @@ class ModelConfig:
         if any(not 0 <= t < self.vocab_size for t in self.eos_token_ids):
             raise ValueError(f"eos_token_ids {self.eos_token_ids} must be token ids below "
                              f"vocab_size ({self.vocab_size})")
-
-    @classmethod
-    def from_gguf(cls, path: str | Path, *, name: str | None = None,
-                  max_seq_len: int | None = None) -> "ModelConfig":
-        """The shape of a Llama-architecture GGUF checkpoint (e.g. SmolLM2), with its weights.
-
-        `max_seq_len` defaults to the checkpoint's context length.
-        """
-        from coral.runtime.checkpoint import config_fields_from_gguf
-
-        fields = config_fields_from_gguf(path)
-        if name is not None:
-            fields["name"] = name
-        if max_seq_len is not None:
-            fields["max_seq_len"] = max_seq_len
-        return cls(**fields)
 
     @classmethod
     def from_arch(cls, arch: ModelArch, *, num_layers: int | None = None,

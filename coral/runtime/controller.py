@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 from coral.runtime.instance import (  # noqa: F401 - re-exported: the controller's vocabulary
     Instance,
-    InstanceSpec,
+    RuntimeInstanceSpec,
     InstanceStatus,
     LocalProvisioner,
     Provisioner,
@@ -69,7 +69,7 @@ class _Slot:
     """One planned instance across the `Instance` objects that run it over time (a
     replacement is a new object under the same name). Guarded by the controller's state lock."""
 
-    def __init__(self, spec: InstanceSpec, instance: Instance | None = None):
+    def __init__(self, spec: RuntimeInstanceSpec, instance: Instance | None = None):
         self.spec = spec
         self.instance = instance
         self.streak = 0  # consecutive failures
@@ -157,10 +157,10 @@ class Controller:
     def _model_status(self, model: str) -> list[InstanceStatus]:
         return [s for s in self.status() if s.model == model]
 
-    def deploy(self, specs: Sequence[InstanceSpec]) -> ReconfigureReport:
+    def deploy(self, specs: Sequence[RuntimeInstanceSpec]) -> ReconfigureReport:
         return self.reconfigure(specs)
 
-    def reconfigure(self, specs: Sequence[InstanceSpec], *,
+    def reconfigure(self, specs: Sequence[RuntimeInstanceSpec], *,
                     on_ready: Callable[[], None] | None = None) -> ReconfigureReport:
         """Move to `specs` without dropping requests. Instances whose name and pipeline are
         unchanged and that are ready are kept (their weight is updated); the others are
@@ -204,7 +204,7 @@ class Controller:
                 self._slots = slots
                 self._instances = {n: s.instance for n, s in slots.items()
                                    if s.instance is not None}
-                by_model: dict[str, list[InstanceSpec]] = {}
+                by_model: dict[str, list[RuntimeInstanceSpec]] = {}
                 for spec in specs:
                     by_model.setdefault(spec.served_name, []).append(spec)
                 for model, model_specs in by_model.items():
@@ -231,7 +231,7 @@ class Controller:
                  report.started, report.kept, report.stopped, report.drain_s)
         return report
 
-    def _start_all(self, specs: Sequence[InstanceSpec]) -> list[Instance]:
+    def _start_all(self, specs: Sequence[RuntimeInstanceSpec]) -> list[Instance]:
         if not specs:
             return []
         with ThreadPoolExecutor(len(specs)) as pool:

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from coral.perf.pipeline import PipelineShape, ShapeError
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
+from coral.runtime.instance import RuntimeInstanceSpec
 
 #: Width of the reduced models that stand in for catalog models on this machine.
 APPROX_HIDDEN_SIZE = 64
@@ -33,7 +34,7 @@ APPROX_HEAD_DIM = 16
 APPROX_MAX_SEQ_LEN = 512
 
 
-class DeploymentError(ValueError):
+class RuntimeDeploymentError(ValueError):
     """A plan (or one of its instances) cannot be deployed as asked."""
 
 
@@ -94,7 +95,7 @@ class PlannedInstance:
     def pipeline(self, model: ModelConfig) -> PipelineSpec:
         """The stages as a runtime pipeline of `model` (which must have the same layers)."""
         if model.num_layers != self.num_layers:
-            raise DeploymentError(f"instance {self.name}: its nodes cover {self.num_layers} "
+            raise RuntimeDeploymentError(f"instance {self.name}: its nodes cover {self.num_layers} "
                                   f"layers but {model.name} has {model.num_layers}")
         return PipelineSpec(model, tuple(
             StageSpec(s[0].first_layer, s[0].end_layer, tuple(float(n.batch) for n in s))
@@ -108,7 +109,7 @@ def read_plan(path: str | Path) -> dict[str, Any]:
     try:
         return read_plan_file(path)
     except PlanFileError as exc:
-        raise DeploymentError(str(exc)) from None
+        raise RuntimeDeploymentError(str(exc)) from None
 
 
 #: Modes of a prefill/decode-disaggregated row (the others are `aggregated`).
@@ -148,11 +149,11 @@ def read_instances(plan: Mapping[str, Any]) -> PlanRows:
 
     A row the shape parser refuses (or that is malformed) is refused with the reason rather
     than failing the plan: which rows a deployment may leave out is the caller's choice.
-    Raises `DeploymentError` only when the plan has no list of rows, or no row that runs.
+    Raises `RuntimeDeploymentError` only when the plan has no list of rows, or no row that runs.
     """
     rows = plan.get("instances")
     if not isinstance(rows, list):
-        raise DeploymentError("the plan has no 'instances' list")
+        raise RuntimeDeploymentError("the plan has no 'instances' list")
     out: list[PlannedInstance] = []
     refused: list[Refusal] = []
     for k, row in enumerate(rows):
@@ -177,7 +178,7 @@ def read_instances(plan: Mapping[str, Any]) -> PlanRows:
             continue
         out.append(inst)
     if not out and not refused:
-        raise DeploymentError("the plan runs no instance")
+        raise RuntimeDeploymentError("the plan runs no instance")
     return PlanRows(tuple(out), tuple(refused))
 
 
@@ -198,7 +199,7 @@ def planned_instances(plan: Mapping[str, Any]) -> tuple[PlannedInstance, ...]:
     cannot be read is refused, naming every such row."""
     rows = read_instances(plan)
     if rows.refused:
-        raise DeploymentError("; ".join(r.reason for r in rows.refused))
+        raise RuntimeDeploymentError("; ".join(r.reason for r in rows.refused))
     return rows.instances
 
 
@@ -227,7 +228,7 @@ def approximate_model(arch, *, hidden_size: int = APPROX_HIDDEN_SIZE,
     `APPROX_HEAD_DIM`; MoE layers become dense.
     """
     if hidden_size % APPROX_HEAD_DIM:
-        raise DeploymentError(f"approximate width {hidden_size} must be a multiple of "
+        raise RuntimeDeploymentError(f"approximate width {hidden_size} must be a multiple of "
                               f"{APPROX_HEAD_DIM}")
     heads = hidden_size // APPROX_HEAD_DIM
     group = arch.num_heads // arch.num_kv_heads
@@ -250,8 +251,6 @@ def approximate_specs(instances: Sequence[PlannedInstance], catalog, *,
     do not cover the model's layers) are refused with the reason. `max_instances` keeps that
     many of the servable rows, every model's largest-capacity rows first.
     """
-    from coral.runtime.controller import InstanceSpec
-
     refused: list[Refusal] = []
     models: dict[str, ModelConfig] = {}
     notes: list[str] = []
@@ -274,7 +273,7 @@ def approximate_specs(instances: Sequence[PlannedInstance], catalog, *,
         model = models.get(inst.model) or approximate_model(arch, hidden_size=hidden_size)
         try:
             pipeline = inst.pipeline(model)
-        except DeploymentError as exc:
+        except RuntimeDeploymentError as exc:
             refused.append(Refusal(inst.name, str(exc)))
             continue
         if inst.model not in models:
@@ -303,33 +302,9 @@ def approximate_specs(instances: Sequence[PlannedInstance], catalog, *,
     for inst, pipeline in servable:
         if inst.name not in running:
             continue
-        specs.append(InstanceSpec(inst.name, pipeline, inst.capacity_rps * inst.count))
+        specs.append(RuntimeInstanceSpec(inst.name, pipeline, inst.capacity_rps * inst.count))
         if inst.count > 1:
             notes.append(f"{inst.name}: the plan's {inst.count} copies run as one local "
                          f"instance with {inst.count}x its weight")
     left_out = tuple(i.name for i, _ in servable if i.name not in running)
     return ApproximateDeployment(tuple(specs), tuple(notes), tuple(refused), left_out)
-
-
-# ---------------------------------------------------------------- the built-in tiny deployment
-#: Local stand-in node types of the tiny deployment, with their relative speed: the first
-#: node is a "large" one and takes twice the layers of each "small" one.
-TINY_NODE_TYPES: dict[str, float] = {"cpu-large": 2.0, "cpu-small": 1.0}
-
-
-def tiny_instance(model: ModelConfig, num_stages: int = 3) -> PlannedInstance:
-    """A chain over one large and `num_stages - 1` small local nodes, layers split by speed."""
-    if not 1 <= num_stages <= model.num_layers:
-        raise DeploymentError(f"num_stages ({num_stages}) must be in [1, {model.num_layers}]")
-    types = ["cpu-large"] + ["cpu-small"] * (num_stages - 1)
-    speed = [TINY_NODE_TYPES[t] for t in types]
-    total, bounds, acc = sum(speed), [0], 0.0
-    for s in speed:
-        acc += s
-        bounds.append(round(acc / total * model.num_layers))
-    for i in range(1, len(bounds)):  # every node keeps at least one layer
-        bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), model.num_layers - (num_stages - i))
-    nodes = tuple(PlannedNode(t, bounds[i], bounds[i + 1] - bounds[i])
-                  for i, t in enumerate(types))
-    return PlannedInstance(name=f"local/{model.name}", model=model.name, region="local",
-                           count=1, nodes=nodes)

@@ -1,5 +1,5 @@
 """Instances: one complete copy of a model (a pipeline of worker processes plus its engine),
-what the plan asks for (`InstanceSpec`), how one is started and stopped (`LocalProvisioner`:
+what the plan asks for (`RuntimeInstanceSpec`), how one is started and stopped (`LocalProvisioner`:
 worker processes on this machine) and how a planned instance stands (`InstanceStatus`).
 """
 
@@ -11,13 +11,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from coral.runtime.config import PipelineSpec
+from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class InstanceSpec:
+class RuntimeInstanceSpec:
     """One instance to run: a name (unique in a deployment), its pipeline and its weight."""
 
     name: str
@@ -37,21 +37,55 @@ class InstanceSpec:
 
     @classmethod
     def from_template(cls, name: str, template, model_config, *,
-                      served_name: str | None = None) -> "InstanceSpec":
+                      served_name: str | None = None) -> "RuntimeInstanceSpec":
         """An instance of a plan's template (`coral.templates.build.Template`): its chain of
         stages, weighted by the template's capacity (requests/s, else its throughput)."""
-        from coral.runtime.deploy import pipeline_spec_from_template
-
         weight = (getattr(template, "throughput_rps", None) or
                   getattr(template, "throughput", None) or 1.0)
         return cls(name, pipeline_spec_from_template(template, model_config), float(weight),
                    served_name)
 
 
+class TemplateNotServableError(ValueError):
+    """The template's layer ranges cannot be run as pipeline stages here."""
+
+
+def pipeline_spec_from_template(template, model: ModelConfig) -> PipelineSpec:
+    """Stages of a template (`coral.templates.build.Template`) whose nodes form a chain.
+
+    Nodes with the same layer range become the data-parallel nodes of one stage, weighted by the
+    flow the template sends into each (by capacity where the template has no edges). Ranges
+    must tile the model's layers in order; flow templates whose paths split the layers
+    differently are refused (not supported by this runtime yet).
+    """
+    used = [(i, n) for i, n in enumerate(template.nodes) if n.layers > 0]
+    inflow: dict[int, float] = {}
+    for _u, v, flow in template.edges:
+        inflow[v] = inflow.get(v, 0.0) + flow
+    ranges: dict[tuple[int, int], list[float]] = {}
+    for i, node in used:
+        weight = inflow.get(i) or node.capacity or 1.0
+        ranges.setdefault((node.first_layer, node.first_layer + node.layers), []).append(weight)
+    stages, expected = [], 0
+    for (first, end), weights in sorted(ranges.items()):
+        if first != expected:
+            raise TemplateNotServableError(
+                f"template of {template.model}: layer ranges {sorted(ranges)} do not tile "
+                f"[0, {model.num_layers}) as a chain of stages (a range starts at {first}, "
+                f"expected {expected}); to fix: serve a chain template")
+        stages.append(StageSpec(first, end, tuple(max(w, 1e-9) for w in weights)))
+        expected = end
+    if expected != model.num_layers:
+        raise TemplateNotServableError(
+            f"template of {template.model} covers layers [0, {expected}) but the runtime model "
+            f"has {model.num_layers}; to fix: build the ModelConfig from the same architecture")
+    return PipelineSpec(model, tuple(stages))
+
+
 class Instance:
     """A running instance: its engine, executor and routing state."""
 
-    def __init__(self, spec: InstanceSpec, engine, executor):
+    def __init__(self, spec: RuntimeInstanceSpec, engine, executor):
         from coral.runtime.backends import EngineBackend
 
         self.spec = spec
@@ -103,7 +137,7 @@ class Instance:
 
 
 class Provisioner(Protocol):
-    def start(self, spec: InstanceSpec) -> Instance: ...
+    def start(self, spec: RuntimeInstanceSpec) -> Instance: ...
 
     def stop(self, instance: Instance) -> None: ...
 
@@ -118,7 +152,7 @@ class LocalProvisioner:
         self.in_process = in_process
         self.start_timeout_s = start_timeout_s
 
-    def start(self, spec: InstanceSpec) -> Instance:
+    def start(self, spec: RuntimeInstanceSpec) -> Instance:
         from coral.runtime.engine import Engine
 
         if self.in_process:
@@ -132,7 +166,7 @@ class LocalProvisioner:
         engine.start()
         return Instance(spec, engine, executor)
 
-    def _start_workers(self, spec: InstanceSpec, attempts: int = 3):
+    def _start_workers(self, spec: RuntimeInstanceSpec, attempts: int = 3):
         import zmq
 
         from coral.runtime.worker import WorkerLostError, ZmqPipeline

@@ -18,8 +18,9 @@ import threading
 import time
 from typing import Any, AsyncIterator, Callable, Sequence
 
+from coral.routing import swrr_pick
 from coral.runtime.backends import BackendError, ModelUnavailableError, RetriableBackendError
-from coral.runtime.instance import Instance, InstanceSpec, InstanceStatus
+from coral.runtime.instance import Instance, RuntimeInstanceSpec, InstanceStatus
 from coral.runtime.messages import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,9 @@ FAILED_RETRY_AFTER_S = 60
 class ModelRouter:
     """The gateway's backend for one served model: picks a ready instance per request.
 
-    Smooth (interleaved) weighted round robin over the active instances: each pick adds every
-    eligible instance's weight to its credit, takes the instance with the most credit and
-    subtracts the total weight from it. An instance is not eligible while its in-flight count is
+    Smooth (interleaved) weighted round robin (`coral.routing`) over the active instances:
+    each pick adds every eligible instance's weight to its credit, takes the instance with the
+    most credit and subtracts the eligible total from it. An instance is not eligible while its in-flight count is
     more than `load_slack` above, and more than twice, the least loaded instance's.
 
     The model's context length is the plan's (`plan()`), not the live instances': a model
@@ -79,7 +80,7 @@ class ModelRouter:
         self._down_total_s = 0.0
 
     # ---- membership (controller) ----
-    def plan(self, specs: Sequence[InstanceSpec]) -> None:
+    def plan(self, specs: Sequence[RuntimeInstanceSpec]) -> None:
         """The model's planned instances: how many should be ready, and their context."""
         with self._lock:
             self._planned = len(specs)
@@ -190,11 +191,9 @@ class ModelRouter:
             least = min(i.in_flight for i in live)
             eligible = [i for i in live
                         if i.in_flight - least <= max(self.load_slack, least)]
-            total = sum(i.spec.weight for i in eligible)
-            for i in eligible:
-                self._credit[i.name] = self._credit.get(i.name, 0.0) + i.spec.weight
-            chosen = max(eligible, key=lambda i: self._credit[i.name])
-            self._credit[chosen.name] -= total
+            credits = [self._credit.get(i.name, 0.0) for i in eligible]
+            chosen = eligible[swrr_pick([i.spec.weight for i in eligible], credits)]
+            self._credit.update((i.name, c) for i, c in zip(eligible, credits))
             chosen.in_flight += 1
             return chosen
 

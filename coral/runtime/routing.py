@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from coral.routing import swrr_pick
+
 
 class WeightedRouter:
-    """Smooth weighted round-robin over nodes; a request keeps its node until released.
+    """Smooth weighted round robin (`coral.routing`) over nodes; a request keeps its node
+    until released.
 
     Deterministic (no random draws), so tests know where each request goes; over many requests
     each node gets a share proportional to its weight. Sticky because the node holds the request's
@@ -23,12 +26,7 @@ class WeightedRouter:
     def route(self, request_id: str) -> int:
         node = self._assigned.get(request_id)
         if node is None:
-            total = sum(self.weights)
-            for i, w in enumerate(self.weights):
-                self._current[i] += w
-            node = max(range(len(self.weights)), key=lambda i: self._current[i])
-            self._current[node] -= total
-            self._assigned[request_id] = node
+            node = self._assigned[request_id] = swrr_pick(self.weights, self._current)
         return node
 
     def release(self, request_id: str) -> int | None:

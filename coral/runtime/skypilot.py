@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 
 import yaml
 
-from coral.runtime.deployment import PD_MODES, DeploymentError, PlannedInstance
+from coral.runtime.deployment import PD_MODES, RuntimeDeploymentError, PlannedInstance
 from coral.runtime.vllm import (
     NODE_IP,
     PROXY_SCRIPT,
@@ -126,13 +126,13 @@ def group_file_name(group: PdGroup) -> str:
 def _resources(node_type: str, region: str, catalog, port: int | None) -> dict:
     nt = catalog.node_types.get(node_type)
     if nt is None:
-        raise DeploymentError(f"node type '{node_type}' is not in the catalog; SkyPilot "
+        raise RuntimeDeploymentError(f"node type '{node_type}' is not in the catalog; SkyPilot "
                               "needs its GPUs; to fix: pass the catalog the plan was made "
                               "with (--catalog FILE)")
     reg = _region(region, catalog)
     accel = SKYPILOT_ACCELERATORS.get(nt.gpu)
     if accel is None:
-        raise DeploymentError(f"GPU type '{nt.gpu}' has no SkyPilot accelerator name; add it "
+        raise RuntimeDeploymentError(f"GPU type '{nt.gpu}' has no SkyPilot accelerator name; add it "
                               "to coral.runtime.skypilot.SKYPILOT_ACCELERATORS")
     res: dict = {"infra": _infra(region, reg), "accelerators": {accel: nt.gpu_count}}
     instance_type = nt.instances.get(reg.cloud)
@@ -147,7 +147,7 @@ def _resources(node_type: str, region: str, catalog, port: int | None) -> dict:
 def _region(region: str, catalog):
     reg = catalog.regions.get(region)
     if reg is None:
-        raise DeploymentError(f"region '{region}' is not in the catalog")
+        raise RuntimeDeploymentError(f"region '{region}' is not in the catalog")
     return reg
 
 
@@ -156,7 +156,7 @@ def _infra(region: str, reg) -> str:
 
 
 def check_resources(instance: PlannedInstance, launch: VllmLaunch, catalog) -> None:
-    """Raise `DeploymentError` when SkyPilot could not place an instance's nodes (a node
+    """Raise `RuntimeDeploymentError` when SkyPilot could not place an instance's nodes (a node
     type, GPU or region it has no name for)."""
     for node in launch.nodes:
         _resources(node.node_type, instance.region, catalog, None)
@@ -218,7 +218,7 @@ def task_documents(instance: PlannedInstance, launch: VllmLaunch, catalog
                    ) -> tuple[list[dict], bool]:
     """The YAML documents of one aggregated instance and whether they form a Job Group."""
     if launch.mode in PD_MODES:
-        raise DeploymentError(f"instance {instance.name} is a {launch.mode} instance; it is "
+        raise RuntimeDeploymentError(f"instance {instance.name} is a {launch.mode} instance; it is "
                               "written with its group (pd_group_documents)")
     name = instance_file_name(instance)
     runs = _runs(launch)

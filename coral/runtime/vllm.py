@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator, Callable, Mapping, Sequence
 
-from coral.runtime.deployment import PD_MODES, DeploymentError, PlannedInstance, Refusal
+from coral.runtime.deployment import PD_MODES, RuntimeDeploymentError, PlannedInstance, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ PROXY_SCRIPT = "toy_proxy_server.py"
 MAX_PROXY_WEIGHT = 8
 
 
-class VllmNotServableError(DeploymentError):
+class VllmNotServableError(RuntimeDeploymentError):
     """vLLM cannot run this instance as planned."""
 
 
@@ -279,7 +279,7 @@ def vllm_plan(instances: Sequence[PlannedInstance], catalog, *,
               **kwargs) -> VllmPlan:
     """Launch every instance vLLM can run; pair prefill and decode instances.
 
-    `check(instance, launch)` may refuse a launch further (raising `DeploymentError`), e.g.
+    `check(instance, launch)` may refuse a launch further (raising `RuntimeDeploymentError`), e.g.
     a provisioner that cannot place its node types. Pairing comes last: a prefill (decode)
     instance whose model has no servable decode (prefill) instance in its region cannot
     serve a request, so it is refused too.
@@ -291,7 +291,7 @@ def vllm_plan(instances: Sequence[PlannedInstance], catalog, *,
             launch = vllm_launch(inst, catalog, **kwargs)
             if check is not None:
                 check(inst, launch)
-        except DeploymentError as exc:
+        except RuntimeDeploymentError as exc:
             refused.append(Refusal(inst.name, str(exc)))
             continue
         launches.append(launch)
@@ -435,7 +435,7 @@ def cpu_env(workers: int, *, kv_cache_gib: int = 1) -> dict[str, str]:
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
         range(os.cpu_count() or 1))
     if len(cpus) < workers:
-        raise DeploymentError(f"{workers} vLLM CPU workers need {workers} cores; this process "
+        raise RuntimeDeploymentError(f"{workers} vLLM CPU workers need {workers} cores; this process "
                               f"may use {len(cpus)}")
     share = len(cpus) // workers
     parts = [cpus[i * share:(i + 1) * share] for i in range(workers)]

@@ -4,7 +4,7 @@ Layers, lowest first: the shared helpers at the top of the package (`coral/messa
 `coral/errors.py`, `coral/routing.py`, `coral/solvers`) → catalog → perf → templates →
 allocator → baselines → (sim, runtime) → planning (`allocator/planning.py`, which runs the
 baselines beside Coral's plan, and `allocator/adapt.py`, which re-plans) → evaluation
-(`sim/evaluate.py`, `allocator/adapt_report.py`) → cli. A module belongs to its package's layer
+(`sim/evaluate.py` and its `sim/eval_*.py`, `allocator/adapt_report.py`) → cli. A module belongs to its package's layer
 unless `MODULE_LAYER` places it elsewhere; sim and runtime share a layer and import neither
 one from the other. Every import is read from the source (those inside functions too), so
 neither a back-edge nor a cycle can hide behind a late import.
@@ -41,6 +41,8 @@ MODULE_LAYER = {
     "coral.allocator.planning": "planning",
     "coral.allocator.adapt": "planning",
     "coral.sim.evaluate": "evaluation",
+    "coral.sim.eval_common": "evaluation",
+    "coral.sim.eval_sections": "evaluation",
     "coral.allocator.adapt_report": "evaluation",
 }
 

@@ -261,6 +261,7 @@ def test_invalid_iterations_are_refused(pm, args, message) -> None:
         pm.iteration_seconds("test-8b", "test-1x-h100", *args)
 
 
+@pytest.mark.perf
 def test_iteration_seconds_is_fast(pm) -> None:
     import time
 

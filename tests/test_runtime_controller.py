@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import metric_value
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("zmq")
@@ -311,13 +312,12 @@ def test_a_request_waits_for_the_replacement_of_a_lost_instance(expected):
             assert len(provisioner.started_at) == 2
             metrics = httpx.get(server.url + "/metrics").text
             health = httpx.get(server.url + "/health").json()
-    model = f'model="{TINY.name}"'
-    assert f"coral_worker_deaths_total{{{model}}} 1" in metrics
-    assert f"coral_instance_restarts_total{{{model}}} 1" in metrics
-    assert f'coral_request_reruns_total{{{model},stage="before_first_token"}} 1' in metrics
-    unavailable = [line for line in metrics.splitlines()
-                   if line.startswith("coral_model_unavailable_seconds_total")]
-    assert unavailable and float(unavailable[0].split()[-1]) > 0
+    model = TINY.name
+    assert metric_value(metrics, "coral_worker_deaths_total", model=model) == 1
+    assert metric_value(metrics, "coral_instance_restarts_total", model=model) == 1
+    assert metric_value(metrics, "coral_request_reruns_total", model=model,
+                        stage="before_first_token") == 1
+    assert metric_value(metrics, "coral_model_unavailable_seconds_total", model=model) > 0
     assert health["status"] == "ok"
     (only,) = health["models"][TINY.name]["instances"]
     assert (only["name"], only["state"], only["restarts"]) == ("only", "ready", 1)
@@ -365,7 +365,8 @@ def test_an_instance_failing_again_and_again_backs_off_then_is_reported_failed(e
             (state,) = r.json()["models"][TINY.name]["instances"]
             assert state["state"] == "failed" and "no capacity left" in state["error"]
             metrics = httpx.get(server.url + "/metrics").text
-            assert f'coral_instance_restart_failures_total{{model="{TINY.name}"}} 3' in metrics
+            assert metric_value(metrics, "coral_instance_restart_failures_total",
+                                model=TINY.name) == 3
 
             provisioner.fail_starts = 0
             controller.reconfigure([_spec("only", 1)])  # the plan again: a fresh start

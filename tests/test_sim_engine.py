@@ -7,8 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coral.catalog import default_catalog
-from coral.perf.model import PerfModel
 from coral.sim import (
     InstanceSpec,
     Request,
@@ -25,16 +23,6 @@ from coral.templates.operating_points import NET_LATENCY_S
 from coral.templates.slo import SloSpec
 
 MODEL = "llama-3.1-8b"
-
-
-@pytest.fixture(scope="module")
-def cat():
-    return default_catalog()
-
-
-@pytest.fixture(scope="module")
-def perf(cat):
-    return PerfModel(cat)
 
 
 def one_node(batch: int = 128, node: str = "1x-l40s") -> InstanceSpec:

@@ -19,8 +19,6 @@ from coral.allocator.headroom import (
     planned_capacity,
     template_headroom,
 )
-from coral.catalog import default_catalog
-from coral.perf.model import PerfModel
 from coral.sim import (
     DeploymentError,
     InstanceSpec,
@@ -44,16 +42,6 @@ from coral.templates.slo import SloSpec
 
 MODEL = "llama-3.1-8b"
 SLO = SloSpec(tpot_s=0.1, ttft_s=2.0, percentile=0.9, input_tokens=1024, output_tokens=256)
-
-
-@pytest.fixture(scope="module")
-def cat():
-    return default_catalog()
-
-
-@pytest.fixture(scope="module")
-def perf(cat):
-    return PerfModel(cat)
 
 
 def spec(name: str, role: str, region: str, nodes, weight: float = 1.0,

@@ -16,20 +16,12 @@ from coral.allocator.headroom import (
     template_headroom,
     wait_tail,
 )
-from coral.catalog import default_catalog
-from coral.perf.model import PerfModel
 from coral.sim import instance_from_template, simulate, summarize, synthetic
 from coral.perf.step import template_saturation as saturation
 from coral.templates.slo import SloSpec
 
 MODEL = "llama-3.1-8b"
 SLO = SloSpec(tpot_s=0.1, ttft_s=2.0, percentile=0.9, input_tokens=1024, output_tokens=256)
-
-
-@pytest.fixture(scope="module")
-def parts():
-    cat = default_catalog()
-    return cat, PerfModel(cat)
 
 
 def _summary(tpl, rate_rps, cat, perf, seed=1):
@@ -40,10 +32,9 @@ def _summary(tpl, rate_rps, cat, perf, seed=1):
 
 
 @pytest.mark.parametrize("node", ["1x-l40s", "1x-a100-40gb", "1x-h100-sxm"])
-def test_planned_capacity_meets_the_slo_and_130_percent_does_not(parts, node):
+def test_planned_capacity_meets_the_slo_and_130_percent_does_not(cat, perf, node):
     from coral.templates.build import build_template
 
-    cat, perf = parts
     tpl = build_template(MODEL, [node], SLO, "aggregated", "flow", perf, cat)
     assert tpl.feasible
     planned_rps = planned_capacity(tpl) * tpl.throughput_rps / tpl.throughput
@@ -57,13 +48,12 @@ def test_planned_capacity_meets_the_slo_and_130_percent_does_not(parts, node):
 
 
 @pytest.mark.parametrize("combo", [["1x-l40s", "1x-t4", "1x-t4"], ["1x-a10g", "1x-a10g"]])
-def test_pipelines_are_planned_by_the_simulated_rate(parts, combo):
+def test_pipelines_are_planned_by_the_simulated_rate(cat, perf, combo):
     """A pipeline's flow-model throughput overstates what it delivers run as micro-batches
     with whole prompts per step; planned by the simulator's step model at full occupancy it
     holds the SLO at 100 % and not at 130 %."""
     from coral.templates.build import build_template
 
-    cat, perf = parts
     tpl = build_template(MODEL, combo, SLO, "aggregated", "flow", perf, cat)
     sat = saturation(tpl, perf=perf, catalog=cat)
     assert sat is not None and sat.rps < tpl.throughput_rps
@@ -75,12 +65,11 @@ def test_pipelines_are_planned_by_the_simulated_rate(parts, combo):
     assert not past["slo_met"], past
 
 
-def test_saturation_matches_the_simulator_and_drops_templates_that_miss_tpot(parts):
+def test_saturation_matches_the_simulator_and_drops_templates_that_miss_tpot(cat, perf):
     """1x A10G + 1x L4: the flow model predicts TPOT 0.090 s; run as the simulator runs it,
     busy, every step is 0.109 s on average — over the 0.1 s target — so it is not planned."""
     from coral.templates.build import build_template
 
-    cat, perf = parts
     tpl = build_template(MODEL, ["1x-a10g", "1x-l4"], SLO, "aggregated", "flow", perf, cat)
     sat = saturation(tpl, perf=perf, catalog=cat)
     assert tpl.tpot_s < SLO.tpot_s < sat.step_s
@@ -123,10 +112,9 @@ def test_max_utilisation_is_the_root_and_monotone():
     assert max_utilisation(64, 0.0, 20.0, 2.0, 0.025) == 0.0
 
 
-def test_headroom_of_a_template(parts):
+def test_headroom_of_a_template(cat, perf):
     from coral.templates.build import build_template
 
-    cat, perf = parts
     tpl = build_template(MODEL, ["1x-l4"], SLO, "aggregated", "flow", perf, cat)
     h = template_headroom(tpl)
     assert isinstance(h, Headroom)

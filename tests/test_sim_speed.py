@@ -19,7 +19,6 @@ from collections import deque
 import numpy as np
 import pytest
 
-from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
 from coral.sim import InstanceSpec, Request, SimConfig, Simulator, synthetic
 from coral.sim.deployment import stages_from_nodes
@@ -30,16 +29,6 @@ from coral.sim.workload import merge
 from coral.templates.operating_points import NET_LATENCY_S
 
 MODELS = ("llama-3.1-8b", "qwen3-14b")
-
-
-@pytest.fixture(scope="module")
-def cat():
-    return default_catalog()
-
-
-@pytest.fixture(scope="module")
-def perf(cat):
-    return PerfModel(cat)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from coral.errors import CoralError
 from coral.messages import did_you_mean, field_problem
 from coral.catalog.schema import SCHEMA_VERSION, GpuType, ModelArch, NodeType, Region
 
@@ -35,11 +36,11 @@ BUILTIN_FILES = ("gpus.yaml", "regions.yaml", "node_types.yaml", "models.yaml")
 T = TypeVar("T", bound=BaseModel)
 
 
-class CatalogError(ValueError):
+class CatalogError(CoralError, ValueError):
     """A catalog file is malformed or inconsistent; the message says where and why."""
 
 
-class UnknownNameError(KeyError):
+class UnknownNameError(CoralError, KeyError):
     """A name was asked for that the catalog does not hold (message suggests close names)."""
 
     def __str__(self) -> str:  # KeyError would quote the message

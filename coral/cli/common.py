@@ -12,7 +12,8 @@ from typing import Annotated, Any, Iterator
 import typer
 from rich.console import Console
 
-from coral.catalog import Catalog, CatalogError, UnknownNameError, load_catalog
+from coral.errors import CoralError
+from coral.catalog import Catalog, load_catalog
 
 #: Width of tables written to a file or pipe (Rich's default there, 80 columns, crops the
 #: wider plan and baseline tables); a terminal's own width, or $COLUMNS, wins.
@@ -39,8 +40,15 @@ CatalogFiles = Annotated[
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
 
-class UserError(Exception):
+class UserError(CoralError):
     """An error caused by the user's input; printed without a traceback."""
+
+
+#: User errors that do not derive from `CoralError` yet: the templates, allocator and baselines
+#: packages raise `ValueError`s (`ScenarioError`, `LibraryError`, `SloError`, ...) and bare
+#: `ValueError`s for bad input, and a missing file is the user's to fix. They read as user
+#: errors until those raise `CoralError`s; every other exception is shown as the bug it is.
+LEGACY_USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)
 
 
 @contextmanager
@@ -48,7 +56,7 @@ def user_errors() -> Iterator[None]:
     """Turn expected input errors into a one-message exit with status 2."""
     try:
         yield
-    except (CatalogError, UnknownNameError, UserError, ValueError, FileNotFoundError) as exc:
+    except (CoralError, *LEGACY_USER_ERRORS) as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=2) from None
 

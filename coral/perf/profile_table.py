@@ -60,6 +60,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
+from coral.errors import CoralError
+
 FORMAT_LINE = "# coral profile table v1"
 COLUMNS = ("kind", "prefill_tokens", "decode_batch", "context_tokens", "seconds_per_layer")
 KINDS = ("prefill", "decode")
@@ -67,7 +69,7 @@ KINDS = ("prefill", "decode")
 Kind = Literal["prefill", "decode"]
 
 
-class ProfileTableError(ValueError):
+class ProfileTableError(CoralError, ValueError):
     """A profile table is malformed; the message names the file, line and column."""
 
 

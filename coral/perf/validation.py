@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from coral.errors import CoralError
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import GpuType, NodeType
 from coral.perf.calibration import _from_params, _nelder_mead, _to_params
@@ -40,7 +41,7 @@ PACKAGED_PROFILES = Path(__file__).parent / "data" / "profiles"
 FIT_START = (0.7, 0.8, 0.5, 4e-6)
 
 
-class ValidationError(ValueError):
+class ValidationError(CoralError, ValueError):
     """Tables that cannot be compared as given (the message names the table)."""
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from coral.errors import CoralError
 from coral.perf.pipeline import PipelineShape, ShapeError
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
 from coral.runtime.instance import RuntimeInstanceSpec
@@ -34,7 +35,7 @@ APPROX_HEAD_DIM = 16
 APPROX_MAX_SEQ_LEN = 512
 
 
-class RuntimeDeploymentError(ValueError):
+class RuntimeDeploymentError(CoralError, ValueError):
     """A plan (or one of its instances) cannot be deployed as asked."""
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from coral.errors import CoralError
+
 GGUF_MAGIC = b"GGUF"
 #: Versions whose layout this reader knows (v1 used 32-bit counts and is long gone).
 SUPPORTED_VERSIONS = (2, 3)
@@ -31,7 +33,7 @@ _SCALARS: dict[int, str] = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5:
 _BOOL, _STRING, _ARRAY = 7, 8, 9
 
 
-class GgufError(ValueError):
+class GgufError(CoralError, ValueError):
     """The file is not a GGUF checkpoint this runtime can read."""
 
 

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from coral.errors import CoralError
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class RuntimeInstanceSpec:
                    served_name)
 
 
-class TemplateNotServableError(ValueError):
+class TemplateNotServableError(CoralError, ValueError):
     """The template's layer ranges cannot be run as pipeline stages here."""
 
 

@@ -1,8 +1,8 @@
-"""Gateway metrics in the Prometheus text exposition format.
+"""Gateway metrics in the Prometheus text exposition format, through `prometheus_client`.
 
-Written by hand rather than with `prometheus_client`: a handful of counters and two histograms
-per model, rendered on request, need no extra dependency or global registry (several gateways
-run in one test process).
+Each gateway keeps its own counts and its own registry (several gateways run in one test
+process, so the library's global registry is not used); a collector turns the counts into
+metric families when /metrics is read.
 """
 
 from __future__ import annotations
@@ -10,7 +10,16 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import defaultdict
-from typing import Mapping
+from typing import Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 #: Histogram bucket upper bounds, seconds.
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -18,29 +27,23 @@ TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class _Histogram:
+    """Observations of one model: counts per bucket (the last is +Inf), their sum."""
+
     def __init__(self, buckets: tuple[float, ...]):
         self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # last = +Inf
+        self.counts = [0] * (len(buckets) + 1)
         self.total = 0.0
-        self.n = 0
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.total += value
-        self.n += 1
 
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _num(value: float) -> str:
-    """A sample value: integers exactly, other values to full precision."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for bound, count in zip((*self.buckets, float("inf")), self.counts):
+            acc += count
+            out.append((floatToGoString(bound), acc))
+        return out
 
 
 #: Failure-handling metrics of a model's router (`ModelRouter.runtime_stats()` keys):
@@ -100,45 +103,61 @@ class GatewayMetrics:
 
     def render(self, runtime: Mapping[str, Mapping[str, float]] | None = None) -> str:
         """The metrics; `runtime`: each model's router counters (`RUNTIME_METRICS`)."""
-        lines: list[str] = []
-        runtime = runtime or {}
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self, runtime or {}))
+        return generate_latest(registry).decode()
+
+    def families(self, runtime: Mapping[str, Mapping[str, float]]) -> Iterator[Metric]:
+        """The metric families of the counts now, and of the routers' `runtime` counters."""
         with self._lock:
-            lines += ["# HELP coral_requests_total Requests by model, endpoint and outcome.",
-                      "# TYPE coral_requests_total counter"]
-            for (model, endpoint, status), n in sorted(self.requests.items()):
-                labels = _labels(model=model, endpoint=endpoint, status=status)
-                lines.append(f"coral_requests_total{labels} {n}")
+            requests = CounterMetricFamily(
+                "coral_requests_total", "Requests by model, endpoint and outcome.",
+                labels=["model", "endpoint", "status"])
+            for key, n in sorted(self.requests.items()):
+                requests.add_metric(list(key), n)
+            out: list[Metric] = [requests]
             for name, table, help_ in (
                     ("coral_prompt_tokens_total", self.prompt_tokens, "Prompt tokens processed."),
                     ("coral_generation_tokens_total", self.generation_tokens, "Tokens generated.")):
-                lines += [f"# HELP {name} {help_}", f"# TYPE {name} counter"]
-                lines += [f"{name}{_labels(model=m)} {n}" for m, n in sorted(table.items())]
-            for name, table, help_ in (
+                family = CounterMetricFamily(name, help_, labels=["model"])
+                for m, n in sorted(table.items()):
+                    family.add_metric([m], n)
+                out.append(family)
+            for name, hists, help_ in (
                     ("coral_ttft_seconds", self.ttft, "Time to first token."),
                     ("coral_tpot_seconds", self.tpot,
                      "Mean time per output token after the first.")):
-                lines += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
-                for model, h in sorted(table.items()):
-                    cumulative = 0
-                    for bound, count in zip((*h.buckets, float("inf")), h.counts):
-                        cumulative += count
-                        le = "+Inf" if bound == float("inf") else repr(bound)
-                        lines.append(f"{name}_bucket{_labels(model=model, le=le)} {cumulative}")
-                    lines.append(f"{name}_sum{_labels(model=model)} {h.total}")
-                    lines.append(f"{name}_count{_labels(model=model)} {h.n}")
+                family = HistogramMetricFamily(name, help_, labels=["model"])
+                for m, h in sorted(hists.items()):
+                    family.add_metric([m], h.cumulative(), h.total)
+                out.append(family)
             reruns = dict(self.reruns)
         # a request is rerun from its prompt by the router (its instance failed before the
         # first token) or by the gateway (after tokens, while nothing had reached the client)
-        lines += ["# HELP coral_request_reruns_total Requests run again from their prompt "
-                  "after their instance was lost.", "# TYPE coral_request_reruns_total counter"]
+        family = CounterMetricFamily(
+            "coral_request_reruns_total",
+            "Requests run again from their prompt after their instance was lost.",
+            labels=["model", "stage"])
         for model in sorted(set(runtime) | set(reruns)):
-            before = runtime.get(model, {}).get("retries", 0)
-            lines.append(f"coral_request_reruns_total"
-                         f"{_labels(model=model, stage='before_first_token')} {_num(before)}")
-            lines.append(f"coral_request_reruns_total"
-                         f"{_labels(model=model, stage='after_tokens')} {reruns.get(model, 0)}")
+            family.add_metric([model, "before_first_token"],
+                              runtime.get(model, {}).get("retries", 0))
+            family.add_metric([model, "after_tokens"], reruns.get(model, 0))
+        out.append(family)
         for key, name, kind, help_ in RUNTIME_METRICS:
-            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
-            lines += [f"{name}{_labels(model=m)} {_num(stats[key])}"
-                      for m, stats in sorted(runtime.items()) if key in stats]
-        return "\n".join(lines) + "\n"
+            cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            family = cls(name, help_, labels=["model"])
+            for m, stats in sorted(runtime.items()):
+                if key in stats:
+                    family.add_metric([m], stats[key])
+            out.append(family)
+        yield from out
+
+
+class _Collector:
+    """One rendering's view of a gateway's metrics (see `GatewayMetrics.render`)."""
+
+    def __init__(self, metrics: GatewayMetrics, runtime: Mapping[str, Mapping[str, float]]):
+        self.metrics, self.runtime = metrics, runtime
+
+    def collect(self) -> Iterator[Metric]:
+        return self.metrics.families(self.runtime)

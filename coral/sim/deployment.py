@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
+from coral.errors import CoralError
 from coral.perf.pipeline import PipelineShape, ShapeError
 from coral.perf.step import Stage, StageNode, stages_from_shape
 from coral.templates.slo import SloSpec
@@ -29,7 +30,7 @@ Role = Literal["aggregated", "prefill", "decode"]
 ROLES: tuple[str, ...] = ("aggregated", "prefill", "decode")
 
 
-class DeploymentError(ValueError):
+class DeploymentError(CoralError, ValueError):
     """A deployment cannot be simulated as given."""
 
 

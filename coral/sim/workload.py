@@ -29,6 +29,8 @@ from typing import Iterator, Literal, NamedTuple, Sequence
 
 import numpy as np
 
+from coral.errors import CoralError
+
 #: Column names of the two trace formats (case-sensitive, as published).
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 PROCESSED_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
@@ -37,7 +39,7 @@ PROCESSED_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 SAMPLE_TRACE = Path(__file__).with_name("data") / "azure_conv_sample.csv"
 
 
-class WorkloadError(ValueError):
+class WorkloadError(CoralError, ValueError):
     """A workload parameter or a trace file is invalid."""
 
 

@@ -1,4 +1,4 @@
-"""A plan's instances as the runtime deploys them, and the built-in tiny deployment.
+"""A plan's instances as the runtime deploys them (the built-in tiny one is `coral.runtime.tiny`).
 
 A plan (`coral plan --out plan.json`, or `PlanResult.to_dict()`) lists, per region and
 template, how many instances to run, their node types and each node's layer range. Here every

@@ -27,7 +27,6 @@ from coral.allocator.adapt import (
 )
 from coral.allocator.adapt_report import write_outputs
 from coral.allocator.planning import (
-    DEFAULT_MIP_GAP,
     ScenarioTemplates,
     column_id,
     columns_from_templates,
@@ -248,8 +247,30 @@ def test_plan_cli_gap_reaches_every_solve(setup, fake_baselines):
     assert bad.exit_code != 0 and "--gap must be a fraction in [0, 1)" in bad.output
 
 
-def test_cli_gap_default_is_the_allocators():
-    assert plan_cmd.DEFAULT_GAP == DEFAULT_MIP_GAP
+def test_one_default_gap_and_time_limit_everywhere():
+    """Every entry point's gap and time limit default to the allocator's one definition."""
+    import inspect
+
+    from coral.allocator import problem as problem_mod
+    from coral.allocator.adapt import run_timeline
+    from coral.allocator.planning import plan_scenario
+    from coral.allocator.scenario import Scenario
+    from coral.baselines.common import scenario_problem
+    from coral.baselines.run import run_baselines
+
+    fields = {f.name: f.default for f in problem_mod.AllocationProblem.__dataclass_fields__.values()}
+    assert fields["mip_gap"] == problem_mod.DEFAULT_MIP_GAP
+    assert fields["time_limit_s"] == problem_mod.DEFAULT_TIME_LIMIT_S
+    for fn in (plan_scenario, run_timeline, Scenario.problem, scenario_problem, run_baselines):
+        params = inspect.signature(fn).parameters
+        assert params["mip_gap"].default == problem_mod.DEFAULT_MIP_GAP, fn
+        assert params["time_limit_s"].default == problem_mod.DEFAULT_TIME_LIMIT_S, fn
+    for fn in (plan_cmd.plan, plan_cmd.demo):
+        params = inspect.signature(fn).parameters
+        assert params["gap"].default == problem_mod.DEFAULT_MIP_GAP
+        assert params["time_limit"].default == problem_mod.DEFAULT_TIME_LIMIT_S
+    assert inspect.signature(plan_cmd.adapt).parameters["time_limit"].default == \
+        problem_mod.DEFAULT_TIME_LIMIT_S
 
 
 def test_auto_mode_plans_every_mode_and_keeps_the_best(setup):

@@ -1,47 +1,48 @@
 """Online allocation: how many instances of each serving template to run in each region.
 
 - `problem`: the allocation problem and plan as plain numbers (`AllocationProblem`,
-  `TemplateColumn`, `ModelDemand`, `AllocationPlan`).
+  `TemplateColumn`, `ModelDemand`, `AllocationPlan`) and the solver's defaults
+  (`DEFAULT_MIP_GAP`, `DEFAULT_TIME_LIMIT_S`).
 - `ilp`: the HiGHS ILP (`solve_allocation`), its presolve and `InfeasiblePlanError`.
 - `bruteforce`: the exhaustive oracle for tiny problems (`solve_bruteforce`).
 - `scenario`: scenario files (models, demand, regions, availability levels) -> problems.
 - `planning`: scenario -> template libraries -> allocation -> a decoded `PlanResult`, with the
   baselines (`plan_scenario`).
 - `adapt` / `adapt_report`: replay a timeline, re-planning every period; CSV and plot.
+
+The names below load their module on first use, so that reading `coral.allocator.problem`
+(the CLI's defaults) does not import HiGHS and the compiled kernels.
 """
 
-from coral.allocator.bruteforce import solve_bruteforce
-from coral.allocator.ilp import (
-    InfeasiblePlanError,
-    PresolveReport,
-    dominated_templates,
-    presolve_columns,
-    solve_allocation,
-)
-from coral.allocator.problem import (
-    AllocationPlan,
-    AllocationProblem,
-    ModelDemand,
-    PlanStatus,
-    TemplateColumn,
-    make_plan,
-    model_capacity_rps,
-    priced_column,
-)
+from __future__ import annotations
 
-__all__ = [
-    "AllocationPlan",
-    "AllocationProblem",
-    "InfeasiblePlanError",
-    "ModelDemand",
-    "PlanStatus",
-    "PresolveReport",
-    "TemplateColumn",
-    "dominated_templates",
-    "make_plan",
-    "model_capacity_rps",
-    "presolve_columns",
-    "priced_column",
-    "solve_allocation",
-    "solve_bruteforce",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "solve_bruteforce": "bruteforce",
+    "InfeasiblePlanError": "ilp",
+    "PresolveReport": "ilp",
+    "dominated_templates": "ilp",
+    "presolve_columns": "ilp",
+    "solve_allocation": "ilp",
+    "AllocationPlan": "problem",
+    "AllocationProblem": "problem",
+    "ModelDemand": "problem",
+    "PlanStatus": "problem",
+    "TemplateColumn": "problem",
+    "make_plan": "problem",
+    "model_capacity_rps": "problem",
+    "priced_column": "problem",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -49,15 +49,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coral.messages import did_you_mean, field_problem
 from coral.allocator.planning import (
-    DEFAULT_MIP_GAP,
     DEFAULT_TEMPLATES_DIR,
-    DEFAULT_TIME_LIMIT_S,
     ScenarioTemplates,
     columns_from_templates,
     templates_for_scenario,
 )
 from coral.allocator.ilp import solve_allocation
-from coral.allocator.problem import AllocationPlan, NodeRegion, TemplateRegion
+from coral.allocator.problem import (
+    DEFAULT_MIP_GAP,
+    DEFAULT_TIME_LIMIT_S,
+    AllocationPlan,
+    NodeRegion,
+    TemplateRegion,
+)
 from coral.allocator.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
 from coral.catalog.loader import Catalog
 from coral.templates.build import Template

@@ -534,6 +534,20 @@ def round_and_repair(dec: Decomposition, kind: Kind, xbar: np.ndarray, *, floor:
     return x
 
 
+def running_plan(dec: Decomposition) -> np.ndarray | None:
+    """A plan meeting every demand from the deployment running now (`dec.col_current`): what
+    still fits the availability, most capacity per $ first, and each model's rest covered as
+    in `round_and_repair`. A re-plan after a small change starts from it; None when nothing
+    runs or no such plan is found."""
+    if not dec.col_current.any():
+        return None
+    keep = np.minimum(dec.col_current, dec.col_ub).astype(np.int64)
+    if not dec.fits(keep):
+        keep = _trim(keep, dec.usage, dec.avail.astype(float),
+                     dec.col_cap / np.maximum(dec.col_price, 1e-12))
+    return round_and_repair(dec, Kind.COST, keep.astype(float))
+
+
 def _trim(add: np.ndarray, use: np.ndarray, left: np.ndarray, value: np.ndarray) -> np.ndarray:
     """As many of `add`'s instances as fit in `left`, most valuable columns first."""
     out = np.zeros_like(add)

@@ -97,6 +97,7 @@ from coral.allocator.branch_price import (
     goodput_plan,
     relative_gap,
     round_and_repair,
+    running_plan,
     solve_decomposed,
 )
 from coral.allocator.lagrange import Bounds, Decomposition, Kind, Pattern, Pricer
@@ -118,19 +119,6 @@ GOODPUT_REL_TOL = 1e-9
 MIN_PHASE_S = 0.05
 #: Share of the time left that scarcity phase 1 may take (phase 2 gets the rest).
 PHASE1_SHARE = 0.5
-#: Scarcity phases by the decomposition and branch and price (True) or from the LP bound, a
-#: heuristic plan and HiGHS on the columns reduced costs leave (`_scarcity_bounded`). Measured
-#: on core at the scarce level (benchmarks/allocator.py, 20 draws, gap 0.5%, with the compiled
-#: knapsack), on the same problems: HiGHS on the full ILP (the default before) median 1.37 s,
-#: p95 3.5 s; decomposition median 10.0 s, 13 of 20 draws at the time limit with cost gaps up
-#: to 2.9%; `_scarcity_bounded` median 0.36-0.47 s, p95 1.4-2.6 s, goodput 0.07% below HiGHS's
-#: plans on average (0.33% at most, all within the gap). The decomposition loses because its
-#: bounds cost too many pricing rounds: goodput column generation takes 40-80 rounds of 4-8 ms
-#: at the root (the LP bound, in 5 ms, is as good to 0.5% on most draws), the cost-at-goodput
-#: Lagrangian bound by model is 0-4% (median 0.6%) below the best plan, and branching on one
-#: column at a time closes that at 0.1-0.2 s a node; and `best_pattern_plan`, one pattern per
-#: model, finds goodput plans 20-70% short of the bound after 10 rounds when every row binds.
-SCARCITY_BY_DECOMPOSITION = False
 #: Columns of least reduced cost added to the LP's support, one HiGHS run each, when
 #: searching near a rounded PD plan (`_rounded_start`).
 SUPPORT_GROWTH = (0, 100, 300, 1000)
@@ -941,6 +929,11 @@ def solve_allocation(
         else:
             # a first plan: the LP's counts rounded down, each model's rest covered
             first = round_and_repair(dec, Kind.COST, relaxed.x)
+            # a re-plan starts from the running plan where it (repaired) is the cheaper
+            warm = running_plan(dec)
+            if warm is not None and (first is None or dec.cost(warm) < dec.cost(first)):
+                first = warm
+                notes.append("started from the running plan")
             # PD models keep branch and price throughout: HiGHS on their ILPs is far behind
             # (real `core` limited: PD 10 s at a 1.8% gap, mixed 2.8%, where it proves 0.5%)
             share = 1.0 if dec.has_pd else DECOMPOSED_SHARE
@@ -992,10 +985,7 @@ def solve_allocation(
     # PD models past exact covers (`large_pd`) go to HiGHS on the whole ILP: measured on
     # `coral plan advanced --level scarce --mode pd --nmax 2`, it proves a 0.50 % gap in 8.5 s
     # where `_scarcity_bounded` ends at the 10 s limit 1.3 % from its bound
-    if dec is not None and SCARCITY_BY_DECOMPOSITION:
-        best, gap, goodput_gap = _scarcity_decomposed(problem, dec, arr, lp, ix, v, col_lb,
-                                                      t0=t0, notes=notes)
-    elif dec is not None:
+    if dec is not None:
         best, gap, goodput_gap = _scarcity_bounded(problem, dec, arr, lp, ix, v, col_lb,
                                                    floor_row, t0=t0, notes=notes,
                                                    threads=threads)
@@ -1331,34 +1321,6 @@ def _bound_with_limit(run: "_Run", limit: float, fallback: float) -> float:
     else:
         inside = fallback
     return min(inside, limit)
-
-
-def _scarcity_decomposed(problem: AllocationProblem, dec: Decomposition, arr: "_LpArrays",
-                         lp: _LpBuilder, ix: _Index, v: _Vars, col_lb: np.ndarray, *,
-                         t0: float, notes: list[str]
-                         ) -> tuple[np.ndarray | None, float, float]:
-    """Both scarcity phases by the decomposition and branch and price."""
-    goodput_cost = np.zeros(len(arr.cost))
-    goodput_cost[v.s] = -ix.priority
-    relaxed = _lp_relaxation(arr, goodput_cost, col_lb, arr.row_lb, lp, len(v.x))
-    end = _phase_deadline(problem, t0, PHASE1_SHARE)
-    first = np.zeros(dec.n_cols, dtype=np.int64)  # serving nothing is always a plan
-    if relaxed is not None:
-        first = goodput_plan(dec, relaxed.x, relaxed.node_price, deadline=time.perf_counter()
-                             + HEURISTIC_SHARE * max(0.0, end - time.perf_counter()))
-    r1 = solve_decomposed(dec, Kind.GOODPUT, deadline=end, rel_gap=problem.mip_gap,
-                          start_price=None if relaxed is None else relaxed.node_price,
-                          start_bound=-math.inf if relaxed is None else relaxed.value,
-                          incumbent=first)
-    notes.extend(f"scarcity phase 1 {n}" for n in r1.notes)
-    assert r1.counts is not None  # the incumbent at least
-    floor = -r1.objective * (1.0 - GOODPUT_REL_TOL)
-    r2 = solve_decomposed(dec, Kind.COST_AT_GOODPUT, deadline=_phase_deadline(problem, t0, 1.0),
-                          rel_gap=problem.mip_gap, floor=floor, incumbent=r1.counts)
-    notes.extend(f"scarcity phase 2 {n}" for n in r2.notes)
-    if r2.counts is None:
-        return r1.counts, math.inf, r1.gap
-    return r2.counts, r2.gap, r1.gap
 
 
 @dataclass

@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from coral.allocator.ilp import infeasibility_message, solve_allocation
-from coral.allocator.problem import AllocationPlan, TemplateColumn, TemplateRegion
+from coral.allocator.problem import (
+    DEFAULT_MIP_GAP,
+    DEFAULT_TIME_LIMIT_S,
+    AllocationPlan,
+    TemplateColumn,
+    TemplateRegion,
+)
 from coral.allocator.scenario import AUTO_MODES, Scenario
 from coral.catalog.loader import Catalog
 from coral.perf.pipeline import PipelineShape
@@ -50,10 +56,6 @@ log = logging.getLogger(__name__)
 
 #: Where template libraries go unless the caller says otherwise (as `coral templates build`).
 DEFAULT_TEMPLATES_DIR = Path("out/templates")
-#: Default wall-clock budget of one allocation solve, s.
-DEFAULT_TIME_LIMIT_S = 10.0
-#: Default relative gap at which an allocation solve counts as optimal.
-DEFAULT_MIP_GAP = 5e-3
 #: Separator of the parts of a column id (`model|mode|combo`).
 ID_SEP = "|"
 

@@ -34,6 +34,12 @@ from typing import Literal, Mapping, Sequence
 Mode = Literal["aggregated", "prefill", "decode"]
 MODES: tuple[Mode, ...] = ("aggregated", "prefill", "decode")
 
+#: Relative gap at which an allocation solve stops: its plan is proven within this share of
+#: the best. The one default of every solve (`coral plan --gap`, adapt, the baselines).
+DEFAULT_MIP_GAP = 5e-3
+#: Wall-clock budget of one allocation solve, all phases together, s (`--time-limit`).
+DEFAULT_TIME_LIMIT_S = 10.0
+
 NodeRegion = tuple[str, str]
 """(node type, region)."""
 TemplateRegion = tuple[str, str]
@@ -169,8 +175,8 @@ class AllocationProblem:
     availability: Mapping[NodeRegion, int]
     current: Mapping[TemplateRegion, int] = field(default_factory=dict)
     startup_s: float = 0.0  # seconds a new instance loads weights before it serves
-    time_limit_s: float = 10.0  # wall-clock budget of one solve, all phases together
-    mip_gap: float = 1e-3  # relative gap at which a solve counts as optimal
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S  # wall-clock budget of one solve
+    mip_gap: float = DEFAULT_MIP_GAP  # relative gap at which a solve counts as optimal
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "demands", tuple(self.demands))

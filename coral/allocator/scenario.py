@@ -61,6 +61,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from coral.messages import did_you_mean, field_problem
 from coral.allocator.headroom import DEFAULT_ARRIVAL_CV, DEFAULT_OUTPUT_CV, planned_capacity
 from coral.allocator.problem import (
+    DEFAULT_MIP_GAP,
+    DEFAULT_TIME_LIMIT_S,
     AllocationProblem,
     ModelDemand,
     Mode,
@@ -311,8 +313,8 @@ class Scenario:
         templates: Sequence[TemplateColumn],
         *,
         current: Mapping[TemplateRegion, int] | None = None,
-        time_limit_s: float = 10.0,
-        mip_gap: float = 1e-3,
+        time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+        mip_gap: float = DEFAULT_MIP_GAP,
     ) -> AllocationProblem:
         """The allocation problem of this scenario over `templates`.
 

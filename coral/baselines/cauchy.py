@@ -207,7 +207,7 @@ def cauchy(
             used.append(f"{m.name}: {copies} x ({unit.n_prefill} x "
                         f"{unit.prefill.id.split(':', 3)[-1]} prefill + {unit.n_decode} x "
                         f"{unit.decode.id.split(':', 3)[-1]} decode) in {unit.region}")
-    problem = scenario_problem(scenario, list(columns.values()), time_limit_s=1.0, mip_gap=1e-3)
+    problem = scenario_problem(scenario, list(columns.values()))
     notes = (
         "PD units of homogeneous prefill and decode configurations, ratio a:b up to "
         f"{MAX_PD_RATIO}:{MAX_PD_RATIO}, ranked by tokens per dollar and added greedily "

@@ -15,6 +15,8 @@ from typing import Iterable, Mapping, Sequence
 
 from coral.messages import did_you_mean
 from coral.allocator.problem import (
+    DEFAULT_MIP_GAP,
+    DEFAULT_TIME_LIMIT_S,
     DEMAND_REL_TOL,
     AllocationPlan,
     AllocationProblem,
@@ -25,7 +27,8 @@ from coral.allocator.problem import (
 )
 from coral.allocator.scenario import Scenario, ScenarioModel
 from coral.catalog.loader import Catalog
-from coral.templates.build import DEFAULT_TIME_LIMIT_S, Solver, Template, build_template
+from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
+from coral.templates.build import Solver, Template, build_template
 from coral.templates.enumerate import Combo
 from coral.templates.homogeneous import homogeneous_combos
 from coral.templates.operating_points import OperatingPointTables, PerfLike, shared_tables
@@ -212,8 +215,8 @@ def scenario_problem(
     scenario: Scenario,
     columns: Sequence[TemplateColumn],
     *,
-    time_limit_s: float,
-    mip_gap: float,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    mip_gap: float = DEFAULT_MIP_GAP,
 ) -> AllocationProblem:
     """The scenario's allocation problem over `columns`, whatever their mode.
 
@@ -274,7 +277,7 @@ class TemplateBuilder:
     perf: PerfLike
     tables: OperatingPointTables | None = None
     topology: Topology = "flow"
-    time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    time_limit_s: float = DEFAULT_PLACEMENT_TIME_LIMIT_S
     solver: Solver | None = None  # the placement solver (default: the project's exact one)
     solved: int = 0  # placements solved by this builder (cache misses)
     _memo: dict[tuple[str, str, str, Combo], Template] = field(default_factory=dict)

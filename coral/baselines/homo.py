@@ -144,7 +144,7 @@ def homo_independent(
             if need == 0:
                 break
         chosen.append(f"{m.name}: {col.id.split(':', 3)[-1]}")
-    problem = scenario_problem(scenario, columns, time_limit_s=1.0, mip_gap=1e-3)
+    problem = scenario_problem(scenario, columns)
     plan = heuristic_plan(problem, instances, notes=notes)
     return result_of(name, plan, tuple(notes) + (
         "each model alone: the single homogeneous configuration of lowest $/hour per req/s "

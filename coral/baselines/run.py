@@ -13,6 +13,7 @@ import time
 from typing import Mapping, Sequence
 
 from coral.allocator.ilp import solve_allocation
+from coral.allocator.problem import DEFAULT_MIP_GAP, DEFAULT_TIME_LIMIT_S
 from coral.allocator.scenario import Scenario
 from coral.baselines.cauchy import cauchy
 from coral.baselines.common import (
@@ -55,8 +56,8 @@ def run_baselines(
     catalog: Catalog,
     perf: PerfLike,
     tables: OperatingPointTables | None = None,
-    time_limit_s: float = 10.0,
-    mip_gap: float = 1e-3,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    mip_gap: float = DEFAULT_MIP_GAP,
     baselines: Sequence[str] | None = None,
     n_max: int | None = None,
     node_types: Sequence[str] | None = None,

@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from coral.allocator.problem import DEFAULT_MIP_GAP, DEFAULT_TIME_LIMIT_S
 from coral.cli.common import (
     CatalogFiles,
     JsonFlag,
@@ -75,8 +76,6 @@ EngineOpt = Annotated[EngineChoice, typer.Option(
 DEFAULT_TEMPLATES_DIR = Path("out/templates")
 #: Where `coral demo` writes its plan (the README's main job; simulated and deployed from it).
 DEMO_PLAN_FILE = Path("out/demo/plan.json")
-#: The allocator's gap target (`coral.allocator.planning.DEFAULT_MIP_GAP`).
-DEFAULT_GAP = 5e-3
 
 
 def _say(msg: str) -> None:
@@ -84,7 +83,7 @@ def _say(msg: str) -> None:
 
 
 def _check_common(nmax: int | None, workers: int | None, time_limit: float,
-                  gap: float = DEFAULT_GAP) -> None:
+                  gap: float = DEFAULT_MIP_GAP) -> None:
     if nmax is not None and nmax < 1:
         raise UserError(f"--nmax must be >= 1, got {nmax}")
     if workers is not None and workers < 1:
@@ -108,7 +107,7 @@ def _busy(message: str, enabled: bool) -> Iterator[None]:
 def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: int | None,
           templates_dir: Path, time_limit: float, progress: bool | None, baselines: bool,
           catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None,
-          gap: float = DEFAULT_GAP, engine: str = "coral") -> Any:
+          gap: float = DEFAULT_MIP_GAP, engine: str = "coral") -> Any:
     from coral.allocator.planning import plan_scenario, templates_for_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import MissingDependencyError, default_perf_factory
@@ -280,8 +279,8 @@ def plan(
     templates_dir: TemplatesDirOpt = DEFAULT_TEMPLATES_DIR,
     out: Annotated[Optional[Path], typer.Option(
         "--out", help="Also write the plan as JSON to this file.")] = None,
-    time_limit: TimeLimitOpt = 10.0,
-    gap: GapOpt = DEFAULT_GAP,
+    time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S,
+    gap: GapOpt = DEFAULT_MIP_GAP,
     baselines: BaselinesOpt = True,
     progress: ProgressOpt = None,
     mode: Annotated[Optional[str], typer.Option(
@@ -320,8 +319,8 @@ def demo(
         f"{DEMO_NMAX} to finish in minutes).")] = DEMO_NMAX,
     workers: WorkersOpt = None,
     templates_dir: TemplatesDirOpt = DEFAULT_TEMPLATES_DIR,
-    time_limit: TimeLimitOpt = 10.0,
-    gap: GapOpt = DEFAULT_GAP,
+    time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S,
+    gap: GapOpt = DEFAULT_MIP_GAP,
     progress: ProgressOpt = None,
     mode: Annotated[str, typer.Option(
         "--mode", help="Serving mode: aggregated, pd, mixed or auto (plan each, keep the "
@@ -385,7 +384,7 @@ def adapt(
     nmax: NmaxOpt = None,
     workers: WorkersOpt = None,
     templates_dir: TemplatesDirOpt = DEFAULT_TEMPLATES_DIR,
-    time_limit: TimeLimitOpt = 10.0,
+    time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S,
     progress: ProgressOpt = None,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,

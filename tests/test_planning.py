@@ -234,6 +234,26 @@ def test_plan_cli_table(setup, fake_baselines):
     for text in (REGION, "placement", "[0,32)", "headroom", "homo", "melange",
                  "Coral against the baselines"):
         assert text in result.stdout
+    # only the baseline serving all demand is compared on cost; the one short of it is named
+    text = " ".join(result.stdout.split())
+    assert "the cheapest, homo, costs $12.50/hour" in text
+    assert "Short of demand, so not compared on cost: melange (serves llama-3.1-8b 50%)" in text
+    melange_row = next(line for line in result.stdout.splitlines() if "melange" in line
+                       and "9.00" in line)
+    assert "short" in melange_row
+
+
+def test_plan_defaults_to_auto_at_the_scenarios_nmax(setup, fake_baselines):
+    """`coral plan` plans every serving mode (the scenario file says `aggregated`) at the
+    scenario's n_max, and keeps the best."""
+    result = _ok_json(runner.invoke(app, ["plan", str(setup.scenario_path), "--workers", "1",
+                                          "--templates-dir", str(setup.templates_dir),
+                                          "--json"]))
+    assert setup.scenario.mode == "aggregated"
+    assert result["nmax"] == result["scenario_nmax"] == setup.scenario.spec.n_max
+    assert any(n.startswith("mode auto: aggregated $") for n in result["notes"])
+    assert result["baselines"]["melange"]["meets_demand"] is False
+    assert result["baselines"]["homo"]["meets_demand"] is True
 
 
 def test_plan_cli_gap_reaches_every_solve(setup, fake_baselines):
@@ -513,3 +533,72 @@ def test_each_column_deploys_the_template_it_was_priced_from(setup):
                            templates=setup.templates, baselines=False)
     for inst in result.instances:
         assert inst.shape == chosen[inst.template_id].shape
+
+
+TWO_MODELS = """\
+schema_version: 1
+name: two-models
+mode: aggregated
+n_max: 2
+rho: 12
+startup_s: 300
+node_types: [1x-l4, 1x-a10g, 1x-l40s, 1x-t4]
+models:
+  - {name: llama-3.1-8b, demand_rps: 5, input_tokens: 1024, output_tokens: 256, tpot_s: 0.10,
+     ttft_s: 2.0, priority: 2}
+  - {name: qwen3-14b, demand_rps: 1.5, input_tokens: 1024, output_tokens: 256, tpot_s: 0.10,
+     ttft_s: 3.0}
+regions:
+  - {name: aws-us-east-1}
+  - {name: gcp-us-central1}
+base_availability: {1x-l4: 12, 1x-a10g: 12, 1x-l40s: 6, 1x-t4: 12}
+availability: abundant
+levels:
+  abundant: {scale: 1.0}
+  limited: {scale: 0.5}
+  scarce: {scale: 0.1}
+"""
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory: pytest.TempPathFactory, setup):
+    folder = tmp_path_factory.mktemp("two-models")
+    path = folder / "two-models.yaml"
+    path.write_text(TWO_MODELS)
+    auto = load_scenario(path, catalog=setup.catalog).in_mode("auto")
+    templates = templates_for_scenario(auto, setup.catalog, setup.perf,
+                                       out_root=folder / "templates", workers=1)
+    return path, templates
+
+
+@pytest.mark.parametrize("level", ["abundant", "limited", "scarce"])
+def test_the_default_plan_is_never_beaten_by_a_baseline(setup, two_models, level):
+    """`coral plan`'s default (mode auto, the scenario's n_max) against every baseline on the
+    same scenario: never dearer than one serving all demand and, where demand cannot be met,
+    never less priority-weighted goodput than any. Solved to a 1e-6 gap, so that "never" is
+    the optimum's, not within the default gap."""
+    path, templates = two_models
+    scenario = load_scenario(path, catalog=setup.catalog, level=level).in_mode("auto")
+    result = plan_scenario(scenario, catalog=setup.catalog, perf=setup.perf,
+                           templates=templates, mip_gap=1e-6, time_limit_s=60.0)
+    assert set(result.baselines) == {"homo", "homo-independent", "melange", "cauchy", "helix"}
+    priority = {m.name: m.priority for m in scenario.models}
+    demand = result.plan.demand_rps
+
+    def goodput(served: dict[str, float]) -> float:
+        return sum(priority[m] * served.get(m, 0.0) * d for m, d in demand.items())
+
+    mine = goodput(result.served_fraction)
+    for name, b in result.baselines.items():
+        theirs = goodput(dict(b.served_fraction))
+        assert mine >= theirs * (1 - 1e-6), (level, name, mine, theirs)
+        if b.meets_demand:
+            assert result.plan.meets_demand, (level, name)
+            assert result.cost_per_hour <= b.cost_per_hour * (1 + 1e-6), \
+                (level, name, result.cost_per_hour, b.cost_per_hour)
+    if level == "scarce":  # the check is not empty: demand is short and some baseline serves
+        assert not result.plan.meets_demand and any(
+            goodput(dict(b.served_fraction)) > 0 for b in result.baselines.values())
+    else:
+        assert result.plan.meets_demand and any(b.meets_demand
+                                                for b in result.baselines.values())

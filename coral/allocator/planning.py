@@ -368,6 +368,8 @@ class PlanResult:
     #: that the file alone is enough to simulate and deploy (a scenario given as a YAML file
     #: need not be at hand, or unchanged, when the plan is read)
     slos: Mapping[str, SloSpec] = field(default_factory=dict)
+    #: model -> its priority (the weight of its req/s in goodput under scarcity)
+    priorities: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def cost_per_hour(self) -> float:
@@ -495,9 +497,13 @@ def plan_slos(payload: Mapping[str, Any], path: str | Path = "the plan"
 def baseline_summary(result: Any) -> dict[str, Any]:
     """A baseline result's figures as plain JSON values."""
     plan = getattr(result, "plan", None)
+    served = {m: float(f) for m, f in dict(result.served_fraction).items()}
     return {
         "cost_per_hour": float(result.cost_per_hour),
-        "served_fraction": {m: float(f) for m, f in dict(result.served_fraction).items()},
+        "served_fraction": served,
+        # only a plan serving all demand compares with Coral's on cost
+        "meets_demand": bool(getattr(result, "meets_demand",
+                                     all(f >= 1.0 - 1e-6 for f in served.values()))),
         # how far its cost may be from the best its restriction allows: null for a heuristic
         # plan (nothing proven); a plan stopped by the time limit may cost up to `gap` less
         "status": plan.status.value if plan is not None else None,
@@ -637,6 +643,7 @@ def plan_scenario(
         mode=mode,
         engine=engine,
         slos={m.name: scenario_slo(scenario, m.name) for m in scenario.models},
+        priorities={m.name: float(m.priority) for m in scenario.models},
     )
 
 

@@ -35,6 +35,9 @@ DEMO_NMAX = 3
 DEMO_SCENARIO = "core"
 #: The demo plans every serving mode and keeps the best plan.
 DEMO_MODE = "auto"
+#: `coral plan`'s default serving mode: every mode planned and the best plan kept, whatever
+#: mode the scenario file names (its `mode` is what other commands plan a scenario in).
+PLAN_MODE = "auto"
 #: Serving modes `--mode` takes (`coral.allocator.scenario.ScenarioMode`).
 MODES = ("aggregated", "pd", "mixed", "auto")
 
@@ -239,7 +242,14 @@ def print_comparison(result: Any) -> None:
     def row(name: str, cost: float, served: dict[str, float], solved: str,
             bold: bool = False) -> None:
         short = [m for m, f in served.items() if f < 1.0 - 1e-6]
-        ratio = "-" if result.cost_per_hour <= 0 else f"{cost / result.cost_per_hour:.2f}"
+        # costs compare only between plans that serve all demand: a plan short of it is
+        # cheaper by what it leaves unserved
+        if name == "coral" or result.cost_per_hour <= 0 or not p.meets_demand:
+            ratio = "-"
+        elif short:
+            ratio = "short"
+        else:
+            ratio = f"{cost / result.cost_per_hour:.2f}"
         cells = [escape(name), f"{cost:,.2f}", ratio,
                  _pct(_overall_served(served, dict(p.demand_rps))), escape(solved),
                  escape(", ".join(short)) or "-"]
@@ -251,11 +261,55 @@ def print_comparison(result: Any) -> None:
     if not result.baselines:
         table.add_row("(no baselines)", "-", "-", "-", "-", "-")
     console.print(table)
+    for line in comparison_lines(result):
+        console.print(escape(line), highlight=False, soft_wrap=True)
     if result.baselines:
         console.print("[dim]solved: a plan's proven gap bounds how much cheaper (under "
                       "scarcity: how much more goodput, then how much cheaper at it) the best "
                       "plan of that planner's own restriction could be; a heuristic has no "
                       "such bound.[/]")
+
+
+def comparison_lines(result: Any) -> list[str]:
+    """Who Coral is compared with, in words: on cost, the baselines that serve all demand
+    (when Coral's plan does); under scarcity, on priority-weighted goodput; the baselines short
+    of demand are named with what they leave unserved, not compared on cost."""
+    p = result.plan
+    full = {n: b for n, b in result.baselines.items() if _meets_demand(b)}
+    short = {n: b for n, b in result.baselines.items() if not _meets_demand(b)}
+    lines = []
+    if p.meets_demand and full and result.cost_per_hour > 0:
+        best = min(full, key=lambda n: float(full[n].cost_per_hour))
+        cost = float(full[best].cost_per_hour)
+        lines.append(f"Compared on cost (baselines serving all demand): the cheapest, {best}, "
+                     f"costs ${cost:,.2f}/hour, {cost / result.cost_per_hour:.2f}x Coral's "
+                     f"${result.cost_per_hour:,.2f}.")
+    elif not p.meets_demand and result.baselines:
+        mine = goodput_of(result, p.served_fraction)
+        best = max(result.baselines,
+                   key=lambda n: goodput_of(result, result.baselines[n].served_fraction))
+        theirs = goodput_of(result, result.baselines[best].served_fraction)
+        lines.append(f"Demand cannot be met: compared on priority-weighted goodput, Coral "
+                     f"serves {mine:,.2f} req/s, the best baseline ({best}) {theirs:,.2f}.")
+    if short and p.meets_demand:
+        lines.append("Short of demand, so not compared on cost: " + "; ".join(
+            f"{n} (serves " + ", ".join(f"{m} {f:.0%}" for m, f in b.served_fraction.items()
+                                        if f < 1.0 - 1e-6) + ")"
+            for n, b in short.items()) + ".")
+    return lines
+
+
+def _meets_demand(baseline: Any) -> bool:
+    return bool(getattr(baseline, "meets_demand", all(
+        f >= 1.0 - 1e-6 for f in dict(baseline.served_fraction).values())))
+
+
+def goodput_of(result: Any, served_fraction: dict[str, float]) -> float:
+    """Priority-weighted served req/s of served shares at the scenario's demand (what the
+    allocator maximises under scarcity)."""
+    priority = getattr(result, "priorities", {}) or {}
+    return sum(priority.get(m, 1.0) * served_fraction.get(m, 0.0) * d
+               for m, d in result.plan.demand_rps.items())
 
 
 def _write_json(payload: Any, path: Path) -> None:
@@ -283,10 +337,10 @@ def plan(
     gap: GapOpt = DEFAULT_MIP_GAP,
     baselines: BaselinesOpt = True,
     progress: ProgressOpt = None,
-    mode: Annotated[Optional[str], typer.Option(
+    mode: Annotated[str, typer.Option(
         "--mode", help="Serving mode: aggregated, pd (prefill/decode disaggregated), mixed "
-        "(each model may run both side by side) or auto (plan each, keep the best) (default: "
-        "the scenario's).")] = None,
+        "(each model may run both side by side) or auto (plan each, keep the best: never "
+        "dearer than any of them), the default.")] = PLAN_MODE,
     engine: EngineOpt = EngineChoice.coral,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
@@ -295,7 +349,9 @@ def plan(
 
     Prints what to rent in each region and how each model is split over it (node mix and
     layer placement of every template), the headroom per model, and every baseline's cost
-    and served demand on the same templates, prices and availability.
+    and served demand on the same templates, prices and availability. By default it plans
+    every serving mode at the scenario's n_max and keeps the best plan; only baselines that
+    serve all demand are compared on cost.
     """
     with user_errors():
         result = _plan(scenario, level=level, nmax=nmax, workers=workers,
@@ -362,14 +418,6 @@ def demo(
         print_json(payload)
         return
     print_plan(result)
-    costs = {n: float(b.cost_per_hour) for n, b in result.baselines.items()
-             if getattr(b, "meets_demand", True) and float(b.cost_per_hour) > 0}
-    if costs and result.plan.meets_demand and result.cost_per_hour > 0:
-        best = min(costs, key=costs.__getitem__)
-        console.print(f"[bold]Coral: ${result.cost_per_hour:,.2f}/hour; best baseline meeting "
-                      f"all demand: {best} at ${costs[best]:,.2f}/hour "
-                      f"({costs[best] / result.cost_per_hour:.2f}x Coral's cost).[/]",
-                      highlight=False)
     console.print(f"plan written to {escape(str(out))}; simulate it with `coral simulate "
                   f"{escape(str(out))}`, deploy it with `coral serve {escape(str(out))} "
                   "--dry-run` (torch workers here) or `--engine vllm --provisioner skypilot`",

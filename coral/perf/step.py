@@ -116,27 +116,39 @@ class StepModel:
         stage_t = [0.0] * self.n_stages
         busy = [0.0] * len(self.nodes)
         for si, ni, node, layers, share, first, last in self.nodes:
-            pn, bn = math.ceil(pm * share - 1e-9), math.ceil(bm * share - 1e-9)
-            if pn == 0 and bn == 0:
-                continue
-            cn = max(bn, math.ceil(cm * share - 1e-9)) if bn else 0
-            t = self.iteration(node, layers, pn, bn, cn, first, last)
-            busy[ni] = m * t
-            if not last:
-                t += self.send(node, pn + bn)
-            stage_t[si] = max(stage_t[si], t)
+            t, it = node_seconds(self.iteration, self.send, node, layers, share, first, last,
+                                 pm, bm, cm)
+            if t:
+                busy[ni] = m * it
+                stage_t[si] = max(stage_t[si], t)
         dt = max(sum(stage_t), m * max(stage_t))
         out = (dt, tuple((k, x) for k, x in enumerate(busy) if x))
         self.costs[key] = out
         return out
 
 
-def build_step_model(model: str, stages: Sequence[Stage], perf: Any, catalog: Any, *,
-                     net_latency_s: float = NET_LATENCY_S,
-                     iter_cache: dict[tuple, float] | None = None,
-                     name: str = "pipeline") -> StepModel:
-    """The step model of `model` on `stages`: iteration times from the perf model, KV
-    capacity per node, activation sends over the NIC plus `net_latency_s` per hop."""
+def node_seconds(iteration: IterFn, send: Callable[[str, int], float], node: str, layers: int,
+                 share: float, first: bool, last: bool, pm: int, bm: int,
+                 cm: int) -> tuple[float, float]:
+    """One node's part of a micro-batch of `pm` prompt tokens, `bm` decodes and `cm` context
+    tokens: (its time in the stage, send included; its iteration alone), (0, 0) when its
+    share is empty. The one place a node's time is costed, for the simulator's steps and the
+    template search (`coral.templates.placement_step`) alike."""
+    pn, bn = math.ceil(pm * share - 1e-9), math.ceil(bm * share - 1e-9)
+    if pn == 0 and bn == 0:
+        return 0.0, 0.0
+    cn = max(bn, math.ceil(cm * share - 1e-9)) if bn else 0
+    it = iteration(node, layers, pn, bn, cn, first, last)
+    return (it if last else it + send(node, pn + bn)), it
+
+
+def node_costs(model: str, perf: Any, catalog: Any, *, net_latency_s: float = NET_LATENCY_S,
+               iter_cache: dict[tuple, float] | None = None
+               ) -> tuple[IterFn, Callable[[str, int, bool, bool], int],
+                          Callable[[str, int], float]]:
+    """(iteration, KV tokens, send) of `model`'s nodes: iteration times from the perf model
+    (memoised in `iter_cache`), KV room per node, activation sends over the NIC plus
+    `net_latency_s` per hop."""
     arch = catalog.model(model)
     hidden_bytes = arch.hidden_size * arch.dtype_bytes
     cache = {} if iter_cache is None else iter_cache
@@ -158,6 +170,16 @@ def build_step_model(model: str, stages: Sequence[Stage], perf: Any, catalog: An
         nic = catalog.node_type(node).nic_gbps * 1e9 / 8.0
         return tokens * hidden_bytes / nic + net_latency_s
 
+    return iteration, kv_tokens, send
+
+
+def build_step_model(model: str, stages: Sequence[Stage], perf: Any, catalog: Any, *,
+                     net_latency_s: float = NET_LATENCY_S,
+                     iter_cache: dict[tuple, float] | None = None,
+                     name: str = "pipeline") -> StepModel:
+    """The step model of `model` on `stages` (`node_costs` gives its nodes' costs)."""
+    iteration, kv_tokens, send = node_costs(model, perf, catalog, net_latency_s=net_latency_s,
+                                            iter_cache=iter_cache)
     return StepModel(stages, iteration, kv_tokens, send, name=name)
 
 

@@ -70,6 +70,7 @@ from coral.templates.engine import (
 )
 from coral.templates.slo import SloSpec
 from coral.templates.placement import BELOW_FLOOR_NOTE, pipeline_bound
+from coral.templates.placement_step import solve_step, work_bound
 from coral.templates.types import (
     Mode,
     NodePlacement,
@@ -299,8 +300,8 @@ def template_from_placement(
         unit=THROUGHPUT_UNITS[mode],
         throughput_rps=rps,
         throughput_tokens_per_s=tps,
-        ttft_s=placement.path_prefill_s if feasible and mode != "decode" else None,
-        tpot_s=placement.path_step_s if feasible and mode != "prefill" else None,
+        ttft_s=placement.predicted_ttft_s if feasible and mode != "decode" else None,
+        tpot_s=placement.predicted_tpot_s if feasible and mode != "prefill" else None,
         usd_per_hour=combo_prices(catalog, combo),
         status=placement.status,
         gap=float(placement.gap),
@@ -379,16 +380,24 @@ def build_template(
         )
     tables = tables or shared_tables(perf, catalog, batches)
     problem = tables.problem(arch, names, slo, mode, topology, per_batch=engine == "vllm")
-    if not any(node.options for node in problem.nodes):
-        return infeasible_template(
-            arch, names, slo, mode, topology, catalog,
-            "no node has an operating point that fits its memory and meets the SLO",
-        )
     solve = solver or _default_solver()
     start = time.perf_counter()
     with_floor = (floor is not None and solver is None and topology in ("flow", "chain")
                   and method == "auto")
-    if engine == "vllm":
+    by_steps = uses_step_search(engine, topology, method, solver, floor)
+    if not by_steps and not any(node.options for node in problem.nodes):
+        return infeasible_template(
+            arch, names, slo, mode, topology, catalog,
+            "no node has an operating point that fits its memory and meets the SLO",
+        )
+    if by_steps:
+        # one pipeline over every node, exact under the step model it runs by; vLLM (and the
+        # chain topology) runs one node per stage
+        placement = solve_step(tables.perf, catalog, arch, names, slo, mode,
+                               max_group=None if topology == "flow" else 1,
+                               floor=floor if with_floor else None, below_note=BELOW_FLOOR_NOTE,
+                               batches=tables.batches)
+    elif engine == "vllm":
         placement = solve_common_batch(problem, time_limit_s=time_limit_s, method=method,
                                        floor=floor if with_floor else None, solver=solver)
     elif with_floor:
@@ -403,6 +412,16 @@ def build_template(
     if floor is not None and any(n.startswith(BELOW_FLOOR_NOTE) for n in placement.notes):
         tpl = replace(tpl, upper_bound=float(floor))
     return tpl
+
+
+def uses_step_search(engine: str, topology: str, method: str, solver: Solver | None,
+                     floor: float | None) -> bool:
+    """Whether `build_template` answers with the step-model search (`placement_step`): a
+    single pipeline over every node (a floor given, or vLLM, which runs nothing else), with
+    the default solver."""
+    if solver is not None or method != "auto" or topology not in ("flow", "chain"):
+        return False
+    return check_engine(engine) == "vllm" or floor is not None
 
 
 def explain_infeasible(
@@ -484,11 +503,18 @@ def solve_task(
     engine: str = DEFAULT_ENGINE,
 ) -> Outcome:
     start = time.perf_counter()
-    bound = tables.throughput_bound(model, task.combo, slo, mode)
+    floor = task.best_sub if bound_skip else _one_pipeline_floor(topology)
+    by_steps = uses_step_search(engine, topology, method, solver, floor)
+    if by_steps:
+        bound = work_bound(tables.perf, catalog,
+                           catalog.model(model) if isinstance(model, str) else model,
+                           task.combo, slo, mode, batches=tables.batches)
+    else:
+        bound = tables.throughput_bound(model, task.combo, slo, mode)
     if bound_skip and task.best_sub > 0 and bound <= task.best_sub * (1 + DOMINANCE_RTOL):
         return Outcome(task.combo, None, bound, time.perf_counter() - start)
     if (bound_skip and task.best_sub > 0 and solver is None and method == "auto"
-            and topology in ("flow", "chain")):
+            and topology in ("flow", "chain") and not by_steps):
         # only a single pipeline over every node can beat the floor (see `build_template`)
         full = pipeline_bound(tables.problem(model, task.combo, slo, mode, topology))
         if full <= task.best_sub:
@@ -497,7 +523,7 @@ def solve_task(
     tpl = build_template(
         model, task.combo, slo, mode, topology, perf, catalog, tables=tables,
         time_limit_s=time_limit_s, method=method, solver=solver,
-        floor=task.best_sub if bound_skip else _one_pipeline_floor(topology), engine=engine,
+        floor=floor, engine=engine,
     )
     if math.isfinite(bound) and tpl.upper_bound > bound:
         tpl = replace(tpl, upper_bound=bound)

@@ -31,6 +31,7 @@ from coral.templates.build import Outcome, Template
 from coral.templates.engine import ENGINE_RULES_VERSION
 from coral.templates.enumerate import Combo
 from coral.templates.operating_points import OPERATING_POINTS_VERSION
+from coral.templates.placement_step import STEP_SEARCH_VERSION
 from coral.templates.slo import SloSpec
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class LibraryInputs:
             "perf_model_version": self.perf_model_version,
             "operating_points_version": self.operating_points_version,
             "format": self.format,
+            # single-pipeline templates are searched under the step model (`placement_step`)
+            "step_search": STEP_SEARCH_VERSION,
         }
         if self.engine != "coral":
             # only a restricted engine is named, so that the digests of unrestricted

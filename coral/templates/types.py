@@ -109,6 +109,10 @@ class Placement:
     solve_s: float
     method: str = "ilp"
     notes: tuple[str, ...] = field(default=())
+    #: TPOT / TTFT of a busy instance when the solver modelled them (the step-model search:
+    #: stages x the slowest stage); None: the longest path's sums (the flow model)
+    tpot_s: float | None = None
+    ttft_s: float | None = None
 
     @property
     def path_step_s(self) -> float:
@@ -118,6 +122,14 @@ class Placement:
     @property
     def path_prefill_s(self) -> float:
         return _longest_path(self, "prefill_s")
+
+    @property
+    def predicted_tpot_s(self) -> float:
+        return self.path_step_s if self.tpot_s is None else self.tpot_s
+
+    @property
+    def predicted_ttft_s(self) -> float:
+        return self.path_prefill_s if self.ttft_s is None else self.ttft_s
 
 
 def upper_bound_of(throughput: float, status: SolveStatus, gap: float) -> float:

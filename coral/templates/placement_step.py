@@ -1,0 +1,602 @@
+"""The best pipeline over every node of a combination, under the step model it runs by.
+
+A running instance (`coral.perf.step`) is a pipeline of `S` stages, stage `s` being `j_s`
+identical nodes on one layer range. Busy, it runs `S` micro-batches of `B` sequences (`B`, the
+smallest stage batch `j_s x b_s`; a node takes `ceil(B / j_s)` of them); a step moves every
+micro-batch one token on and lasts `S x` the slowest node's time (its iteration and
+activation send), `coral.perf.step.saturation`. An aggregated step also carries whole prompts,
+`S B / O` of them on average: a share `f` of steps carries `k + 1` prompts and the rest `k`,
+so with `A` (`C`) the slowest node's time in a step of `k` (`k + 1`) prompts
+
+    TPOT = S ((1 - f) A + f C),   TTFT ~ S C (the step a prompt rides in),
+    rate = min(B, budget O / ((I + O) S)) / (O ((1 - f) A + f C))  requests/s
+
+(decode: no prompts, `A` alone, tokens/s `B / A`; prefill: `B` prompt tokens per
+micro-batch, tokens/s `B / A`, TTFT `S A`). Every node's time is `coral.perf.step.node_seconds`
+— the very function the simulator steps — and its KV room must hold its share of the `S B`
+resident sequences' contexts (`kv_tokens`, as the simulator admits them).
+
+The search maximises that rate exactly over stage counts `S`, micro-batches `B` from
+`{j x b : j <= nodes, b in the batch grid}` (a node runs `ceil(B / j) <= max(grid)`), groupings
+of the nodes into stages of one type, and layer splits:
+
+* for fixed `(S, B)` every (node type, group size `j`, role) has one row of times by layer
+  count (roles: first stage — the input embedding —, end stage — the LM head, no send —,
+  both, or a middle one); the time grows with the layers, so at thresholds `(A, C)` a row
+  covers `1..M` layers;
+* the nodes form the pipeline at `(A, C)` exactly when each type's nodes split into groups,
+  with one first and one end stage among all, `S` groups in all, at least one of them with
+  `j` dividing `B` (so that `B` is the smallest stage batch), covering at least `L` layers — a
+  small max-plus knapsack over the types;
+* feasibility is monotone in `A` and `C`, so the pairs worth having form a staircase, walked
+  with bisections (one threshold when there is no `C`).
+
+`chain` (and vLLM) allows one node per stage, which also makes every node run the one batch
+`B`: the same search with groups of one. `work_bound` is a true upper bound on the rate of any
+such pipeline, for a library's cut before solving.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_right
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+
+from coral.catalog.loader import Catalog
+from coral.catalog.schema import ModelArch
+from coral.perf.step import DEFAULT_MAX_BATCHED_TOKENS, node_costs, node_seconds
+from coral.templates.operating_points import DEFAULT_BATCHES, prefill_chunks
+from coral.templates.slo import SloSpec
+from coral.templates.types import Mode, NodePlacement, Placement, SolveStatus
+
+#: Version of the search's model; part of a template library's identity.
+STEP_SEARCH_VERSION = "1"
+#: What a step-model placement's notes start with.
+STEP_NOTE = "step model"
+METHOD = "step-dp"
+
+_RTOL = 1e-9
+_SOURCE, _SINK = -1, -2
+
+# roles of a group: a middle stage, the first stage, the end stage, the only stage
+_MID, _FIRST, _END, _ONLY = 0, 1, 2, 3
+# flags of a set of groups: holds the first stage, holds the end stage, is the only stage,
+# has a group whose size divides B
+_F_FIRST, _F_END, _F_ONLY, _F_TIGHT = 1, 2, 4, 8
+
+
+@dataclass(frozen=True)
+class _Row:
+    """(node type, group size, role) at one (S, B): per layer count, the node's time in a
+    step of `k` prompts (`a`) and of `k + 1` (`c`), nondecreasing, inf past what fits."""
+
+    batch: int  # sequences (prefill: prompt tokens) each node runs per iteration
+    a: np.ndarray  # (L,)
+    c: np.ndarray  # (L,)
+    kv_tokens: int  # KV tokens each node holds (for its memory figure)
+    a_list: tuple[float, ...] = ()  # the finite prefix of `a` (for bisection)
+    c_list: tuple[float, ...] = ()
+
+    def layers_within(self, A: float, C: float) -> int:
+        """Most layers with both times within (A, C)."""
+        return min(bisect_right(self.a_list, A), bisect_right(self.c_list, C))
+
+
+@dataclass(frozen=True)
+class StepPipeline:
+    """A pipeline found by the search: stages in order as (node type, count, first layer,
+    layers, node batch, node time A, node time C)."""
+
+    rate: float
+    stages_s: int
+    micro_batch: int
+    tpot_s: float | None
+    ttft_s: float | None
+    stages: tuple[tuple[str, int, int, int, int, float, float], ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# Partitions of a type's nodes into groups
+# ---------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def _partitions(n: int, largest: int) -> tuple[tuple[int, ...], ...]:
+    """Multisets of positive parts summing to `n`, each at most `largest`, non-increasing."""
+    if n == 0:
+        return ((),)
+    return tuple((first,) + rest for first in range(min(n, largest), 0, -1)
+                 for rest in _partitions(n - first, first))
+
+
+@lru_cache(maxsize=None)
+def _role_choices(parts: tuple[int, ...]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Ways to give the groups of `parts` roles, each listed once: (flags, role per group)."""
+    g = len(parts)
+    seen = set()
+    out = []
+    for f in [None, *range(g)]:
+        for e in [None, *range(g)]:
+            roles = [_MID] * g
+            if f is not None and f == e:
+                roles[f], flags = _ONLY, _F_ONLY
+            else:
+                flags = 0
+                if f is not None:
+                    roles[f], flags = _FIRST, flags | _F_FIRST
+                if e is not None:
+                    roles[e], flags = _END, flags | _F_END
+            key = (flags, tuple(sorted(zip(parts, roles))))
+            if key not in seen:
+                seen.add(key)
+                out.append((flags, tuple(roles)))
+    return tuple(out)
+
+
+def _merge_flags(a: int, b: int) -> int | None:
+    """Flags of two disjoint sets of groups (None: two first, two end or an only stage
+    beside another)."""
+    ra, rb = a & 7, b & 7
+    if (ra & rb) or ((ra | rb) & _F_ONLY and ra and rb):
+        return None
+    return a | b
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-model node costs, memoised per catalog (a library's combinations share a few node types)
+# ---------------------------------------------------------------------------------------------
+
+_COSTS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _costs(perf: Any, catalog: Catalog, model: str) -> dict:
+    per_perf = _COSTS.setdefault(perf, {})
+    hit = per_perf.get((id(catalog), model))
+    if hit is None:
+        iteration, kv_tokens, send = node_costs(model, perf, catalog)
+        hit = per_perf[(id(catalog), model)] = {"fns": (iteration, kv_tokens, send),
+                                                "rows": {}, "kv": {}}
+    return hit
+
+
+class StepSearch:
+    """The exact step-model search for one (model, combination, SLO, mode)."""
+
+    def __init__(self, perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str],
+                 slo: SloSpec, mode: Mode, *, max_group: int | None = None,
+                 batches: Sequence[int] = DEFAULT_BATCHES,
+                 max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS) -> None:
+        self.perf, self.catalog, self.arch, self.slo, self.mode = perf, catalog, arch, slo, mode
+        self.types = sorted(set(combo))
+        self.counts = [list(combo).count(x) for x in self.types]
+        self.n = len(combo)
+        self.L = arch.num_layers
+        self.max_group = self.n if max_group is None else max(1, int(max_group))
+        self.grid = tuple(sorted(prefill_chunks(slo) if mode == "prefill" else batches))
+        self.unit = 1.0 / slo.output_tokens if mode == "aggregated" else 1.0
+        self.budget = float(max_batched_tokens)
+        memo = _costs(perf, catalog, arch.name)
+        self.iteration, self.kv_tokens, self.send = memo["fns"]
+        self._rows, self._kv = memo["rows"], memo["kv"]
+
+    # ---- stage counts, micro-batches, what a step carries ----
+
+    def stage_counts(self) -> list[int]:
+        lo = sum(-(-c // self.max_group) for c in self.counts)
+        return list(range(lo, min(self.n, self.L) + 1))
+
+    def micro_batches(self) -> list[int]:
+        jmax = min(self.max_group, max(self.counts))
+        out = {j * b for j in range(1, jmax + 1) for b in self.grid}
+        if self.mode == "prefill":  # a micro-batch holds at least one prompt
+            out = {B for B in out if B >= self.slo.input_tokens}
+        return sorted(out)
+
+    def mix(self, S: int, B: int) -> tuple[int, float]:
+        """(k, f): an aggregated step carries `k + 1` whole prompts with probability `f`,
+        else `k` (mean `S B / O`, as `coral.perf.step.saturation`)."""
+        if self.mode != "aggregated":
+            return 0, 0.0
+        per_step = S * B / self.slo.output_tokens
+        k = math.floor(per_step)
+        return k, per_step - k
+
+    def effective(self, B: int, S: int) -> float:
+        """The micro-batch the rate counts: an aggregated step's token budget holds every
+        decoding sequence's token and the prompts, `S B (I + O) / O` a step on average."""
+        if self.mode != "aggregated":
+            return float(B)
+        I, O = self.slo.input_tokens, self.slo.output_tokens
+        return min(float(B), self.budget * O / ((I + O) * S))
+
+    def _step_shape(self, S: int, B: int, prompts: int) -> tuple[int, int, int]:
+        """(pm, bm, cm): a micro-batch's prompt tokens, decodes and context tokens in a step
+        with `prompts` whole prompts (as `saturation` and `StepModel.step_cost` cut it)."""
+        I, O = self.slo.input_tokens, self.slo.output_tokens
+        if self.mode == "prefill":
+            return B, 0, 0
+        b = S * B
+        context = int(b * (I + O / 2))
+        p = prompts * I if self.mode == "aggregated" else 0
+        return -(-p // S), B, -(-context // S)
+
+    def _resident_tokens(self, S: int, B: int) -> int:
+        """KV tokens the instance holds busy: `S B` sequences of up to `I + O` tokens (a
+        prefill instance: its `S B` prompt tokens)."""
+        if self.mode == "prefill":
+            return S * B
+        return S * B * (self.slo.input_tokens + self.slo.output_tokens)
+
+    # ---- rows ----
+
+    def row(self, t: int, j: int, role: int, S: int, B: int) -> _Row | None:
+        name = self.types[t]
+        bn = -(-B // j)
+        if bn > self.grid[-1]:
+            return None
+        k, f = self.mix(S, B)
+        key = (self.slo, self.mode, self.grid[-1], name, j, role, S, B)
+        if key in self._rows:
+            return self._rows[key]
+        first, last = role in (_FIRST, _ONLY), role in (_END, _ONLY)
+        share = 1.0 / j
+        need = self._resident_tokens(S, B) * share
+        sa = self._step_shape(S, B, k)
+        sc = self._step_shape(S, B, k + 1) if self.mode == "aggregated" else None
+        a = np.full(self.L, math.inf)
+        c = np.full(self.L, math.inf)
+        tpot = self.slo.tpot_s / S * (1 + _RTOL)
+        ttft = self.slo.ttft_s / S * (1 + _RTOL)
+        kv_first = 0
+        for layers in range(1, self.L + 1):
+            kv = self._kv_room(name, layers, first, last)
+            if kv < need:
+                break
+            ta = node_seconds(self.iteration, self.send, name, layers, share, first, last, *sa)[0]
+            tc = (node_seconds(self.iteration, self.send, name, layers, share, first, last,
+                               *sc)[0] if sc is not None else ta)
+            # A <= TPOT / S always (TPOT >= S A); C <= TTFT / S (a prompt's step), and for
+            # decode and prefill A is the only time
+            limit_a = ttft if self.mode == "prefill" else tpot
+            if ta > limit_a or (self.mode == "aggregated" and tc > ttft):
+                break
+            a[layers - 1], c[layers - 1] = ta, tc
+            if layers == 1:
+                kv_first = kv
+        out = None
+        if math.isfinite(a[0]):
+            a = np.maximum.accumulate(a)  # usable counts are a prefix; keep it monotone
+            c = np.maximum.accumulate(c)
+            fin = int(np.isfinite(a).sum())
+            out = _Row(bn, a, c, kv_first, tuple(a[:fin].tolist()), tuple(c[:fin].tolist()))
+        self._rows[key] = out
+        return out
+
+    def _kv_room(self, name: str, layers: int, first: bool, last: bool) -> int:
+        key = (name, layers, first, last)
+        hit = self._kv.get(key)
+        if hit is None:
+            hit = self._kv[key] = int(self.kv_tokens(name, layers, first, last))
+        return hit
+
+    def _type_rows(self, S: int, B: int) -> list[dict[tuple[int, int], _Row]]:
+        out = []
+        for t, cnt in enumerate(self.counts):
+            rows = {}
+            for j in range(1, min(cnt, self.max_group) + 1):
+                for role in ((_ONLY,) if S == 1 else (_MID, _FIRST, _END)):
+                    r = self.row(t, j, role, S, B)
+                    if r is not None:
+                        rows[j, role] = r
+            out.append(rows)
+        return out
+
+    # ---- feasibility at thresholds ----
+
+    def _cover(self, rows, S: int, B: int, A: float, C: float, trace: bool = False):
+        """Most layers `S` groups of all the nodes cover with every time within (A, C)."""
+        F: dict[tuple[int, int], tuple[int, Any]] = {(0, 0): (0, None)}
+        for t, cnt in enumerate(self.counts):
+            cap = {key: r.layers_within(A, C) for key, r in rows[t].items()}
+            own: dict[tuple[int, int], tuple[int, Any]] = {}
+            for parts in _partitions(cnt, self.max_group):
+                if len(parts) > S:
+                    continue
+                tight = _F_TIGHT if any(B % j == 0 for j in parts) else 0
+                for flags, roles in _role_choices(parts):
+                    total = 0
+                    for j, role in zip(parts, roles):
+                        m = cap.get((j, role), 0)
+                        if m < 1:
+                            total = -1
+                            break
+                        total += m
+                    if total < 0:
+                        continue
+                    key = (len(parts), flags | tight)
+                    if total > own.get(key, (-1, None))[0]:
+                        own[key] = (total, (parts, roles) if trace else None)
+            G: dict[tuple[int, int], tuple[int, Any]] = {}
+            for (g1, f1), (v1, tr1) in F.items():
+                for (g2, f2), (v2, tr2) in own.items():
+                    g = g1 + g2
+                    f = _merge_flags(f1, f2) if g <= S else None
+                    if f is None:
+                        continue
+                    if v1 + v2 > G.get((g, f), (-1, None))[0]:
+                        G[g, f] = (v1 + v2, (tr1, (t, tr2)) if trace else None)
+            F = G
+            if not F:
+                return -1, None
+        want = (_F_ONLY if S == 1 else _F_FIRST | _F_END) | _F_TIGHT
+        return F.get((S, want), (-1, None))
+
+    def _feasible(self, rows, S, B, A, C) -> bool:
+        return self._cover(rows, S, B, A, C)[0] >= self.L
+
+    # ---- the search ----
+
+    def best(self, at_least: float = -math.inf) -> StepPipeline | None:
+        """The pipeline of the highest rate above `at_least` (None: there is none)."""
+        pairs = []
+        for S in self.stage_counts():
+            for B in self.micro_batches():
+                rows = self._type_rows(S, B)
+                if any(not r for r in rows):
+                    continue
+                k = -(-self.L // S) - 1  # some stage holds at least ceil(L / S) layers
+                lo_a = min(r.a[k] for tr in rows for r in tr.values())
+                lo_c = min(r.c[k] for tr in rows for r in tr.values())
+                if not math.isfinite(lo_a):
+                    continue
+                _, f = self.mix(S, B)
+                g_lo = (1 - f) * lo_a + f * lo_c
+                pairs.append((self.effective(B, S) * self.unit / g_lo, S, B, rows))
+        pairs.sort(key=lambda p: (-p[0], p[1], p[2]))
+        best: StepPipeline | None = None
+        floor = at_least
+        for ub, S, B, rows in pairs:
+            if ub <= floor * (1 + _RTOL):
+                break
+            found = self._best_at(rows, S, B, floor)
+            if found is not None and (best is None or found.rate > best.rate * (1 + _RTOL)):
+                best, floor = found, max(floor, found.rate)
+        return best
+
+    def _best_at(self, rows, S: int, B: int, floor: float) -> StepPipeline | None:
+        """The best pipeline at (S, B) above `floor`: the staircase of (A, C)."""
+        _, f = self.mix(S, B)
+        eff = self.effective(B, S) * self.unit
+        two = self.mode == "aggregated"
+        A_vals = np.unique(np.concatenate([r.a[np.isfinite(r.a)] for tr in rows
+                                           for r in tr.values()]))
+        C_vals = (np.unique(np.concatenate([r.c[np.isfinite(r.c)] for tr in rows
+                                            for r in tr.values()])) if two
+                  else np.array([math.inf]))
+        tpot_cap = self.slo.tpot_s / S * (1 + _RTOL)
+        if floor > 0:
+            # a rate above the floor needs g < G, so A < G and (C >= A) f C < G
+            G = eff / floor
+            A_vals = A_vals[A_vals < G]
+            if two and f > 0:
+                C_vals = C_vals[C_vals < G / f]
+            if A_vals.size == 0 or C_vals.size == 0:
+                return None
+
+        def g(A: float, C: float) -> float:
+            return (1 - f) * A + f * C if two else A
+
+        def first_true(vals: np.ndarray, lo: int, test) -> int | None:
+            """Smallest index i >= lo with test(vals[i]) (monotone), or None."""
+            hi = len(vals) - 1
+            if lo > hi or not test(vals[hi]):
+                return None
+            lo -= 1
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if test(vals[mid]):
+                    hi = mid
+                else:
+                    lo = mid
+            return hi
+
+        feas = lambda A, C: self._feasible(rows, S, B, A, C)  # noqa: E731
+        A_top = float(A_vals[-1])
+        ci = first_true(C_vals, 0, lambda C: feas(A_top, C))
+        best_g, best_ac = math.inf, None
+        while ci is not None:
+            C = float(C_vals[ci])
+            g_lo = f * C + (1 - f) * float(A_vals[0]) if two else float(A_vals[0])
+            if g_lo >= best_g or (floor > 0 and eff / g_lo <= floor * (1 + _RTOL)):
+                break  # C only grows along the staircase
+            ai = first_true(A_vals, 0, lambda A: feas(A, C))
+            assert ai is not None
+            A = float(A_vals[ai])
+            if g(A, C) < best_g:
+                best_g, best_ac = g(A, C), (A, C)
+            if not two or ai == 0:
+                break
+            A_next = float(A_vals[ai - 1])
+            ci = first_true(C_vals, ci + 1, lambda C: feas(A_next, C))
+        if best_ac is None or best_g > tpot_cap and self.mode != "prefill":
+            return None
+        rate = eff / best_g
+        if rate <= floor * (1 + _RTOL):
+            return None
+        return self._rebuild(rows, S, B, *best_ac, rate=rate, period=best_g)
+
+    def _rebuild(self, rows, S: int, B: int, A: float, C: float, *, rate: float,
+                 period: float) -> StepPipeline:
+        total, tr = self._cover(rows, S, B, A, C, trace=True)
+        assert total >= self.L
+        groups = []  # (type, j, role, most layers)
+        while tr is not None:
+            tr, (t, (parts, roles)) = tr
+            for j, role in zip(parts, roles):
+                r = rows[t][j, role]
+                groups.append((t, j, role, r.layers_within(A, C)))
+        order = {_FIRST: 0, _ONLY: 0, _MID: 1, _END: 2}
+        groups.sort(key=lambda x: (order[x[2]], x[0], x[1]))
+        spare = sum(x[3] for x in groups) - self.L
+        stages = []
+        start = 0
+        worst_c = 0.0
+        for t, j, role, m in groups:
+            cut = min(spare, m - 1)
+            spare -= cut
+            k = m - cut
+            r = rows[t][j, role]
+            stages.append((self.types[t], j, start, k, r.batch, float(r.a[k - 1]),
+                           float(r.c[k - 1])))
+            worst_c = max(worst_c, float(r.c[k - 1]))
+            start += k
+        assert start == self.L
+        _, f = self.mix(S, B)
+        worst_a = max(st[5] for st in stages)
+        if self.mode == "aggregated":
+            period = (1 - f) * worst_a + f * worst_c
+        else:
+            period = worst_a
+        rate = self.effective(B, S) * self.unit / period
+        tpot = S * period if self.mode != "prefill" else None
+        if self.mode == "decode":
+            ttft = None
+        elif self.mode == "prefill":
+            ttft = S * period
+        else:
+            ttft = S * worst_c
+        return StepPipeline(rate=rate, stages_s=S, micro_batch=B, tpot_s=tpot, ttft_s=ttft,
+                            stages=tuple(stages))
+
+    # ---- the answer as a placement ----
+
+    def placement(self, found: StepPipeline, *, solve_s: float) -> Placement:
+        nodes: list[NodePlacement] = []
+        groups: list[list[int]] = []
+        S = found.stages_s
+        for name, j, first, k, batch, ta, tc in found.stages:
+            need = self._resident_tokens(S, found.micro_batch) / j
+            mem = _memory_bytes(self.perf, self.arch, name, k, first + k == self.L, need)
+            idx = []
+            for _ in range(j):
+                idx.append(len(nodes))
+                nodes.append(NodePlacement(
+                    node_type=name, first_layer=first, layers=k, batch=batch, tp_degree=0,
+                    capacity=found.rate / j, step_s=0.0 if self.mode == "prefill" else ta,
+                    prefill_s=ta if self.mode == "prefill" else (
+                        0.0 if self.mode == "decode" else tc),
+                    mem_bytes=mem))
+            groups.append(idx)
+        T = found.rate
+        edges = [(_SOURCE, i, T / len(groups[0])) for i in groups[0]]
+        for ga, gb in zip(groups, groups[1:]):
+            edges += [(x, y, T / (len(ga) * len(gb))) for x in ga for y in gb]
+        edges += [(i, _SINK, T / len(groups[-1])) for i in groups[-1]]
+        return Placement(throughput=T, nodes=tuple(nodes), edges=tuple(edges),
+                         status=SolveStatus.OPTIMAL, gap=0.0, solve_s=solve_s, method=METHOD,
+                         notes=(f"{STEP_NOTE}: {S} stage(s), micro-batch {found.micro_batch}",),
+                         tpot_s=found.tpot_s, ttft_s=found.ttft_s)
+
+
+def _memory_bytes(perf: Any, arch: ModelArch, node: str, layers: int, last: bool,
+                  kv_tokens: float) -> float:
+    """A node's weights (without the input embedding, which the template adds) and its
+    share of the KV cache (0 for a perf model that does not say)."""
+    try:
+        weights = perf.stage_weight_bytes(arch, layers, first_stage=False, last_stage=last)
+        return float(weights + kv_tokens * perf.kv_bytes_per_token(arch, node, layers))
+    except AttributeError:
+        return 0.0
+
+
+def node_batches(batches: Sequence[int], n: int) -> list[int]:
+    """Every batch a node of an `n`-node pipeline may run: `ceil(j' b / j)` for group sizes
+    `j, j' <= n` and `b` in the grid, up to the grid's largest."""
+    top = max(batches)
+    return sorted({-(-jp * b // j) for b in batches for j in range(1, n + 1)
+                   for jp in range(1, n + 1)} & set(range(1, top + 1)))
+
+
+def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str],
+               slo: SloSpec, mode: Mode, *, batches: Sequence[int] = DEFAULT_BATCHES) -> float:
+    """A true upper bound on the step-model rate of any pipeline over every node of `combo`.
+
+    A stage of `j` nodes on `l` layers delays every step by at least one node's iteration at
+    `b = ceil(B / j)` sequences without prompts, first-stage or last-stage extras, and with the
+    least context `b` sequences can have (`(b - 1) (I + O / 2)`; the micro-batch holds more
+    than `j (b - 1)`), where `l` layers fit the KV cache of more than `b - 1` sequences and
+    meet the SLO. So `rate <= B u / it(l, b) <= j b u / it(l, b)` and `rate l <= j kappa`,
+    `kappa = max over (b, l) of b u l / it(l, b)`; summing over the stages, `rate L <= sum over
+    nodes of kappa` (`b` over `node_batches`, `l` up to the most that fit and meet the SLO)."""
+    memo = _costs(perf, catalog, arch.name)
+    iteration, kv_tokens = memo["fns"][0], memo["fns"][1]
+    grid = sorted(prefill_chunks(slo) if mode == "prefill" else batches)
+    unit = 1.0 / slo.output_tokens if mode == "aggregated" else 1.0
+    I, O = slo.input_tokens, slo.output_tokens
+    limit = slo.ttft_s if mode == "prefill" else slo.tpot_s
+    L = arch.num_layers
+    total = 0.0
+    cands = node_batches(grid, len(combo))
+    for name in combo:
+        key = ("work", slo, mode, len(combo), tuple(grid), name)
+        best = memo["kv"].get(key)
+        if best is None:
+            best = 0.0
+            for b in cands:
+                if mode == "prefill":
+                    args, need = (b, 0, 0), b - 1
+                else:
+                    ctx = max(b, int((b - 1) * (I + O / 2)) - 1)
+                    args, need = (0, b, ctx), (b - 1) * (I + O)
+
+                def it(layers: int) -> float:
+                    return iteration(name, layers, *args, False, False)
+
+                def fits(layers: int) -> bool:
+                    return kv_tokens(name, layers, False, False) > need and it(layers) <= limit
+
+                if not fits(1):
+                    continue
+                lo, hi = 1, L  # the most layers that fit (both tests grow with the layers)
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+                t1, t2, tl = it(1), it(2) if lo > 1 else it(1), it(lo)
+                if lo > 1 and abs(tl - (t1 + (lo - 1) * (t2 - t1))) > 1e-9 * tl:
+                    # not affine in the layers: every count is tried
+                    ratio = max(x / it(x) for x in range(1, lo + 1))
+                else:  # affine with a positive rest: l / it(l) grows with l
+                    ratio = lo / tl
+                best = max(best, b * unit * ratio)
+            memo["kv"][key] = best
+        total += best
+    return total / L
+
+
+def solve_step(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str],
+               slo: SloSpec, mode: Mode, *, max_group: int | None = None,
+               floor: float | None = None, below_note: str,
+               batches: Sequence[int] = DEFAULT_BATCHES) -> Placement:
+    """The best pipeline over every node of `combo` under the step model (above `floor`)."""
+    t0 = time.perf_counter()
+    search = StepSearch(perf, catalog, arch, combo, slo, mode, max_group=max_group,
+                        batches=batches)
+    at_least = floor if floor is not None and floor > 0 else -math.inf
+    found = search.best(at_least)
+    wall = time.perf_counter() - t0
+    if found is None:
+        if floor is not None:  # proven: no pipeline over every node beats the floor
+            return Placement(throughput=0.0, nodes=(), edges=(), status=SolveStatus.OPTIMAL,
+                             gap=0.0, solve_s=wall, method=METHOD,
+                             notes=(f"{below_note} {floor:.6g}",))
+        return Placement(throughput=0.0, nodes=(), edges=(), status=SolveStatus.INFEASIBLE,
+                         gap=0.0, solve_s=wall, method=METHOD,
+                         notes=("no pipeline over all nodes meets memory and the SLO under "
+                                "the step model",))
+    return search.placement(found, solve_s=wall)

@@ -161,7 +161,6 @@ def templates_for_scenario(
     progress: bool = False,
     on_message: Callable[[str], None] | None = None,
     engine: str = DEFAULT_ENGINE,
-    also_vllm_shapes: bool = True,
     **build_options: Any,
 ) -> ScenarioTemplates:
     """Build (or reuse) one library per model and template mode of `scenario`.
@@ -170,9 +169,9 @@ def templates_for_scenario(
     `notes()`). With `out_root=None` nothing is written and everything is solved afresh.
     `build_options` go to `build_library` as they are (e.g. `batches`, `time_limit_s`).
     `engine` limits every template, the homogeneous completions included, to the shapes that
-    engine runs (`coral.templates.engine`; `vllm` solves in topology `chain`). Under Coral's
-    own engine the vLLM libraries are built too and their templates added
-    (`also_vllm_shapes`), as Coral runs those shapes as well.
+    engine runs (`coral.templates.engine`; `vllm` solves in topology `chain`). Coral's own
+    templates need no vLLM-shaped ones beside them: both are searched under the one step
+    model, and Coral's space holds every vLLM pipeline.
     """
     n = int(scenario.spec.n_max if nmax is None else nmax)
     if n < 1:
@@ -186,44 +185,36 @@ def templates_for_scenario(
     by_model: dict[str, tuple[Template, ...]] = {}
     reports: list[BuildReport] = []
     dirs: dict[str, str] = {}
-    # Coral's own runtime runs every shape, vLLM's included: its plans also get, for every
-    # combination, the template the pipeline step model is optimised for exactly (one batch
-    # on every node, `coral.templates.engine`), and the allocator's column of that
-    # combination takes whichever of the two plans more capacity by that model
-    # (`columns_from_templates`). So Coral's plan is never dearer than its vLLM restriction.
-    engines = (engine, "vllm") if engine == "coral" and also_vllm_shapes else (engine,)
     for m in scenario.models:
         slo = scenario_slo(scenario, m.name)
         kept_all: list[Template] = []
-        for eng in engines:
-            eng_topology = engine_topology(eng, topology if eng == engine else None)
-            for mode in scenario.template_modes:
-                out = None if out_root is None else library_dir(out_root, scenario, m.name,
-                                                                 mode, n, eng)
-                kept, report = build_library(
-                    m.name, catalog, slo=slo, mode=mode, topology=eng_topology, engine=eng,
-                    nmax=n, rho=scenario.spec.rho, node_types=scenario.node_types,
-                    regions=regions, out=out, workers=workers, perf=perf, progress=progress,
-                    on_message=on_message, **build_options,
-                )
-                kept_all.extend(kept)
-                # the k x g combinations the library dropped by throughput: one instance
-                # pools its queue, so it may plan above its parts (`coral.templates.homogeneous`)
-                useful = [g for g in scenario.node_types if g not in report.excluded_node_types]
-                combos = homogeneous_combos(m.name, catalog, slo, mode, node_types=useful,
-                                            n_max=n, rho=scenario.spec.rho,
-                                            memory_reserve=tables.memory_reserve)
-                kept_all.extend(cached_completions(
-                    out, _library_digest(out), kept, combos,
-                    lambda c, mode=mode, eng=eng, topo=eng_topology: build_template(
-                        m.name, c, slo, mode, topo, perf, catalog, tables=tables,
-                        time_limit_s=time_limit_s, solver=build_options.get("solver"),
-                        floor=0.0, engine=eng)))
-                reports.append(report)
-                if out is not None:
-                    dirs[f"{m.name}/{mode}" + ("" if eng == engine else f"/{eng}")] = str(out)
-                log.info("%s %s %s: %d templates kept (n_max %d)", m.name, mode, eng,
-                         len(kept), n)
+        for mode in scenario.template_modes:
+            out = None if out_root is None else library_dir(out_root, scenario, m.name,
+                                                             mode, n, engine)
+            kept, report = build_library(
+                m.name, catalog, slo=slo, mode=mode, topology=topology, engine=engine,
+                nmax=n, rho=scenario.spec.rho, node_types=scenario.node_types,
+                regions=regions, out=out, workers=workers, perf=perf, progress=progress,
+                on_message=on_message, **build_options,
+            )
+            kept_all.extend(kept)
+            # the k x g combinations the library dropped by throughput: one instance
+            # pools its queue, so it may plan above its parts (`coral.templates.homogeneous`)
+            useful = [g for g in scenario.node_types if g not in report.excluded_node_types]
+            combos = homogeneous_combos(m.name, catalog, slo, mode, node_types=useful,
+                                        n_max=n, rho=scenario.spec.rho,
+                                        memory_reserve=tables.memory_reserve)
+            kept_all.extend(cached_completions(
+                out, _library_digest(out), kept, combos,
+                lambda c, mode=mode: build_template(
+                    m.name, c, slo, mode, topology, perf, catalog, tables=tables,
+                    time_limit_s=time_limit_s, solver=build_options.get("solver"),
+                    floor=0.0, engine=engine)))
+            reports.append(report)
+            if out is not None:
+                dirs[f"{m.name}/{mode}"] = str(out)
+            log.info("%s %s %s: %d templates kept (n_max %d)", m.name, mode, engine,
+                     len(kept), n)
         by_model[m.name] = tuple(kept_all)
     return ScenarioTemplates(by_model=by_model, nmax=n, scenario_nmax=int(scenario.spec.n_max),
                              reports=tuple(reports), library_dirs=dirs, engine=engine)

@@ -56,7 +56,7 @@ from coral.templates.slo import SloSpec
 from coral.templates.types import Mode, NodePlacement, Placement, SolveStatus
 
 #: Version of the search's model; part of a template library's identity.
-STEP_SEARCH_VERSION = "1"
+STEP_SEARCH_VERSION = "2"
 #: What a step-model placement's notes start with.
 STEP_NOTE = "step model"
 METHOD = "step-dp"

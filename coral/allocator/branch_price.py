@@ -62,19 +62,10 @@ INTEGRALITY_TOL = 1e-6
 #: Share of the remaining time one run of the pattern programme may take (and its cap).
 PLAN_SEARCH_SHARE = 0.25
 PLAN_SEARCH_MAX_S = 1.0
-#: Cost searches also run the programme over pattern parts (`best_part_plan`) at the root
-#: and again once this many new patterns are known, each run for at most
-#: `PART_SEARCH_MAX_S`. Measured on `coral plan core --level limited --mode mixed --nmax 3`
-#: (the demo's plan), twice each: 7.4 / 8.2 s -> 4.5 / 4.5 s to a proven 0.49% gap (it
-#: finds a plan within the root bound's reach after 21 nodes instead of 49); the PD plan of
-#: the same scenario 2.2 -> 1.9 s and 0.17% cheaper. On the benchmark's synthetic `core`
-#: pd/mixed limited draws (20 problems) plans are the same or cheaper (mean objective 688.86
-#: -> 688.70) and the median time 0.5-0.6 s higher. Problems without PD models do not run it:
-#: on the benchmark's synthetic `core` aggregated limited draws (20, the same problems each
-#: way) it raised the median from 0.047 to 0.29 s for a 0.005% cheaper mean plan, and on 12
-#: draws of the real `core` libraries at the limited level (`--library real`) the median
-#: from 6.6 to 10.0 s (the time limit) with dearer plans (mean objective 1,701.5 ->
-#: 1,704.6).
+#: Cost searches with PD models also run the programme over pattern parts
+#: (`best_part_plan`) at the root and again once this many new patterns are known, each run
+#: for at most `PART_SEARCH_MAX_S`: it finds plans within the root bound's reach in fewer
+#: nodes. Problems without PD models do not run it (it costs them more time than it saves).
 RECOMBINE = True
 RECOMBINE_EVERY = 40
 PART_SEARCH_MAX_S = 0.5

@@ -123,64 +123,35 @@ PHASE1_SHARE = 0.5
 #: searching near a rounded PD plan (`_rounded_start`).
 SUPPORT_GROWTH = (0, 100, 300, 1000)
 #: Up to this many columns the search near a rounded PD plan ends with HiGHS on the whole
-#: ILP, whose bound then holds (measured: `advanced` with real libraries, 1,044 columns, to
-#: a 0.23 % gap in 3.7 s; synthetic `advanced` PD, 15,153 columns, root cuts alone 20-36 s).
+#: ILP, whose bound then holds; beyond it HiGHS's root cuts alone outrun the time limit.
 WHOLE_ILP_MAX_COLUMNS = 5_000
-#: Where the whole ILP follows, each search near the rounded plan may take this share of the
-#: time left (before, the search on 300 columns could take it all and the whole ILP never
-#: ran). Measured on the PD and mixed problems of `coral plan advanced --mode auto --nmax 2`
-#: at the three levels (6 problems, 1,200-1,700 columns), all time -> 0.25: limited mixed
-#: 1.80% -> 1.11% gap and $20,944 -> $20,884/h, limited PD 1.98% -> 1.70% ($21,140 ->
-#: $21,168), abundant PD 10.0 s at 0.22% -> 8.0 s at 0.35% ($11,976 -> $11,992), the other
-#: three the same.
+#: Where the whole ILP follows, the share of the time left each search near the rounded plan
+#: may take, so that the whole ILP (which brings the bound) always runs.
 NEIGHBOURHOOD_SHARE = 0.25
 #: Share of a scarcity phase's time HiGHS may take on the columns the LP and the plan so far
-#: use, before the run on every column reduced costs leave (which brings the bound). Measured on the 20 `advanced` scarce draws of
-#: benchmarks/allocator.py (gap 0.5%), all time to it -> half: two draws whose run on these
-#: columns ran out the clock end at 0.25% instead of 2.34% and 0.87% (one with a cheaper
-#: plan), the other 18 with the same plans and gaps; median 6.9 -> 7.1 s (noise level). Phase
-#: 1 holds its run to the same share for the same reason.
+#: use, before the run on every column reduced costs leave (which brings the bound).
 SUPPORT_SHARE = 0.5
 #: Scarcity phase 2 on problems of at least this many columns: HiGHS on the LP's and phase
 #: 1's columns, then on them and these shares of all columns (least reduced cost first), each
 #: run stopping at the first plan the LP bound proves, before the run on every column reduced
-#: costs leave. On large problems the gap is the plan's (a plan within 0.5% of the LP bound
-#: ends the phase), on small ones the bound's (HiGHS's cuts close it, and these runs only add
-#: time: core's 500-column problems took 0.30 -> 1.6 s with growth by 200 and 1000 columns).
-#: Measured on the 20 `advanced` scarce draws of benchmarks/allocator.py (gap 0.5%), solved
-#: in turn without and with, twice: median 4.7 / 4.3 -> 3.7 / 3.5 s, p95 10.0 / 8.9 -> 6.6 /
-#: 6.3 s, mean plan $5,296.80 / $5,293.54 -> $5,289.35 / $5,289.22 per hour; the benchmark
-#: itself (its own chain of draws), twice each: median 4.38 / 4.43 -> 3.38 / 3.56 s, but its
-#: largest gap 0.58% -> 1.09%: one draw whose run on the support alone runs to its limit
-#: (4.5 s) leaves the last run 2.5 s instead of 5.5 s. Skipping these runs after such a
-#: support run was worse there (3.2%: the plan they find is what the last run cuts off by).
+#: costs leave. On large problems the gap is the plan's, on small ones the bound's (where
+#: these runs only add time).
 PHASE2_GROWTH_MIN_COLUMNS = 2_000
 PHASE2_GROWTH = (0.03, 0.15)
 #: Share of phase 2's time left that each of those runs may take.
 GROWTH_TIME_SHARE = 0.25
 #: Share of the cost problem's time branch and price may take (without PD models) before
 #: HiGHS on the whole ILP gets the rest, below its plan and stopping at the first plan the
-#: Lagrangian bound proves (`_highs_after_decomposition`). Measured on 12 draws of the real
-#: `core` libraries at the limited level (benchmarks/allocator.py --library real, the same
-#: problems each way): 1.0 (branch and price alone): 6 within the 0.5% gap, the largest gap
-#: 16.8% (a plan short of demand), mean objective 1,714.56; 0.25: 6, 1.64%, 1,702.37; 0.4:
-#: 6, 1.64%, 1,701.49, median 6.6 s each.
+#: Lagrangian bound proves (`_highs_after_decomposition`): branch and price alone can end
+#: without a plan meeting demand where HiGHS finds one.
 DECOMPOSED_SHARE = 0.4
 #: Share of scarcity phase 1's time the goodput heuristic may take.
 HEURISTIC_SHARE = 0.1
-#: Scarcity phase 1 keeps a plan once its proven gap is within this share of the gap target,
-#: and HiGHS looks only for plans better by more than that. Measured on core scarce: 0.25 or
-#: 0.5 raise the goodput by 0.02-0.03% on average and the median time by 0.1-0.2 s.
-ACCEPT_SHARE = 1.0
-#: ... except where the demand is nearly met (the LP bound serves at least `NEAR_FULL` of the
-#: priority-weighted demand): there phase 1 keeps its heuristic plan only within this share
-#: of the gap target, else HiGHS looks for a better one (to the gap target). A plan 0.5%
-#: short of the best goodput leaves phase 2 so many plans at its floor that HiGHS runs out
-#: the clock; a higher floor is quicker. Measured on the 3 nearly-met draws of those 12
-#: (the LP bound serves 98.5-99.4% of demand there, 50-67% on the synthetic scarce draws):
-#: share 1.0: all three at the 10 s limit, gaps 0.89 / 1.10 / 1.64%; 0.02: 1.2 s at 0.50%,
-#: and 10 s at 0.96 / 0.57%. On the synthetic core scarce draws 0.02 would cost 0.25 ->
-#: 0.35 s median, hence the threshold.
+#: Where the demand is nearly met (the LP bound serves at least `NEAR_FULL` of the
+#: priority-weighted demand), scarcity phase 1 keeps its heuristic plan only within this
+#: share of the gap target, else HiGHS looks for a better one (to the gap target): a plan
+#: 0.5% short of the best goodput leaves phase 2 so many plans at its floor that HiGHS runs
+#: out the clock. Elsewhere a plan within the gap target is kept.
 ACCEPT_SHARE_NEAR_FULL = 0.02
 NEAR_FULL = 0.9
 _INF = highspy.kHighsInf
@@ -1190,7 +1161,7 @@ def _scarcity_bounded(problem: AllocationProblem, dec: Decomposition, arr: "_LpA
     f1, bound1 = -dec.goodput(x1), relaxed.value
     how = "heuristic plan, LP bound"
     near_full = -bound1 >= NEAR_FULL * float(ix.priority @ ix.demand)
-    accept = ACCEPT_SHARE_NEAR_FULL if near_full else ACCEPT_SHARE
+    accept = ACCEPT_SHARE_NEAR_FULL if near_full else 1.0
     if relative_gap(f1, bound1) > accept * gap:
         # first the columns the LP and the heuristic use: a better plan to cut off by, and so
         # more columns fixed below (the heuristic's PD plans are far from the bound)

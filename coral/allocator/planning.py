@@ -586,8 +586,6 @@ def plan_scenario(
         notes = list(ScenarioTemplates({}, n_used, n_scenario).notes())
     # the baselines plan their own (unrestricted) shapes: with another engine they get no
     # templates of Coral's to reuse, as those are restricted, and solve every one they need
-    # (and under Coral's own engine only its own flow templates, not the vLLM-shaped ones
-    # added beside them, so that the baselines are what they were)
     baseline_templates: Mapping[str, Sequence[Template]] = (
         {m: tuple(t for t in tpls if t.topology == "flow") for m, tpls in templates.items()}
         if engine == "coral" else {m: () for m in templates})

@@ -14,8 +14,8 @@ import math
 import numpy as np
 import pytest
 
-from coral.templates.exhaustive import exhaustive_placement, staged_pipeline
-from coral.templates.placement import BELOW_FLOOR_NOTE, solve_placement
+from coral.templates.exhaustive import exhaustive_placement
+from coral.templates.placement import solve_placement
 from coral.templates.placement_chain import best_replicas, path_lp_bound, solve_chain
 from coral.templates.placement_ilp import flow_upper_bound, prepare, solve_ilp
 from coral.templates.types import (
@@ -23,7 +23,6 @@ from coral.templates.types import (
     OperatingPoint,
     Placement,
     PlacementProblem,
-    SOURCE,
     SolveStatus,
 )
 from coral.templates.verify import verify_placement
@@ -122,29 +121,6 @@ def test_flow_is_a_restriction_of_dag(seed):
     _, staged = oracle(seed, "flow")
     _, dag = oracle(seed, "dag")
     assert staged.throughput <= dag.throughput * (1 + RTOL) + 1e-12
-
-
-@pytest.mark.parametrize("seed", range(N_RANDOM))
-@pytest.mark.parametrize("topology", ["flow", "chain"])
-def test_floor_finds_the_best_full_pipeline(seed, topology):
-    """Library mode: the best pipeline over every node, and nothing when the floor is higher."""
-    problem = dataclasses.replace(random_problem(seed), topology=topology)
-    n = len(problem.nodes)
-    if topology == "flow":
-        full = staged_pipeline(problem, tuple(range(n)))
-        want = full[0] if full is not None else 0.0
-    else:
-        want = oracle(seed, "chain")[1].throughput
-    got = solve_placement(problem, floor=0.0)
-    assert got.throughput == pytest.approx(want, rel=RTOL, abs=1e-12)
-    if want > 0:
-        assert not verify_placement(problem, got)
-        assert all(n_.layers > 0 for n_ in got.nodes)
-        assert sum(f for u, v, f in got.edges if u == SOURCE) == pytest.approx(want, rel=RTOL)
-        above = solve_placement(problem, floor=want * (1 + 1e-9))
-        assert above.throughput == 0 and BELOW_FLOOR_NOTE in above.notes[0]
-        below = solve_placement(problem, floor=want * (1 - 1e-6))
-        assert below.throughput == pytest.approx(want, rel=RTOL)
 
 
 @pytest.mark.parametrize("seed", range(N_RANDOM))

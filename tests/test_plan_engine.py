@@ -1,23 +1,19 @@
-"""`--engine vllm`: plans, libraries and the common-batch chain solver.
+"""`--engine vllm`: plans and libraries.
 
 vLLM runs one node per pipeline stage, one GPU count over a pipeline and one batch on every
 node (`coral.templates.engine`). On a small scenario (one model, four node types of 1, 2 and 4
 GPUs, one region, n_max 3, every serving mode; its libraries build in about a second per
 engine) every instance of a vllm plan must be such a chain and cost no less than Coral's
-plan; on random tiny placement problems the common-batch solver must equal brute force over
-batch values.
+plan. (The search a vLLM template comes from is checked against brute force over the step
+model in `tests/test_placement_step.py`.)
 """
 
 from __future__ import annotations
 
-import itertools
-
-import dataclasses
 import json
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -27,15 +23,11 @@ from coral.catalog import default_catalog
 from coral.cli.main import app
 from coral.perf.pipeline import PipelineShape
 from coral.templates.build import build_library, build_template
-from coral.templates.engine import engine_violations, solve_common_batch
-from coral.templates.exhaustive import exhaustive_placement
-from coral.templates.operating_points import shared_tables
+from coral.templates.engine import engine_violations
 from coral.templates.parallel import default_perf_factory
-from coral.templates.placement import BELOW_FLOOR_NOTE
 from coral.templates.slo import SloSpec
 from coral.templates.store import LibraryInputs
-from coral.templates.types import NodeSpec, OperatingPoint, PlacementProblem, SolveStatus
-from coral.templates.verify import verify_placement
+from coral.templates.types import SolveStatus
 
 runner = CliRunner(env={"COLUMNS": "220"})
 
@@ -204,132 +196,3 @@ def test_library_digest_names_only_a_restricted_engine():
     vllm = LibraryInputs.create(**common, engine="vllm")
     assert "engine" not in coral.as_dict()
     assert vllm.as_dict()["engine"] == "vllm" and vllm.digest() != coral.digest()
-
-
-def test_per_batch_points_keep_what_another_batch_dominates():
-    """Prefill chunks: a larger chunk can be slower per token than a smaller one on the same
-    layers (dropped for Coral), yet a pipeline running that chunk needs it."""
-    catalog = default_catalog()
-    tables = shared_tables(default_perf_factory(catalog), catalog)
-    slo = SloSpec.make(tpot_s=0.1, ttft_s=2.0, input_tokens=1024, output_tokens=256)
-    pruned = tables.problem("llama-3.1-8b", ["1x-l4"], slo, "prefill", "chain")
-    full = tables.problem("llama-3.1-8b", ["1x-l4"], slo, "prefill", "chain", per_batch=True)
-    a, b = set(pruned.nodes[0].options), set(full.nodes[0].options)
-    assert a < b
-
-
-# ---------------------------------------------------------------------------------------------
-# The common-batch solver against brute force
-# ---------------------------------------------------------------------------------------------
-
-
-def _spec(rng: np.random.Generator, name: str, L: int, batches: list[int]) -> NodeSpec:
-    c0, c1, fixed = rng.uniform(0.5, 2.0), rng.uniform(0.05, 0.5), rng.uniform(0.1, 2.0)
-    comm, p1, kv = rng.uniform(0.0, 0.5), rng.uniform(1, 5), rng.uniform(0.02, 0.6)
-    # a quadratic term makes some node types fastest per sequence at a small batch and
-    # others at a large one, so that one common batch can cost throughput
-    c2 = rng.uniform(0.01, 0.1) if rng.random() < 0.5 else 0.0
-    opts = []
-    for k in range(1, L + 1):
-        for b in batches:
-            for last in (False, True):
-                if not last and k == L:
-                    continue
-                t = k * (c0 + c1 * b + c2 * b * b) + fixed + (0.0 if last else comm)
-                opts.append(OperatingPoint(
-                    layers=k, batch=b, is_last=last, step_s=t,
-                    prefill_s=k * p1 * (1 + 0.1 * b) + fixed, capacity=b / t,
-                    mem_bytes=k * (1.0 + b * kv)))
-    return NodeSpec(node_type=name, mem_bytes=L * rng.uniform(0.5, 2.0),
-                    nic_bytes_per_s=rng.uniform(0.5, 20.0), options=tuple(opts))
-
-
-def _random_chain_problem(seed: int) -> PlacementProblem:
-    """1-3 nodes of one or two random types, 2-9 layers, 2-3 batch values, TPOT and TTFT
-    bounds (sometimes none) of the order of the slowest type's full-model time per stage."""
-    rng = np.random.default_rng(1000 + seed)
-    n = int(rng.integers(1, 4)) if seed % 8 == 0 else int(rng.integers(2, 4))
-    L = int(rng.integers(2, 10))
-    batches = sorted(int(b) for b in rng.choice([1, 2, 4, 8, 16], size=int(rng.integers(2, 4)),
-                                                replace=False))
-    kinds = [_spec(rng, f"t{t}", L, batches) for t in range(1 if seed % 5 == 0 else 2)]
-    nodes = tuple(kinds[int(rng.integers(len(kinds)))] for _ in range(n))
-    slow = max(min(o.step_s for o in k.options if o.layers == L) for k in kinds)
-    slow_pre = max(min(o.prefill_s for o in k.options if o.layers == L) for k in kinds)
-    return PlacementProblem(
-        num_layers=L, nodes=nodes,
-        tpot_s=slow * n * rng.uniform(0.7, 2.0) if seed % 4 != 3 else None,
-        ttft_s=slow_pre * n * rng.uniform(0.7, 2.0) if seed % 2 == 0 else None,
-        first_stage_extra_bytes=rng.uniform(0.0, 1.0),
-        edge_bytes_per_unit=rng.uniform(0.5, 2.0), topology="chain")
-
-
-def _brute_force_common_batch(problem: PlacementProblem) -> float:
-    """Every batch value, every order of the problem's nodes, every split of the layers and
-    every operating point at that batch: the best rate of a chain over every node as the
-    pipeline step model runs it (`coral.perf.step`): `n` micro-batches, a step of `n x` the
-    slowest node's step time (TPOT), a prompt's step of `n x` the slowest prefill time
-    (TTFT), the rate the smallest node capacity or link. Written from the model, not from
-    the solver's per-node bounds."""
-    from coral.templates.exhaustive import _fits, _nic
-
-    L, N = problem.num_layers, len(problem.nodes)
-    best = 0.0
-    for b in sorted({o.batch for n in problem.nodes for o in n.options}):
-        for perm in set(itertools.permutations(range(N))):
-            for cuts in itertools.combinations(range(1, L), N - 1):
-                bounds = (0, *cuts, L)
-                choices = []
-                for pos, i in enumerate(perm):
-                    k, s = bounds[pos + 1] - bounds[pos], bounds[pos]
-                    choices.append([op for oi, op in enumerate(problem.nodes[i].options)
-                                    if op.batch == b and op.layers == k
-                                    and op.is_last == (pos == N - 1) and _fits(problem, i, oi, s)])
-                for ops in itertools.product(*choices):
-                    tpot = N * max(op.step_s for op in ops)
-                    ttft = N * max(op.prefill_s for op in ops)
-                    if problem.tpot_s is not None and tpot > problem.tpot_s * (1 + 1e-9):
-                        continue
-                    if problem.ttft_s is not None and ttft > problem.ttft_s * (1 + 1e-9):
-                        continue
-                    rate = min(op.capacity for op in ops)
-                    for a, c in zip(perm, perm[1:]):
-                        rate = min(rate, _nic(problem, a, c))
-                    best = max(best, rate)
-    return best
-
-
-N_RANDOM = 40
-_RESTRICTIVE: list[int] = []  # seeds where the common batch costs throughput
-
-
-@pytest.mark.parametrize("seed", range(N_RANDOM))
-def test_common_batch_matches_brute_force(seed):
-    problem = _random_chain_problem(seed)
-    want = _brute_force_common_batch(problem)
-    got = solve_common_batch(problem)
-    assert got.throughput == pytest.approx(want, rel=1e-6, abs=1e-12)
-    for floor in (0.0, want * (1 - 1e-6)):  # the library path (floor) finds the same
-        cut = solve_common_batch(problem, floor=floor)
-        assert cut.throughput == pytest.approx(want, rel=1e-6, abs=1e-12)
-    if want > 0:
-        assert not verify_placement(problem, got)
-        assert len({n.batch for n in got.nodes}) == 1
-        above = solve_common_batch(problem, floor=want * (1 + 1e-9))
-        assert above.throughput == 0 and BELOW_FLOOR_NOTE in above.notes[0]
-        if want < exhaustive_placement(problem).throughput * (1 - 1e-6):
-            _RESTRICTIVE.append(seed)
-    else:
-        assert got.status is SolveStatus.INFEASIBLE
-
-
-def test_random_problems_exercise_the_restriction():
-    """Some random problems must lose throughput to the common batch (else the brute-force
-    comparison could pass with the unrestricted chain solver)."""
-    if len(_RESTRICTIVE) == 0:
-        for seed in range(N_RANDOM):
-            problem = _random_chain_problem(seed)
-            want = _brute_force_common_batch(problem)
-            if 0 < want < exhaustive_placement(problem).throughput * (1 - 1e-6):
-                _RESTRICTIVE.append(seed)
-    assert len(set(_RESTRICTIVE)) >= 3

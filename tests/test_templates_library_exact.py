@@ -1,12 +1,12 @@
 """A library built with every shortcut equals one built without any.
 
 The default build solves each combination only for a single pipeline over all of its nodes
-that beats the floor (its parts' best), with the multiset search of `placement_staged` and
-its cheap bounds in front. The reference build (`bound_skip=False`) gives the floor to
-nobody: every combination is solved completely — the best split into replicas, each found
-by the ordered DP — and classified afterwards. On random small instances (random node-type
-subsets of the real catalog, random SLOs, both topologies) the two must keep the same
-combinations with the same throughputs, and agree on every dominated one.
+that beats the floor (its parts' best), with the step-model search (`placement_step`) and
+its work bound in front. The reference build (`bound_skip=False`) gives the floor to nobody
+and cuts nothing before solving: every combination's best pipeline is found in full and
+classified afterwards. On random small instances (random node-type subsets of the real
+catalog, random SLOs, both topologies) the two must keep the same combinations with the
+same throughputs, and agree on every dominated one.
 """
 
 from __future__ import annotations
@@ -78,12 +78,12 @@ def test_instances_keep_and_drop_something(real):
     assert kept > 50 and dropped > 50
 
 
-def test_pipeline_bound_skip_matches_the_solve(real):
-    """A combination skipped because no pipeline over all its nodes can beat the floor is
-    exactly one the solver, given that floor, finds nothing above it for."""
+def test_work_bound_skip_matches_the_solve(real):
+    """A combination skipped because its work bound is no more than the floor is one the
+    search, given that floor, finds nothing above; below the best it is solved."""
     from coral.templates.build import Task, build_template, solve_task
     from coral.templates.operating_points import shared_tables
-    from coral.templates.placement import pipeline_bound
+    from coral.templates.placement_step import work_bound
     from coral.templates.slo import default_slo
 
     cat, perf = real
@@ -91,15 +91,17 @@ def test_pipeline_bound_skip_matches_the_solve(real):
     slo = default_slo(model)
     tables = shared_tables(perf, cat)
     combo = ("1x-l4", "1x-l4", "1x-t4")
-    full = pipeline_bound(tables.problem(model, combo, slo, "aggregated", "flow"))
-    assert full > 0
+    bound = work_bound(perf, cat, model, combo, slo, "aggregated")
+    best = build_template(model, combo, slo, "aggregated", "flow", perf, cat, tables=tables,
+                          floor=0.0).throughput
+    assert 0 < best <= bound
     kw = dict(model=model, slo=slo, mode="aggregated", topology="flow", perf=perf, catalog=cat,
               tables=tables, time_limit_s=60.0, method="auto")
-    skipped = solve_task(Task(combo, full), bound_skip=True, **kw)
-    assert skipped.template is None and skipped.bound <= full
+    skipped = solve_task(Task(combo, bound), bound_skip=True, **kw)
+    assert skipped.template is None and skipped.bound <= bound
     solved = build_template(model, combo, slo, "aggregated", "flow", perf, cat, tables=tables,
-                            floor=full)
-    assert solved.throughput == 0 and solved.upper_bound == full
-    low = 0.5 * min(full, tables.throughput_bound(model, combo, slo, "aggregated"))
-    below = solve_task(Task(combo, low), bound_skip=True, **kw)
-    assert below.template is not None  # not skipped: a pipeline might beat that floor
+                            floor=bound)
+    assert solved.throughput == 0 and solved.upper_bound == bound
+    below = solve_task(Task(combo, 0.5 * best), bound_skip=True, **kw)
+    assert below.template is not None
+    assert below.template.throughput == pytest.approx(best, rel=1e-12)

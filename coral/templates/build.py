@@ -1,7 +1,9 @@
 """Build serving templates: one combination (`build_template`) or a whole library.
 
-`build_template` turns (model, node combination, SLO, mode, topology) into a placement problem
-through the memoised operating points, solves it exactly and wraps the answer in a `Template`.
+`build_template` solves (model, node combination, SLO, mode, topology) exactly and wraps the
+answer in a `Template`: one pipeline over every node by the step-model search
+(`placement_step`) when a library asks (a floor) or for vLLM, otherwise the placement problem
+of the memoised operating points by `placement.solve_placement`.
 
 `build_library` enumerates the model's combinations and solves them in waves of increasing
 size, so that when a combination is solved every multiset it contains is already known. That
@@ -16,13 +18,12 @@ makes two lossless cuts possible:
 - **floor** (while solving): `best_sub`, the best a proper part of the combination reaches
   (a sub-multiset alone, or two disjoint parts side by side, see `split_floor`), is the
   floor; anything that splits the nodes into smaller replicas is at most that, so only one
-  pipeline over *all* the nodes can beat it, and that is all the solver looks for
-  (`placement_staged.best_full_pipeline`: usually one threshold test says "nothing beats
-  the floor").
-- **bound** (before solving): `OperatingPointTables.throughput_bound` is a true upper bound on
-  a combination's throughput, and `pipeline_bound` one on any pipeline over all of its
-  nodes; when the first is no more than the floor, or (flow and chain topologies) the second
-  is, the combination cannot be kept, and it is not solved.
+  pipeline over *all* the nodes can beat it, and that is all the search looks for (its
+  micro-batches and stage counts are tried best bound first, so most stop at once).
+- **bound** (before solving): `placement_step.work_bound` (for a custom solver or method,
+  `OperatingPointTables.throughput_bound`) is a true upper bound on a combination's
+  throughput; when it is no more than the floor, the combination cannot be kept, and it is
+  not solved.
 
 Zero-throughput and infeasible combinations are recorded and dropped. Every outcome is written
 to the library as it arrives (see `store.py`), so an interrupted build resumes where it
@@ -66,11 +67,9 @@ from coral.templates.engine import (
     engine_topology,
     max_nodes,
     same_gpu_count,
-    solve_common_batch,
 )
 from coral.templates.slo import SloSpec
-from coral.templates.placement import BELOW_FLOOR_NOTE, pipeline_bound
-from coral.templates.placement_step import solve_step, work_bound
+from coral.templates.placement_step import BELOW_FLOOR_NOTE, solve_step, work_bound
 from coral.templates.types import (
     Mode,
     NodePlacement,
@@ -350,13 +349,13 @@ def build_template(
     """Solve one combination: the best SLO-feasible placement of `model` on its nodes.
 
     With `floor` (library builds, `flow` and `chain` topologies) only a single pipeline over
-    every node that beats `floor` is sought; when there is none the template has throughput 0
-    and `upper_bound` = `floor` (the combination is dominated by its parts). A custom `solver`
-    is never given the floor.
+    every node that beats `floor` is sought, under the step model it runs by; when there is
+    none the template has throughput 0 and `upper_bound` = `floor` (the combination is
+    dominated by its parts). A custom `solver` or `method` is never given the floor.
 
     `engine` restricts the space to what that engine runs (`coral.templates.engine`): `vllm`
     needs topology `chain` and node types of one GPU count (else the template is infeasible),
-    and solves for one common batch on every node.
+    and its template is always one pipeline over every node (one node per stage).
     """
     arch = catalog.model(model) if isinstance(model, str) else model
     mode = check_mode(mode)
@@ -379,31 +378,25 @@ def build_template(
             "runs no pipeline parallelism on the decode side)",
         )
     tables = tables or shared_tables(perf, catalog, batches)
-    problem = tables.problem(arch, names, slo, mode, topology, per_batch=engine == "vllm")
-    solve = solver or _default_solver()
+    problem = tables.problem(arch, names, slo, mode, topology)
     start = time.perf_counter()
-    with_floor = (floor is not None and solver is None and topology in ("flow", "chain")
-                  and method == "auto")
-    by_steps = uses_step_search(engine, topology, method, solver, floor)
-    if not by_steps and not any(node.options for node in problem.nodes):
+    if uses_step_search(engine, topology, method, solver, floor):
+        # one pipeline over every node, exact under the step model it runs by; vLLM (and the
+        # chain topology) runs one node per stage
+        placement = solve_step(tables.perf, catalog, arch, names, slo, mode,
+                               max_group=None if topology == "flow" else 1, floor=floor,
+                               batches=tables.batches)
+    elif engine == "vllm":
+        raise ValueError("vLLM templates are searched under the step model (one pipeline over "
+                         "every node); a custom solver or method does not apply")
+    elif not any(node.options for node in problem.nodes):
         return infeasible_template(
             arch, names, slo, mode, topology, catalog,
             "no node has an operating point that fits its memory and meets the SLO",
         )
-    if by_steps:
-        # one pipeline over every node, exact under the step model it runs by; vLLM (and the
-        # chain topology) runs one node per stage
-        placement = solve_step(tables.perf, catalog, arch, names, slo, mode,
-                               max_group=None if topology == "flow" else 1,
-                               floor=floor if with_floor else None, below_note=BELOW_FLOOR_NOTE,
-                               batches=tables.batches)
-    elif engine == "vllm":
-        placement = solve_common_batch(problem, time_limit_s=time_limit_s, method=method,
-                                       floor=floor if with_floor else None, solver=solver)
-    elif with_floor:
-        placement = solve(problem, time_limit_s=time_limit_s, method=method, floor=floor)
     else:
-        placement = solve(problem, time_limit_s=time_limit_s, method=method)
+        placement = (solver or _default_solver())(problem, time_limit_s=time_limit_s,
+                                                   method=method)
     wall = time.perf_counter() - start
     # the wall time of the whole call (the solver's own figure may leave out its presolve)
     tpl = template_from_placement(
@@ -513,13 +506,6 @@ def solve_task(
         bound = tables.throughput_bound(model, task.combo, slo, mode)
     if bound_skip and task.best_sub > 0 and bound <= task.best_sub * (1 + DOMINANCE_RTOL):
         return Outcome(task.combo, None, bound, time.perf_counter() - start)
-    if (bound_skip and task.best_sub > 0 and solver is None and method == "auto"
-            and topology in ("flow", "chain") and not by_steps):
-        # only a single pipeline over every node can beat the floor (see `build_template`)
-        full = pipeline_bound(tables.problem(model, task.combo, slo, mode, topology))
-        if full <= task.best_sub:
-            bound = min(bound, task.best_sub)  # the parts' best, and no pipeline beats it
-            return Outcome(task.combo, None, bound, time.perf_counter() - start)
     tpl = build_template(
         model, task.combo, slo, mode, topology, perf, catalog, tables=tables,
         time_limit_s=time_limit_s, method=method, solver=solver,

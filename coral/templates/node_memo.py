@@ -4,31 +4,25 @@
 Without its path filter it treats each node on its own, and a library solves tens of
 thousands of combinations built from a few dozen memoised `NodeSpec`s, so the one-node
 results are kept here (keyed by the spec's identity and the problem's scalars) and
-`prepare_unfiltered` puts them side by side. The solvers hang what else they derive from one
-node (`NodeMemo.tables`, `NodeMemo.flags`) on the same entry.
+`prepare_unfiltered` puts them side by side.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from coral.templates.placement_ilp import NodeOptions, Prepared, prepare, within
+from coral.templates.placement_ilp import NodeOptions, Prepared, prepare
 from coral.templates.types import NodeSpec, PlacementProblem
 
 
 @dataclass
 class NodeMemo:
-    """What `prepare` (without the path filter) makes of one node on its own, and what the
-    solvers derive from it (mutable only through `tables` and `flags`, lazily filled)."""
+    """What `prepare` (without the path filter) makes of one node on its own."""
 
     spec: NodeSpec  # held so that its id is not reused while the entry lives
     alone: Prepared  # `prepare` of the one-node problem
     group_key: tuple | None  # `NodeOptions.key` (None: the node cannot carry flow)
-    best_capacity: float  # best capacity among the points within both SLOs on their own
-    tables: dict[str, Any] = field(default_factory=dict)  # derived tables (placement_staged)
-    flags: dict[str, bool] = field(default_factory=dict)  # derived facts, by name
 
 
 #: Largest number of per-node entries kept (one library build needs about 21 node types x
@@ -47,10 +41,7 @@ def node_memo(problem: PlacementProblem, spec: NodeSpec) -> NodeMemo:
         return hit
     alone = prepare(dataclasses.replace(problem, nodes=(spec,)), path_filter=False)
     u = alone.usable[0] if alone.usable else None
-    best = max((op.capacity for op in spec.options
-                if within(op.step_s, problem.tpot_s) and within(op.prefill_s, problem.ttft_s)),
-               default=0.0)
-    hit = NodeMemo(spec, alone, None if u is None else u.key(spec), best)
+    hit = NodeMemo(spec, alone, None if u is None else u.key(spec))
     if len(_NODE_MEMO) >= _NODE_MEMO_SIZE:
         _NODE_MEMO.clear()
     _NODE_MEMO[key] = hit
@@ -84,33 +75,3 @@ def prepare_unfiltered(problem: PlacementProblem) -> Prepared:
         groups.setdefault(memo.group_key, []).append(i)
     stats["kept"] = sum(len(u) for u in usable if u is not None)
     return Prepared(problem, None, usable, idle, list(groups.values()), stats=stats)
-
-
-def pipeline_bound(problem: PlacementProblem) -> float:
-    """Upper bound on any pipeline that uses every node: each node type's nodes carry all of
-    the flow through their stages, at most `count x` its best capacity among the points that
-    meet the SLO on their own (a group of identical nodes; `chain`: one node, lower still).
-
-    Nodes are identical when `prepare` would group them (equal `NodeOptions.key`), whether
-    or not their specs are one object."""
-    best: dict[tuple, float] = {}
-    count: dict[tuple, int] = {}
-    for spec in problem.nodes:
-        memo = node_memo(problem, spec)
-        key = memo.group_key if memo.group_key is not None else ("unusable", id(spec))
-        count[key] = count.get(key, 0) + 1
-        best[key] = max(best.get(key, 0.0), memo.best_capacity)
-    return min((best[k] * count[k] for k in best), default=0.0)
-
-
-def shared_memo(prep: Prepared, i: int) -> NodeMemo | None:
-    """The memo entry node `i` of `prep` came from, if its options are the memo's own."""
-    P = prep.problem
-    u = prep.usable[i]
-    memo = _NODE_MEMO.get((id(P.nodes[i]), P.num_layers, P.tpot_s, P.ttft_s,
-                           P.first_stage_extra_bytes))
-    if (memo is not None and memo.spec is P.nodes[i] and memo.alone.usable
-            and memo.alone.usable[0] is not None and u is not None
-            and memo.alone.usable[0].opt is u.opt):
-        return memo
-    return None

@@ -38,9 +38,7 @@ This is an approximation (mean shapes, a sequence's whole context reserved from 
 Options whose memory exceeds the node's memory less `MEMORY_RESERVE_FRACTION` are dropped,
 as are options that alone exceed the TPOT or TTFT target (no path through them can meet it)
 and options dominated by another with the same layers and role (no more capacity, no less
-time or memory) — all lossless for the placement. The last cut is not lossless where a
-pipeline must run one batch on every node (`coral.templates.engine`, vLLM): `per_batch=True`
-keeps those points. The input embedding is
+time or memory) — all lossless for the placement. The input embedding is
 `first_stage_extra_bytes` (the solver adds it to the node holding layer 0); a tied model on
 one node is charged its embedding matrix twice (conservative).
 """
@@ -280,12 +278,8 @@ class OperatingPointTables:
         slo: SloSpec,
         mode: Mode,
         n_nodes: int,
-        *,
-        per_batch: bool = False,
     ) -> NodeSpec:
-        """`per_batch`: keep points that another batch of the same (layers, role) dominates
-        (what a node must run when the whole pipeline runs one batch, `coral.templates.engine`)."""
-        return self._spec_and_bound(model, node, slo, mode, n_nodes, per_batch=per_batch)[0]
+        return self._spec_and_bound(model, node, slo, mode, n_nodes)[0]
 
     def node_bound(
         self,
@@ -304,19 +298,17 @@ class OperatingPointTables:
         slo: SloSpec,
         mode: Mode,
         n_nodes: int,
-        *,
-        per_batch: bool = False,
     ) -> tuple[NodeSpec, NodeBound]:
         if n_nodes < 1:
             raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
         arch, node_t = self._arch(model), self._node(node)
-        key = (arch.name, node_t.name, slo, mode, n_nodes) + (("per_batch",) if per_batch else ())
+        key = (arch.name, node_t.name, slo, mode, n_nodes)
         hit = self._specs.get(key)
         if hit is not None:
             return hit
         table = self.time_table(arch, node_t, slo, mode)
         start = time.perf_counter()
-        hit = self._build_spec(arch, node_t, slo, mode, n_nodes, table, per_batch=per_batch)
+        hit = self._build_spec(arch, node_t, slo, mode, n_nodes, table)
         self._specs[key] = hit
         self.stats.node_specs += 1
         self.stats.node_spec_s += time.perf_counter() - start
@@ -330,8 +322,6 @@ class OperatingPointTables:
         mode: Mode,
         n: int,
         table: TimeTable,
-        *,
-        per_batch: bool = False,
     ) -> tuple[NodeSpec, NodeBound]:
         I, O = slo.input_tokens, slo.output_tokens
         L = arch.num_layers
@@ -380,8 +370,7 @@ class OperatingPointTables:
             ok &= step <= slo.tpot_s
         if mode in ("aggregated", "prefill"):
             ok &= prefill <= slo.ttft_s
-        if not per_batch:
-            ok &= _pareto_mask(capacity, step, prefill, mem)
+        ok &= _pareto_mask(capacity, step, prefill, mem)
 
         ks, js, ls = np.nonzero(ok)
         options = tuple(
@@ -419,16 +408,13 @@ class OperatingPointTables:
         slo: SloSpec,
         mode: Mode,
         topology: Topology = "flow",
-        *,
-        per_batch: bool = False,
     ) -> PlacementProblem:
-        """The placement problem of a combination; `per_batch` as in `node_spec`."""
+        """The placement problem of a combination."""
         arch = self._arch(model)
         n = len(combo)
         if n == 0:
             raise ValueError("a combination needs at least one node")
-        nodes = tuple(self.node_spec(arch, name, slo, mode, n, per_batch=per_batch)
-                      for name in combo)
+        nodes = tuple(self.node_spec(arch, name, slo, mode, n) for name in combo)
         return PlacementProblem(
             num_layers=arch.num_layers,
             nodes=nodes,

@@ -9,13 +9,8 @@
   capped by the bound, within the time limit (status `time_limit` with the proven gap if it
   runs out).
 
-`floor` (library builds): only a placement that uses *every* node as one pipeline and beats
-`floor` is wanted (the best split into smaller replicas is the sum of sub-combinations'
-templates, which the library already has). The answer is then the best such pipeline, or a
-zero-throughput placement whose `upper_bound` note says nothing beats the floor. It is found
-by the multiset search of `placement_staged` (the same optimum as the chain DP over all
-nodes, much faster; it falls back to that DP where a NIC link or both SLOs may bind), on
-preprocessing memoised per node (`node_memo`).
+A library's templates (one pipeline over every node, beating a floor) are not solved here but
+by the step-model search (`placement_step`), under the model the instance runs by.
 
 `method="ilp"` forces the tightened MILP (`chain` and `dag` only), `method="naive"` the
 naive MILP of the DAG (a benchmark baseline).
@@ -23,7 +18,6 @@ naive MILP of the DAG (a benchmark baseline).
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Literal
 
@@ -35,20 +29,16 @@ from coral.templates.placement_ilp import (
     solve_ilp,
     to_placement,
 )
-from coral.templates.node_memo import pipeline_bound, prepare_unfiltered
-from coral.templates.placement_staged import best_full_pipeline
+from coral.templates.node_memo import prepare_unfiltered
 from coral.templates.types import Placement, PlacementProblem, SolveStatus
 
 Method = Literal["auto", "ilp", "naive"]
 
 _BOUND_RTOL = 1e-9
 
-#: What `Placement.notes` says when a floor was given and no full pipeline beats it.
-BELOW_FLOOR_NOTE = "no pipeline over all nodes beats the floor"
-
 
 def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
-                    method: Method = "auto", floor: float | None = None) -> Placement:
+                    method: Method = "auto") -> Placement:
     """Best placement of `problem`; `status` says whether it is proven optimal."""
     t0 = time.perf_counter()
     if method == "naive":
@@ -60,18 +50,12 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
     if method == "ilp" and problem.topology == "flow":
         raise ValueError("the flow topology is solved exactly by the staged DP; "
                          "the MILP models the chain and dag topologies")
-    if (floor is not None and floor > 0 and problem.topology in ("flow", "chain")
-            and method == "auto" and pipeline_bound(problem) <= floor):
-        return _below_floor(floor, t0, "staged-dp" if problem.topology == "flow" else "chain-dp")
     if problem.topology == "dag" or method != "auto":
         prep = prepare(problem, path_filter=True)
     else:
         prep = prepare_unfiltered(problem)
     if prep.infeasible:
         return infeasible_placement(prep.infeasible, time.perf_counter() - t0, method)
-
-    if floor is not None and problem.topology in ("flow", "chain") and method == "auto":
-        return _full_pipeline(problem, prep, floor, t0)
 
     if problem.topology == "flow":
         best = best_replicas(prep)  # empty when nothing can serve: every node idle, flow 0
@@ -108,24 +92,6 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
         p = to_placement(prep, heuristic, status=p.status, gap=gap, solve_s=0.0,
                          method=p.method, notes=p.notes)
     return _with_time(p, time.perf_counter() - t0)
-
-
-def _full_pipeline(problem: PlacementProblem, prep, floor: float, t0: float) -> Placement:
-    """The best single pipeline over every node, if it beats `floor` (library builds)."""
-    groups = problem.topology == "flow"
-    ch = best_full_pipeline(prep, groups=groups, at_least=floor if floor > 0 else -math.inf)
-    method = "staged-dp" if groups else "chain-dp"
-    if ch is None or ch.throughput <= 0:
-        return _below_floor(floor, t0, method)
-    return to_placement(prep, ch.assignment(), status=SolveStatus.OPTIMAL, gap=0.0,
-                        solve_s=time.perf_counter() - t0, method=method,
-                        keep_empty_edges=not groups)
-
-
-def _below_floor(floor: float, t0: float, method: str) -> Placement:
-    return Placement(throughput=0.0, nodes=(), edges=(), status=SolveStatus.OPTIMAL, gap=0.0,
-                     solve_s=time.perf_counter() - t0, method=method,
-                     notes=(f"{BELOW_FLOOR_NOTE} {floor:.6g}",))
 
 
 def _with_time(p: Placement, solve_s: float) -> Placement:

@@ -57,6 +57,9 @@ from coral.templates.types import Mode, NodePlacement, Placement, SolveStatus
 
 #: Version of the search's model; part of a template library's identity.
 STEP_SEARCH_VERSION = "2"
+#: What `Placement.notes` says when a library asks for a pipeline over every node above a
+#: floor (its parts' best) and there is none.
+BELOW_FLOOR_NOTE = "no pipeline over all nodes beats the floor"
 #: What a step-model placement's notes start with.
 STEP_NOTE = "step model"
 METHOD = "step-dp"
@@ -581,7 +584,7 @@ def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str
 
 def solve_step(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str],
                slo: SloSpec, mode: Mode, *, max_group: int | None = None,
-               floor: float | None = None, below_note: str,
+               floor: float | None = None,
                batches: Sequence[int] = DEFAULT_BATCHES) -> Placement:
     """The best pipeline over every node of `combo` under the step model (above `floor`)."""
     t0 = time.perf_counter()
@@ -594,7 +597,7 @@ def solve_step(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str
         if floor is not None:  # proven: no pipeline over every node beats the floor
             return Placement(throughput=0.0, nodes=(), edges=(), status=SolveStatus.OPTIMAL,
                              gap=0.0, solve_s=wall, method=METHOD,
-                             notes=(f"{below_note} {floor:.6g}",))
+                             notes=(f"{BELOW_FLOOR_NOTE} {floor:.6g}",))
         return Placement(throughput=0.0, nodes=(), edges=(), status=SolveStatus.INFEASIBLE,
                          gap=0.0, solve_s=wall, method=METHOD,
                          notes=("no pipeline over all nodes meets memory and the SLO under "

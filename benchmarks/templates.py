@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 
 from coral.catalog import default_catalog
-from coral.templates.build import DOMINANCE_RTOL, build_library, build_template
+from coral.templates.build import build_library
+from coral.templates.solve import DOMINANCE_RTOL, build_template
 from coral.templates.enumerate import DEFAULT_NMAX, DEFAULT_RHO, enumerate_combinations
 from coral.templates.operating_points import DEFAULT_BATCHES, OperatingPointTables
 from coral.templates.parallel import default_perf_factory

@@ -37,7 +37,8 @@ from coral.baselines.cauchy import greedy_units
 from coral.baselines.common import combo_key, scenario_slo
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
-from coral.templates.build import TemplateNode, build_template
+from coral.templates.solve import build_template
+from coral.templates.template import TemplateNode
 from coral.templates.enumerate import enumerate_combinations
 from coral.templates.operating_points import shared_tables
 from coral.templates.slo import default_slo

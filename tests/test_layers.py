@@ -60,9 +60,6 @@ KNOWN_UPWARD = {
 #: Import cycles still to be removed (each a set of modules that reach one another), with
 #: why and who owns the fix. A cycle found must lie inside one of these.
 KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"coral.templates.build", "coral.templates.store", "coral.templates.parallel"}):
-        "Template and Outcome live in build.py, which store.py and parallel.py read and which "
-        "calls them; they belong in templates/types.py (templates owner)",
     frozenset({"coral.allocator.planning", "coral.baselines", "coral.baselines.common",
                "coral.baselines.cauchy", "coral.baselines.helix", "coral.baselines.homo",
                "coral.baselines.joint", "coral.baselines.melange", "coral.baselines.run"}):

@@ -19,7 +19,8 @@ from coral.catalog.loader import load_catalog
 from coral.perf.pipeline import PipelineShape, StageShape
 from coral.perf.step import DEFAULT_MAX_BATCHED_TOKENS, build_step_model, stages_from_shape
 from coral.perf.step import template_saturation
-from coral.templates.build import build_library, build_template
+from coral.templates.build import build_library
+from coral.templates.solve import build_template
 from coral.templates.operating_points import prefill_chunks, shared_tables
 from coral.templates.parallel import default_perf_factory
 from coral.templates.placement_step import work_bound

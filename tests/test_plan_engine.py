@@ -22,7 +22,8 @@ from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.cli.main import app
 from coral.perf.pipeline import PipelineShape
-from coral.templates.build import build_library, build_template
+from coral.templates.build import build_library
+from coral.templates.solve import build_template
 from coral.templates.engine import engine_violations
 from coral.templates.parallel import default_perf_factory
 from coral.templates.slo import SloSpec

@@ -325,7 +325,7 @@ def test_a_prompt_no_decode_cache_holds_is_rejected_there(cat, perf):
 
 
 def _pair(prefill_node: str, decode_node: str, cat, perf):
-    from coral.templates.build import build_template
+    from coral.templates.solve import build_template
 
     pt = build_template(MODEL, [prefill_node], SLO, "prefill", "flow", perf, cat)
     dt = build_template(MODEL, [decode_node], SLO, "decode", "flow", perf, cat)
@@ -434,7 +434,7 @@ def test_saturation_of_pd_templates_matches_the_simulator(cat, perf):
 
 
 def test_saturation_of_aggregated_templates_is_unchanged(cat, perf):
-    from coral.templates.build import build_template
+    from coral.templates.solve import build_template
 
     tpl = build_template(MODEL, ["1x-a10g", "1x-a10g"], SLO, "aggregated", "flow", perf, cat)
     sat = saturation(tpl, perf=perf, catalog=cat)

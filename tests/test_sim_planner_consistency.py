@@ -33,7 +33,7 @@ def _summary(tpl, rate_rps, cat, perf, seed=1):
 
 @pytest.mark.parametrize("node", ["1x-l40s", "1x-a100-40gb", "1x-h100-sxm"])
 def test_planned_capacity_meets_the_slo_and_130_percent_does_not(cat, perf, node):
-    from coral.templates.build import build_template
+    from coral.templates.solve import build_template
 
     tpl = build_template(MODEL, [node], SLO, "aggregated", "flow", perf, cat)
     assert tpl.feasible
@@ -52,7 +52,7 @@ def test_pipelines_are_planned_by_the_simulated_rate(cat, perf, combo):
     """A pipeline's flow-model throughput overstates what it delivers run as micro-batches
     with whole prompts per step; planned by the simulator's step model at full occupancy it
     holds the SLO at 100 % and not at 130 %."""
-    from coral.templates.build import build_template
+    from coral.templates.solve import build_template
 
     tpl = build_template(MODEL, combo, SLO, "aggregated", "flow", perf, cat)
     sat = saturation(tpl, perf=perf, catalog=cat)
@@ -68,7 +68,7 @@ def test_pipelines_are_planned_by_the_simulated_rate(cat, perf, combo):
 def test_saturation_matches_the_simulator_and_drops_templates_that_miss_tpot(cat, perf):
     """1x A10G + 1x L4: the flow model predicts TPOT 0.090 s; run as the simulator runs it,
     busy, every step is 0.109 s on average — over the 0.1 s target — so it is not planned."""
-    from coral.templates.build import build_template
+    from coral.templates.solve import build_template
 
     tpl = build_template(MODEL, ["1x-a10g", "1x-l4"], SLO, "aggregated", "flow", perf, cat)
     sat = saturation(tpl, perf=perf, catalog=cat)
@@ -113,7 +113,7 @@ def test_max_utilisation_is_the_root_and_monotone():
 
 
 def test_headroom_of_a_template(cat, perf):
-    from coral.templates.build import build_template
+    from coral.templates.solve import build_template
 
     tpl = build_template(MODEL, ["1x-l4"], SLO, "aggregated", "flow", perf, cat)
     h = template_headroom(tpl)

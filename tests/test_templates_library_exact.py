@@ -81,7 +81,7 @@ def test_instances_keep_and_drop_something(real):
 def test_work_bound_skip_matches_the_solve(real):
     """A combination skipped because its work bound is no more than the floor is one the
     search, given that floor, finds nothing above; below the best it is solved."""
-    from coral.templates.build import Task, build_template, solve_task
+    from coral.templates.solve import Task, build_template, solve_task
     from coral.templates.operating_points import shared_tables
     from coral.templates.placement_step import work_bound
     from coral.templates.slo import default_slo

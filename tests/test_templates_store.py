@@ -16,14 +16,10 @@ from test_templates_support import (
 )
 
 from coral.perf.model import PerfModel
-from coral.templates.build import (
-    Outcome,
-    Template,
-    build_library,
-    build_template,
-    classify,
-    upper_bound_of,
-)
+from coral.templates.build import build_library, classify
+from coral.templates.solve import Outcome, build_template
+from coral.templates.template import Template
+from coral.templates.types import upper_bound_of
 from coral.templates.enumerate import sub_combos
 from coral.templates.store import MANIFEST, RECORDS, LibraryError, TemplateLibrary
 from coral.templates.types import Placement, SolveStatus

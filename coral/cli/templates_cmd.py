@@ -125,7 +125,7 @@ def _template_payload(tpl: Any) -> dict[str, Any]:
 
 
 def _print_template(tpl: Any) -> None:
-    from coral.templates.build import THROUGHPUT_UNITS
+    from coral.templates.template import THROUGHPUT_UNITS
 
     unit = THROUGHPUT_UNITS[tpl.mode]
     note = next((n for n in tpl.notes if n.startswith("vllm:")), None)
@@ -189,7 +189,7 @@ def solve(
     json: JsonFlag = False,
 ) -> None:
     """Solve one node combination and print its placement."""
-    from coral.templates.build import build_template, explain_infeasible
+    from coral.templates.solve import build_template, explain_infeasible
     from coral.templates.engine import deployable_combo
     from coral.templates.enumerate import parse_combo
     from coral.templates.operating_points import OperatingPointTables

@@ -4,17 +4,14 @@
 - `operating_points`: what one node can do at each (layers, batch) — the solver's input.
 - `enumerate`: the node combinations worth solving.
 - `placement` / `verify`: the exact placement solver and its independent checker.
-- `build`: one template (`build_template`) or a whole library (`build_library`).
-- `library`: the on-disk, resumable library; `parallel`: process-pool and Ray backends.
+- `template`: what a solved template is (`Template`); `solve`: one combination
+  (`build_template`); `build`: a whole library (`build_library`).
+- `store`: the on-disk, resumable library; `parallel`: process-pool and Ray backends.
 """
 
-from coral.templates.build import (
-    BuildReport,
-    Template,
-    TemplateNode,
-    build_library,
-    build_template,
-)
+from coral.templates.build import BuildReport, build_library
+from coral.templates.solve import build_template
+from coral.templates.template import Template, TemplateNode
 from coral.templates.enumerate import Enumeration, enumerate_combinations, parse_combo
 from coral.templates.store import LibraryInputs, TemplateLibrary
 from coral.templates.operating_points import OperatingPointTables

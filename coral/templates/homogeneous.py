@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from coral.catalog.loader import Catalog
-from coral.templates.build import Template
+from coral.templates.template import Template
 from coral.templates.enumerate import Combo, enumerate_combinations
 from coral.templates.slo import SloSpec
 from coral.templates.types import Mode

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from coral.catalog.loader import Catalog
-from coral.templates.build import Outcome, Solver, Task, solve_task
+from coral.templates.solve import Outcome, Solver, Task, solve_task
 from coral.templates.operating_points import OperatingPointTables, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
 from coral.templates.types import Mode, Topology

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from coral.catalog.loader import Catalog
-from coral.templates.build import Outcome, Template
+from coral.templates.solve import Outcome
+from coral.templates.template import Template
 from coral.templates.engine import ENGINE_RULES_VERSION
 from coral.templates.enumerate import Combo
 from coral.templates.operating_points import OPERATING_POINTS_VERSION

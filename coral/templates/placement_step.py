@@ -151,6 +151,10 @@ def _merge_flags(a: int, b: int) -> int | None:
     return a | b
 
 
+#: `_merge_flags` as a table (-1: the two sets cannot be together).
+_MERGE = [[-1 if (m := _merge_flags(a, b)) is None else m for b in range(16)] for a in range(16)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Per-model node costs, memoised per catalog (a library's combinations share a few node types)
 # ---------------------------------------------------------------------------------------------
@@ -187,6 +191,8 @@ class StepSearch:
         memo = _costs(perf, catalog, arch.name)
         self.iteration, self.kv_tokens, self.send = memo["fns"]
         self._rows, self._kv = memo["rows"], memo["kv"]
+        self._choice_memo: dict[tuple, list] = {}
+        self._own_memo: dict[tuple, dict] = {}
 
     # ---- stage counts, micro-batches, what a step carries ----
 
@@ -302,35 +308,62 @@ class StepSearch:
 
     # ---- feasibility at thresholds ----
 
-    def _cover(self, rows, S: int, B: int, A: float, C: float, trace: bool = False):
-        """Most layers `S` groups of all the nodes cover with every time within (A, C)."""
-        F: dict[tuple[int, int], tuple[int, Any]] = {(0, 0): (0, None)}
-        for t, cnt in enumerate(self.counts):
-            cap = {key: r.layers_within(A, C) for key, r in rows[t].items()}
-            own: dict[tuple[int, int], tuple[int, Any]] = {}
-            for parts in _partitions(cnt, self.max_group):
+    def _choices(self, t: int, keys: tuple, S: int, B: int) -> list[tuple[int, int, tuple]]:
+        """Ways to split type `t`'s nodes into at most `S` groups with roles, as (groups,
+        flags, indices into `keys` of each group's row; -1: no such row)."""
+        ck = (t, keys, S, B)
+        hit = self._choice_memo.get(ck)
+        if hit is None:
+            where = {k: i for i, k in enumerate(keys)}
+            hit = []
+            for parts in _partitions(self.counts[t], self.max_group):
                 if len(parts) > S:
                     continue
                 tight = _F_TIGHT if any(B % j == 0 for j in parts) else 0
                 for flags, roles in _role_choices(parts):
-                    total = 0
-                    for j, role in zip(parts, roles):
-                        m = cap.get((j, role), 0)
-                        if m < 1:
-                            total = -1
-                            break
-                        total += m
-                    if total < 0:
-                        continue
-                    key = (len(parts), flags | tight)
-                    if total > own.get(key, (-1, None))[0]:
-                        own[key] = (total, (parts, roles) if trace else None)
+                    idx = tuple(where.get((j, role), -1) for j, role in zip(parts, roles))
+                    if -1 not in idx:
+                        hit.append((len(parts), flags | tight, idx, (parts, roles)))
+            self._choice_memo[ck] = hit
+        return hit
+
+    def _own(self, t: int, keys: tuple, caps: tuple, S: int, B: int) -> dict:
+        """Best layers per (groups, flags) type `t`'s nodes cover at layer caps `caps`."""
+        ok = (t, keys, caps, S, B)
+        own = self._own_memo.get(ok)
+        if own is None:
+            own = {}
+            for g, flags, idx, tr in self._choices(t, keys, S, B):
+                total = 0
+                for i in idx:
+                    m = caps[i]
+                    if m < 1:
+                        total = -1
+                        break
+                    total += m
+                if total > 0 and total > own.get((g, flags), (-1, None))[0]:
+                    own[g, flags] = (total, tr)
+            if len(self._own_memo) > 200_000:
+                self._own_memo.clear()
+            self._own_memo[ok] = own
+        return own
+
+    def _cover(self, rows, S: int, B: int, A: float, C: float, trace: bool = False):
+        """Most layers `S` groups of all the nodes cover with every time within (A, C)."""
+        F: dict[tuple[int, int], tuple[int, Any]] = {(0, 0): (0, None)}
+        for t in range(len(self.counts)):
+            items = rows[t]
+            keys = tuple(items)
+            caps = tuple(r.layers_within(A, C) for r in items.values())
+            own = self._own(t, keys, caps, S, B)
             G: dict[tuple[int, int], tuple[int, Any]] = {}
             for (g1, f1), (v1, tr1) in F.items():
                 for (g2, f2), (v2, tr2) in own.items():
                     g = g1 + g2
-                    f = _merge_flags(f1, f2) if g <= S else None
-                    if f is None:
+                    if g > S:
+                        continue
+                    f = _MERGE[f1][f2]
+                    if f < 0:
                         continue
                     if v1 + v2 > G.get((g, f), (-1, None))[0]:
                         G[g, f] = (v1 + v2, (tr1, (t, tr2)) if trace else None)

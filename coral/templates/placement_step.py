@@ -85,10 +85,12 @@ class _Row:
     kv_tokens: int  # KV tokens each node holds (for its memory figure)
     a_list: tuple[float, ...] = ()  # the finite prefix of `a` (for bisection)
     c_list: tuple[float, ...] = ()
+    h_list: tuple[float, ...] = ()  # (1 - f) a + f c: a step's mean time, were it the slowest
 
-    def layers_within(self, A: float, C: float) -> int:
-        """Most layers with both times within (A, C)."""
-        return min(bisect_right(self.a_list, A), bisect_right(self.c_list, C))
+    def layers_within(self, A: float, C: float, H: float = math.inf) -> int:
+        """Most layers with both times within (A, C) (and the mean within H)."""
+        m = min(bisect_right(self.a_list, A), bisect_right(self.c_list, C))
+        return m if H == math.inf else min(m, bisect_right(self.h_list, H))
 
 
 @dataclass(frozen=True)
@@ -283,7 +285,9 @@ class StepSearch:
             a = np.maximum.accumulate(a)  # usable counts are a prefix; keep it monotone
             c = np.maximum.accumulate(c)
             fin = int(np.isfinite(a).sum())
-            out = _Row(bn, a, c, kv_first, tuple(a[:fin].tolist()), tuple(c[:fin].tolist()))
+            h = (1 - f) * a[:fin] + f * c[:fin]
+            out = _Row(bn, a, c, kv_first, tuple(a[:fin].tolist()), tuple(c[:fin].tolist()),
+                       tuple(np.maximum.accumulate(h).tolist()))
         self._rows[key] = out
         return out
 
@@ -348,13 +352,15 @@ class StepSearch:
             self._own_memo[ok] = own
         return own
 
-    def _cover(self, rows, S: int, B: int, A: float, C: float, trace: bool = False):
-        """Most layers `S` groups of all the nodes cover with every time within (A, C)."""
+    def _cover(self, rows, S: int, B: int, A: float, C: float, trace: bool = False,
+               H: float = math.inf):
+        """Most layers `S` groups of all the nodes cover with every time within (A, C) (and
+        every node's mean step time within H)."""
         F: dict[tuple[int, int], tuple[int, Any]] = {(0, 0): (0, None)}
         for t in range(len(self.counts)):
             items = rows[t]
             keys = tuple(items)
-            caps = tuple(r.layers_within(A, C) for r in items.values())
+            caps = tuple(r.layers_within(A, C, H) for r in items.values())
             own = self._own(t, keys, caps, S, B)
             G: dict[tuple[int, int], tuple[int, Any]] = {}
             for (g1, f1), (v1, tr1) in F.items():
@@ -444,6 +450,10 @@ class StepSearch:
 
         feas = lambda A, C: self._feasible(rows, S, B, A, C)  # noqa: E731
         A_top = float(A_vals[-1])
+        if two and floor > 0 and self._cover(rows, S, B, A_top, float(C_vals[-1]),
+                                             H=eff / floor)[0] < self.L:
+            # a step lasts at least the slowest node's mean, so none beats the floor
+            return None
         ci = first_true(C_vals, 0, lambda C: feas(A_top, C))
         best_g, best_ac = math.inf, None
         while ci is not None:

@@ -187,8 +187,10 @@ def test_tensor_parallel_over_8_gpus_is_faster_but_sublinear(pm) -> None:
         assert eight > one / 8
 
 
-def test_moe_reads_and_computes_only_active_experts(pm) -> None:
-    # Same weights in total; the MoE model touches 2 of 8 experts per token.
+def test_moe_reads_and_computes_only_active_experts(cat: Catalog) -> None:
+    # Same weights in total; the MoE model touches 2 of 8 experts per token. The accounting
+    # is checked with the grouped-GEMM costs off (they are tested below).
+    pm = PerfModel(cat, efficiencies=EFF, grouped_gemm_k0=0.0, grouped_gemm_bandwidth=1.0)
     moe_prefill = pm.breakdown("test-moe", "test-8x-h100", 4, prefill_tokens=8192)
     dense_prefill = pm.breakdown("test-moe-dense", "test-8x-h100", 4, prefill_tokens=8192)
     assert moe_prefill.compute_s < 0.5 * dense_prefill.compute_s
@@ -200,6 +202,28 @@ def test_moe_reads_and_computes_only_active_experts(pm) -> None:
     moe_big = pm.breakdown(moe, "test-1x-h100", 4, 0, 64, 6400)
     all_weights = 4 * moe.weight_bytes_per_layer / (3350e9 * EFF.eta_memory)
     assert all_weights <= moe_big.memory_s < 1.2 * all_weights
+
+
+def test_grouped_expert_gemms_cost_more_than_dense_ones(cat: Catalog) -> None:
+    """Small per-expert GEMMs: compute scaled by 1 + k0/K (K: hidden size for gate+up, the
+    per-GPU expert FFN size for down), expert weights streamed at a fraction of eta_memory."""
+    plain = PerfModel(cat, efficiencies=EFF, grouped_gemm_k0=0.0, grouped_gemm_bandwidth=1.0)
+    k0 = PerfModel(cat, efficiencies=EFF, grouped_gemm_k0=1000.0, grouped_gemm_bandwidth=1.0)
+    bw = PerfModel(cat, efficiencies=EFF, grouped_gemm_k0=0.0, grouped_gemm_bandwidth=0.5)
+    args = ("test-moe", "test-1x-h100", 4)
+    assert k0.breakdown(*args, prefill_tokens=8192).compute_s > plain.breakdown(
+        *args, prefill_tokens=8192).compute_s
+    moe = cat.model("test-moe")
+    expert_bytes = 4 * moe.moe.num_experts * moe.expert_params * moe.dtype_bytes
+    extra = bw.breakdown(*args, 0, 64, 6400).memory_s - plain.breakdown(*args, 0, 64, 6400).memory_s
+    # every expert touched: its weights take twice as long (smoothed roofline: about)
+    assert extra == pytest.approx(expert_bytes / (3350e9 * EFF.eta_memory), rel=0.05)
+    # dense models are untouched
+    for m in (plain, k0, bw):
+        assert m.iteration_seconds("test-8b", "test-1x-h100", 4, 512) == plain.iteration_seconds(
+            "test-8b", "test-1x-h100", 4, 512)
+    with pytest.raises(ValueError):
+        PerfModel(cat, grouped_gemm_bandwidth=0.0)
 
 
 def test_expected_distinct_experts() -> None:

@@ -38,6 +38,31 @@ class Sourced(Entry):
     approximate: bool = Field(default=False, description="True when the figure is an estimate.")
 
 
+MemoryKind = Literal["hbm3e", "hbm3", "hbm2e", "hbm2", "gddr6x", "gddr6"]
+
+
+class SustainedFigures(Sourced):
+    """What limits a GPU type under sustained load, beside its datasheet peaks.
+
+    `board_power_w` (TDP) caps the clock a long run of tensor-core work holds; `process` names
+    the silicon generation whose energy per tensor FLOP a published measurement fixes;
+    `gemm_tflops` is a published dense bf16/fp16 matmul throughput measured under sustained
+    load on this GPU type, and `copy_gb_per_s` a measured device-to-device copy bandwidth
+    (read + write), when one exists. `coral.perf.sustained` turns them into the fraction of
+    each peak the GPU type sustains.
+    """
+
+    board_power_w: float = Field(gt=0, description="Board power (TDP), W.")
+    base_clock_mhz: float = Field(gt=0, description="Datasheet base clock, MHz.")
+    boost_clock_mhz: float = Field(gt=0, description="Datasheet boost clock, MHz.")
+    process: str = Field(min_length=1, description="Silicon process, e.g. 'tsmc-4n'.")
+    memory: MemoryKind
+    gemm_tflops: float | None = Field(
+        default=None, gt=0, description="Measured sustained dense matmul TFLOP/s.")
+    copy_gb_per_s: float | None = Field(
+        default=None, gt=0, description="Measured device copy bandwidth (read + write), GB/s.")
+
+
 class GpuType(Sourced):
     """One GPU model. Dense (no sparsity) half-precision throughput."""
 
@@ -48,6 +73,8 @@ class GpuType(Sourced):
     intra_node_link: Literal["nvlink", "pcie"]
     intra_node_link_gb_per_s: float = Field(gt=0, description="GPU-to-GPU bandwidth per GPU, GB/s.")
     architecture: GpuArchitecture
+    sustained: SustainedFigures | None = Field(
+        default=None, description="Board power, clocks and measured sustained throughput.")
 
     @property
     def memory_bytes(self) -> float:

@@ -355,5 +355,7 @@ def validate(
     console.print("[dim]Negative: the model predicts faster than measured. 'committed': the "
                   "figures plans use (own fit or borrowed by architecture). The measured layer "
                   "is plain torch (fused RMSNorm, other element-wise ops unfused; MoE as torch's "
-                  "grouped matmul), an upper bound on a serving engine's fused kernels; MoE "
-                  "tables are compared but not fitted.[/]")
+                  "grouped matmul): the prediction adds the kernels it launches beyond a "
+                  "serving engine's layer (counted in coral.perf.validation). MoE tables fix "
+                  "the grouped-GEMM figures (benchmarks/perf_holdout.py) and are not fitted "
+                  "by --fit.[/]")

@@ -20,7 +20,10 @@ that every GPU reads in full are counted in full). Operator groups:
 
 - QKV projection, output projection, MLP up (gate+up) and MLP down: dense matmuls. For MoE
   the MLP is the router plus the experts: FLOPs use the `k` active experts per token, bytes use
-  the expected number of distinct experts that `T` tokens touch, `E * (1 - (1 - k/E)^T)`.
+  the expected number of distinct experts that `T` tokens touch, `E * (1 - (1 - k/E)^T)`. The
+  routed experts run as grouped GEMMs (a serving engine's fused MoE): their compute time is
+  scaled by `1 + GROUPED_GEMM_K0 / K` (small per-expert GEMMs), the engine's routing kernels
+  are counted (`MOE_EXTRA_KERNELS`) and the sum of each token's expert outputs is element-wise.
 - Attention: prefill FLOPs `4 * P(P+1)/2 * q_dim` (causal), bytes read Q, K, V and write the
   output; decode FLOPs `4 * C * q_dim`, bytes the KV cache read, `C * kv_bytes_per_token`.
 - Element-wise: two RMSNorms, rotary embedding, the MLP activation, the residual add and the
@@ -28,7 +31,9 @@ that every GPU reads in full are counted in full). Operator groups:
 
 `F`, `BW` are the GPU's peak dense bf16 FLOP/s and memory bandwidth from the catalog; `eta_c`,
 `eta_m`, `eta_e` and the per-kernel time `t_kernel` are the GPU's `Efficiencies`, fitted to
-Vidur's measured operator times (see `coral.perf.calibration`). TP communication is a ring
+Vidur's measured operator times (see `coral.perf.calibration`); a GPU type without a fit
+borrows a profiled type's, scaled by the two types' sustained throughput
+(`coral.perf.sustained`: board power, clocks, measured matmul and copy figures). TP communication is a ring
 all-reduce of the layer's activations twice per layer. When a measured table exists for a
 (model, node type) it replaces the per-layer formula.
 
@@ -55,9 +60,12 @@ from coral.perf.layer_costs import (
     expected_distinct_experts,
     layer_coefficients,
 )
+from coral.perf.sustained import scale_borrowed
 
 #: Version of the formula; bump it when a change to this module changes predictions.
-FORMULA_VERSION = 1
+#: 2: borrowed efficiencies scaled to the borrower's sustained throughput (coral.perf.sustained).
+#: 3: MoE layers as grouped expert GEMMs, the engine's MoE kernels and the expert-output sum.
+FORMULA_VERSION = 3
 
 
 def _efficiencies_digest() -> str:
@@ -89,13 +97,16 @@ MEMORY_RESERVE_FRACTION = 0.10
 #: of the order vLLM's per-step CPU work takes with CUDA graphs (approximate).
 ITERATION_OVERHEAD_S = 1.0e-3
 
-#: Latency of one NCCL all-reduce of a small message inside a node, s (approximate, typical
-#: NCCL figures): NVLink/NVSwitch vs PCIe.
+#: Latency of one NCCL all-reduce of a small message inside a node, s: NVLink/NVSwitch vs
+#: PCIe. Approximate: no published small-message figure backs them here (an open item of
+#: issue 22); at decode batch sizes they are a few percent of a TP layer's time.
 ALLREDUCE_LATENCY_S: Mapping[str, float] = {"nvlink": 8.0e-6, "pcie": 25.0e-6}
 
 #: Achieved ring all-reduce bandwidth as a fraction of the catalog's per-GPU link figure. The
 #: catalog lists bidirectional bandwidth; a ring moves data one way per step (x0.5) and NCCL
-#: reaches about 80% of that (x0.8). Approximate.
+#: reaches about 80% of that (x0.8). Checked against ASTRA-sim's NCCL validation on an
+#: HGX-H100 (astra-sim.github.io, "Validation on GPU Systems - NCCL over HGX-H100 Systems",
+#: read 2026-12-03): ring all-reduce peaks at 741 GB/s bidirectional of 900, 0.41 one way.
 ALLREDUCE_BANDWIDTH_FRACTION = 0.4
 
 #: Kernels of one dense layer that Vidur profiles: 2 norms, QKV, rope, O, up, act, down, add.
@@ -103,8 +114,23 @@ PROFILED_KERNELS_PER_LAYER = 9
 #: Further kernels of a served layer: the KV-cache write, plus one attention kernel per phase
 #: (prefill, decode) present in the batch.
 KV_WRITE_KERNELS = 1
-#: Extra kernels of an MoE layer over a dense one: router, top-k/softmax, combine.
-MOE_EXTRA_KERNELS = 3
+#: Extra kernels of an MoE layer over a dense one, as a serving engine's fused MoE runs it
+#: (vLLM's fused_moe): the router matmul, the fused top-k softmax, the block alignment of the
+#: sorted assignments and the weighted sum of each token's expert outputs.
+MOE_EXTRA_KERNELS = 4
+
+#: Grouped expert GEMMs: every expert's slice is a small GEMM whose tiles each pay a fixed
+#: prologue/epilogue beside their K / BK main-loop steps, so the compute time of a routed
+#: expert's matmul is its FLOPs' time times (1 + GROUPED_GEMM_K0 / K), K its reduction
+#: dimension (hidden size for gate+up, the expert's FFN size for down). Dense matmuls' own
+#: such cost is inside their fitted eta_compute. Fitted on the shipped H200 MoE tables
+#: (leave-one-model-out, benchmarks/RESULTS.md "MoE layers"); approximate.
+GROUPED_GEMM_K0 = 2500.0
+
+#: Weight streaming of grouped expert GEMMs as a fraction of a dense matmul's (eta_memory):
+#: a few tokens per expert leave each expert's small GEMM too few tiles to keep the memory
+#: system busy. Fitted with GROUPED_GEMM_K0; approximate.
+GROUPED_GEMM_BANDWIDTH = 0.7
 #: Kernels of the shared experts of an MoE layer (up, act, down).
 SHARED_EXPERT_KERNELS = 3
 
@@ -146,7 +172,8 @@ class _Consts:
     __slots__ = (
         "refs", "model", "node", "gpu", "eff", "coef", "num_layers", "tp", "flops", "bw", "bw_e",
         "t_kernel", "kernels", "ar_bw", "ar_lat", "hidden_bytes", "vocab", "hidden", "dt",
-        "table", "lm_head", "ew_bytes_per_token",
+        "table", "lm_head", "ew_bytes_per_token", "up_routed_extra", "down_routed_extra",
+        "grouped_bw",
     )
 
 
@@ -167,7 +194,14 @@ class PerfModel:
         catalog: Catalog,
         efficiencies: Efficiencies | EfficiencyTable | Mapping[str, Efficiencies] | None = None,
         tables: Sequence[MeasuredTable] = (),
+        *,
+        grouped_gemm_k0: float = GROUPED_GEMM_K0,
+        grouped_gemm_bandwidth: float = GROUPED_GEMM_BANDWIDTH,
     ):
+        if grouped_gemm_k0 < 0 or not 0 < grouped_gemm_bandwidth <= 1:
+            raise ValueError("grouped_gemm_k0 must be >= 0 and grouped_gemm_bandwidth in (0, 1]")
+        self.grouped_gemm_k0 = float(grouped_gemm_k0)
+        self.grouped_gemm_bandwidth = float(grouped_gemm_bandwidth)
         self.catalog = catalog
         if efficiencies is None:
             efficiencies = default_efficiencies()
@@ -185,7 +219,12 @@ class PerfModel:
         gpu_t = self.catalog.gpu(gpu) if isinstance(gpu, str) else gpu
         if isinstance(self.efficiencies, Efficiencies):
             return self.efficiencies
-        return self.efficiencies.for_gpu(gpu_t)
+        eff = self.efficiencies.for_gpu(gpu_t)
+        if eff.borrowed_from and eff.borrowed_from in self.catalog.gpus:
+            # a borrowed fit describes the donor's clocks and memory; carry it to this GPU
+            # type's sustained throughput (a power-capped board holds less than its donor)
+            eff = scale_borrowed(eff, gpu_t, self.catalog.gpu(eff.borrowed_from), self.catalog)
+        return eff
 
     def has_table(self, model: str | ModelArch, node: str | NodeType) -> bool:
         m = model if isinstance(model, str) else model.name
@@ -214,6 +253,20 @@ class PerfModel:
         k.ew_bytes_per_token = (
             k.coef.profiled_elementwise_bytes_per_token + k.coef.kv_write_bytes_per_token
         )
+        k.up_routed_extra = k.down_routed_extra = 0.0
+        k.grouped_bw = 1.0 / self.grouped_gemm_bandwidth  # time factor on expert weight bytes
+        if arch.moe is not None:
+            m = arch.moe
+            nu = 2.0 if arch.gated_mlp else 1.0
+            fe = m.expert_ffn_size / tp
+            h = float(arch.hidden_size)
+            # the weighted sum of each token's k expert outputs: k rows read, one written
+            k.ew_bytes_per_token += (m.experts_per_token + 1) * h * arch.dtype_bytes
+            # grouped GEMMs: FLOPs per token added to the routed experts' matmuls
+            routed_up = 2.0 * h * nu * m.experts_per_token * fe
+            routed_down = 2.0 * m.experts_per_token * fe * h
+            k.up_routed_extra = routed_up * self.grouped_gemm_k0 / h
+            k.down_routed_extra = routed_down * self.grouped_gemm_k0 / fe
         k.num_layers = arch.num_layers
         k.tp = tp
         k.flops = gpu.bf16_tflops * 1e12 * eff.eta_compute
@@ -261,11 +314,14 @@ class PerfModel:
             touched = expected_distinct_experts(coef.moe_experts, coef.moe_top_k, t)
             w_up = touched * coef.expert_up_bytes + coef.fixed_up_bytes
             w_down = touched * coef.expert_down_bytes + coef.fixed_down_bytes
-            mlp = ((coef.up, w_up), (coef.down, w_down))
+            # routed experts' weights streamed by grouped GEMMs (fixed part: router, shared)
+            w_up += touched * coef.expert_up_bytes * (k.grouped_bw - 1.0)
+            w_down += touched * coef.expert_down_bytes * (k.grouped_bw - 1.0)
+            mlp = ((coef.up, w_up, k.up_routed_extra), (coef.down, w_down, k.down_routed_extra))
         else:
-            mlp = ((coef.up, coef.up.weight_bytes), (coef.down, coef.down.weight_bytes))
-        for mm, w in mlp:
-            tc = mm.flops_per_token * t / fl
+            mlp = ((coef.up, coef.up.weight_bytes, 0.0), (coef.down, coef.down.weight_bytes, 0.0))
+        for mm, w, grouped in mlp:
+            tc = (mm.flops_per_token + grouped) * t / fl
             tm = (w + mm.bytes_per_token * t) / bw
             tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
             if tc >= tm:

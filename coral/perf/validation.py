@@ -37,6 +37,20 @@ from coral.perf.profile_table import ProfileTable
 #: The measured tables shipped with the package, one directory per GPU type.
 PACKAGED_PROFILES = Path(__file__).parent / "data" / "profiles"
 
+#: Kernels the profiler's MoE layer (`coral.perf.torch_layers.MoE.forward`, grouped path)
+#: launches beyond the serving engine's fused MoE the perf model counts: the router's float
+#: cast, softmax, top-k and renormalisation as separate kernels, the stable argsort (about 3),
+#: the index arithmetic and gathers, the zero fill, searchsorted and its cast, the explicit
+#: gather of token rows, SiLU and multiply apart, the weighting and the scatter-add (15), plus
+#: the shared experts' separate SiLU/multiply and residual add (2). Counted from the code.
+PROFILER_MOE_EXTRA_KERNELS = 15
+PROFILER_SHARED_EXPERT_EXTRA_KERNELS = 2
+#: Kernels the profiler's decoder layer (dense or MoE) launches beyond the engine layer the
+#: perf model counts: rope as five element-wise kernels instead of one (4), SiLU and multiply
+#: apart (1), two residual adds instead of one fused add (1), the K and V cache writes apart
+#: (1). Counted from `coral.perf.torch_layers.DecoderLayer`.
+PROFILER_LAYER_EXTRA_KERNELS = 7
+
 #: Start of the fit (eta_compute, eta_memory, eta_elementwise, kernel_overhead_s).
 FIT_START = (0.7, 0.8, 0.5, 4e-6)
 
@@ -154,19 +168,33 @@ def _rows(tables: Sequence[ProfileTable]) -> list[tuple[ProfileTable, object]]:
     return [(t, r) for t in tables for r in t.rows]
 
 
+def profiler_extra_seconds(perf: PerfModel, model: str, node: NodeType) -> float:
+    """Kernel time the profiler's torch layer spends beyond the engine layer the perf model
+    describes (unfused rope, activation, residual and cache writes; MoE routing and dispatch
+    as separate kernels)."""
+    moe = perf.catalog.model(model).moe
+    kernels = PROFILER_LAYER_EXTRA_KERNELS
+    if moe is not None:
+        kernels += PROFILER_MOE_EXTRA_KERNELS + (
+            PROFILER_SHARED_EXPERT_EXTRA_KERNELS if moe.shared_experts else 0)
+    return kernels * perf.efficiencies_for(perf.catalog.gpu_of(node)).kernel_overhead_s
+
+
 def _predict(perf: PerfModel, tables: Sequence[ProfileTable], node: NodeType) -> np.ndarray:
+    extra = {t.model: profiler_extra_seconds(perf, t.model, node) for t in tables}
     return np.array([
         perf.iteration_seconds(t.model, node, 1, r.prefill_tokens, r.decode_batch,
-                               r.context_tokens) - ITERATION_OVERHEAD_S
+                               r.context_tokens) - ITERATION_OVERHEAD_S + extra[t.model]
         for t, r in _rows(tables)
     ])
 
 
 def compare(tables: Sequence[ProfileTable], catalog: Catalog,
             efficiencies: Efficiencies | EfficiencyTable | None = None,
-            gpu: str | None = None) -> list[ModelValidation]:
-    """Predicted beside measured for every point of every table."""
-    perf = PerfModel(catalog, efficiencies=efficiencies)
+            gpu: str | None = None, **perf_options: float) -> list[ModelValidation]:
+    """Predicted beside measured for every point of every table (`perf_options`: the
+    PerfModel's keyword figures, e.g. grouped_gemm_k0)."""
+    perf = PerfModel(catalog, efficiencies=efficiencies, **perf_options)
     out = []
     for table in tables:
         gpu_t = table_gpu(table, catalog, gpu)

@@ -108,6 +108,7 @@ from coral.allocator.problem import (
     AllocationProblem,
     PlanStatus,
     TemplateColumn,
+    TemplateRegion,
     make_plan,
 )
 
@@ -823,15 +824,140 @@ def solve_allocation(
     presolve: bool = True,
     decompose: bool = True,
     threads: int | None = None,
+    starts: Sequence[Mapping[TemplateRegion, int]] = (),
 ) -> AllocationPlan:
     """Cheapest deployment meeting every model's demand; under scarcity, the most goodput.
 
     Honours `problem.time_limit_s` over all phases (each scarcity phase gets at least
     `MIN_PHASE_S`) and returns the best plan found with its proven gap. With `strict`, a plan
     that does not meet every demand raises `InfeasiblePlanError` naming the models short.
+
+    `starts` are plans known beforehand (instances per (column id, region) of this problem;
+    ids it does not hold are ignored, and a start overdrawing availability is no plan): the
+    best of them seeds the search, and the plan returned is never worse than it (demand met,
+    then more priority-weighted goodput, then cheaper), whatever the time limit cuts short.
     """
     warm_up()  # the kernels are compiled or loaded before the clock starts, not inside it
     t0 = time.perf_counter()
+    plan = _solve(problem, presolve=presolve, decompose=decompose, threads=threads,
+                  starts=starts, t0=t0)
+    given = best_start(problem, starts)
+    if given is not None and _better(given, plan):
+        plan = _adopt(problem, plan, given, solve_s=time.perf_counter() - t0)
+    return _finish(problem, plan, strict)
+
+
+def best_start(problem: AllocationProblem, starts: Sequence[Mapping[TemplateRegion, int]]
+               ) -> AllocationPlan | None:
+    """The best of `starts` as a plan of `problem` (None when none is a plan): instances of
+    ids or regions the problem lacks are dropped, and a start that needs more nodes than
+    are available is left out."""
+    ids = {t.id: t for t in problem.templates}
+    best = None
+    for start in starts:
+        counts = {(tid, r): int(n) for (tid, r), n in start.items()
+                  if int(n) > 0 and tid in ids and r in ids[tid].price_usd_per_hour
+                  and r in problem.regions}
+        plan = make_plan(problem, counts, status=PlanStatus.TIME_LIMIT, gap=math.inf,
+                         solve_s=0.0, goodput_gap=math.inf)
+        if any(n > problem.availability.get(key, 0) for key, n in plan.nodes_used.items()):
+            continue
+        if best is None or _better(plan, best):
+            best = plan
+    return best
+
+
+def _better(a: AllocationPlan, b: AllocationPlan) -> bool:
+    """`a` is the better plan of one problem: it meets demand where `b` does not, or serves
+    more priority-weighted goodput, or as much at a lower cost."""
+    if a.meets_demand != b.meets_demand:
+        return a.meets_demand
+    tol = GOODPUT_REL_TOL * max(1.0, abs(b.goodput))
+    if not a.meets_demand and abs(a.goodput - b.goodput) > tol:
+        return a.goodput > b.goodput
+    return a.objective < b.objective * (1.0 - 1e-9)
+
+
+def _adopt(problem: AllocationProblem, solved: AllocationPlan, given: AllocationPlan, *,
+           solve_s: float) -> AllocationPlan:
+    """`given` (better than `solved`) with the gaps the solve's bounds prove for it: the cost
+    bound `solved` was proven against holds for every plan of at least its goodput, and the
+    goodput bound for every plan."""
+    def bound_of(value: float, gap: float, sign: float) -> float:
+        return value * (1.0 - sign * gap) if math.isfinite(gap) else -sign * math.inf
+
+    note = "a plan given as a start is better than the search's: kept"
+    if given.meets_demand and not solved.meets_demand:
+        return make_plan(problem, given.instances, status=PlanStatus.TIME_LIMIT, gap=math.inf,
+                         solve_s=solve_s, notes=solved.notes + (note,))
+    cost_bound = bound_of(solved.objective, solved.gap, 1.0)
+    gap = relative_gap(given.objective, cost_bound)
+    if given.meets_demand:
+        status = PlanStatus.OPTIMAL if gap <= problem.mip_gap else PlanStatus.TIME_LIMIT
+        return make_plan(problem, given.instances, status=status, gap=gap, solve_s=solve_s,
+                         notes=solved.notes + (note,))
+    goodput_bound = bound_of(solved.goodput, solved.goodput_gap, -1.0)
+    goodput_gap = relative_gap(-given.goodput, -goodput_bound)
+    return make_plan(problem, given.instances, status=solved.status, gap=gap,
+                     solve_s=solve_s, goodput_gap=goodput_gap, notes=solved.notes + (note,))
+
+
+@dataclass
+class _Seed:
+    """The best start as counts of the ILP's x columns, with what it serves and costs."""
+    x: np.ndarray
+    goodput: float
+    objective: float
+    meets_demand: bool
+
+
+def _seed_of(problem: AllocationProblem, ix: _Index, v: _Vars, cols: _Columns,
+             starts: Sequence[Mapping[TemplateRegion, int]]) -> _Seed | None:
+    """The best start on the columns presolve kept: a dominated column becomes the columns
+    that dominate it (no more nodes, no dearer, as much capacity), counts are held to their
+    bounds (which lose nothing), and columns presolve found useless are dropped."""
+    if not starts or not len(v.x):
+        return None
+    t_of = {t.id: i for i, t in enumerate(ix.templates)}
+    r_of = {r: i for i, r in enumerate(ix.regions)}
+    pos = {(int(t), int(r)): i for i, (t, r) in enumerate(zip(v.x_t, v.x_r))}
+    dominated = cols.report.dominated_by
+    best = None
+    for start in starts:
+        x = np.zeros(len(v.x), dtype=np.int64)
+
+        def put(tid: str, r: int, n: int, depth: int = 0) -> None:
+            i = pos.get((t_of[tid], r))
+            if i is not None:
+                x[i] += n
+            elif tid in dominated and depth < 8:
+                for part in dominated[tid]:
+                    put(part, r, n, depth + 1)
+
+        for (tid, region), n in start.items():
+            if tid in t_of and region in r_of and int(n) > 0:
+                put(tid, r_of[region], int(n))
+        x = np.minimum(x, v.x_ub.astype(np.int64))
+        used = np.zeros_like(ix.avail)
+        for i in np.flatnonzero(x):
+            used[:, v.x_r[i]] += ix.counts[v.x_t[i]] * x[i]
+        if (used > ix.avail).any():
+            continue
+        instances = {(ix.templates[v.x_t[i]].id, ix.regions[v.x_r[i]]): int(x[i])
+                     for i in np.flatnonzero(x)}
+        plan = make_plan(problem, instances, status=PlanStatus.TIME_LIMIT, gap=math.inf,
+                         solve_s=0.0)
+        if best is None or _better(plan, best[1]):
+            best = (x, plan)
+    if best is None:
+        return None
+    x, plan = best
+    return _Seed(x, plan.goodput, plan.objective, plan.meets_demand)
+
+
+def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
+           threads: int | None, starts: Sequence[Mapping[TemplateRegion, int]], t0: float
+           ) -> AllocationPlan:
     ix = _Index.build(problem)
     cols = _presolve(problem, ix, dominance=presolve)
     notes = [cols.report.describe()]
@@ -875,6 +1001,10 @@ def solve_allocation(
                          solve_s=time.perf_counter() - t0, goodput_gap=goodput_gap,
                          notes=notes)
 
+    seed = _seed_of(problem, ix, v, cols, starts)
+    if seed is not None:
+        notes.append(f"seeded with a given plan: goodput {seed.goodput:.6g}, cost "
+                     f"{seed.objective:.6g}")
     dec = _decomposition(ix, v, lp) if decompose else None
     large_pd = None  # PD models past exact covers: HiGHS, from a rounded LP plan
     if dec is not None and not _pd_covers_small(dec):
@@ -905,6 +1035,10 @@ def solve_allocation(
             if warm is not None and (first is None or dec.cost(warm) < dec.cost(first)):
                 first = warm
                 notes.append("started from the running plan")
+            if seed is not None and seed.meets_demand and dec.fits(seed.x) \
+                    and (first is None or dec.cost(seed.x) < dec.cost(first)):
+                first = seed.x
+                notes.append("started from a given plan")
             # PD models keep branch and price throughout: HiGHS on their ILPs is far behind
             # (real `core` limited: PD 10 s at a 1.8% gap, mixed 2.8%, where it proves 0.5%)
             share = 1.0 if dec.has_pd else DECOMPOSED_SHARE
@@ -931,7 +1065,7 @@ def solve_allocation(
         if large_pd is not None:
             relaxed, start = _rounded_start(large_pd, arr, lp, v, mip_gap=problem.mip_gap,
                                             deadline=t0 + problem.time_limit_s,
-                                            threads=threads, notes=notes)
+                                            threads=threads, notes=notes, seed=seed)
             proven_short = relaxed is None
             if start is not None:
                 return plan_of(start.counts, start.status, relative_gap(start.cost,
@@ -959,17 +1093,18 @@ def solve_allocation(
     if dec is not None:
         best, gap, goodput_gap = _scarcity_bounded(problem, dec, arr, lp, ix, v, col_lb,
                                                    floor_row, t0=t0, notes=notes,
-                                                   threads=threads)
+                                                   threads=threads, seed=seed)
     else:
         best, gap, goodput_gap = _scarcity_highs(problem, arr, lp, ix, v, col_lb, floor_row,
-                                                 t0=t0, notes=notes, threads=threads)
+                                                 t0=t0, notes=notes, threads=threads,
+                                                 seed=seed)
     if best is None:
         plan = plan_of(np.zeros(len(v.x), dtype=np.int64), final_status, math.inf, math.inf)
     else:
         plan = plan_of(best, final_status, gap, goodput_gap)
         if plan.meets_demand:  # the cost phase found no plan in time; the goodput phases did
             plan = plan_of(best, PlanStatus.TIME_LIMIT, gap, goodput_gap)
-    return _finish(problem, plan, strict)
+    return plan
 
 
 def _highs_after_decomposition(arr: "_LpArrays", v: _Vars, dec: Decomposition,
@@ -1008,7 +1143,8 @@ class _Start:
 
 
 def _rounded_start(dec: Decomposition, arr: "_LpArrays", lp: _LpBuilder, v: _Vars, *,
-                   mip_gap: float, deadline: float, threads: int | None, notes: list[str]
+                   mip_gap: float, deadline: float, threads: int | None, notes: list[str],
+                   seed: _Seed | None = None
                    ) -> tuple["_Relaxation | None", _Start | None]:
     """A plan for problems whose PD models are past exact covers: the LP optimum rounded
     down, each model's rest covered by one group at a time (`round_and_repair` without
@@ -1033,6 +1169,10 @@ def _rounded_start(dec: Decomposition, arr: "_LpArrays", lp: _LpBuilder, v: _Var
     else:
         cost = dec.cost(x)
         how = ["rounded down, rest covered"]
+    if seed is not None and seed.meets_demand and dec.fits(seed.x) \
+            and dec.cost(seed.x) < cost:
+        x, cost = seed.x.copy(), dec.cost(seed.x)
+        how = ["a given plan"]
     bound, stopped = relaxed.value, False
     cheapest = np.argsort(relaxed.col_dual[v.x], kind="stable")
     growth = SUPPORT_GROWTH + ((len(v.x),) if len(v.x) <= WHOLE_ILP_MAX_COLUMNS else ())
@@ -1098,49 +1238,59 @@ def _phase_deadline(problem: AllocationProblem, t0: float, share: float) -> floa
 
 def _scarcity_highs(problem: AllocationProblem, arr: "_LpArrays", lp: _LpBuilder, ix: _Index,
                     v: _Vars, col_lb: np.ndarray, floor_row: int, *, t0: float,
-                    notes: list[str], threads: int | None
+                    notes: list[str], threads: int | None, seed: _Seed | None = None
                     ) -> tuple[np.ndarray | None, float, float]:
-    """Both scarcity phases by HiGHS on the full ILP. Returns (counts, cost gap, goodput
-    gap); counts None when phase 1 found no plan."""
+    """Both scarcity phases by HiGHS on the full ILP, phase 1's plan the better of HiGHS's
+    and `seed`. Returns (counts, cost gap, goodput gap); counts None when neither phase 1 nor
+    the seed gives a plan."""
     goodput_cost = np.zeros(lp.n_col)
     goodput_cost[v.s] = ix.priority
     end = _phase_deadline(problem, t0, PHASE1_SHARE)
     run1 = _run_highs(arr.highs_lp(goodput_cost, col_lb, arr.row_lb, maximise=True),
                       time_limit_s=end - time.perf_counter(), mip_gap=problem.mip_gap,
                       threads=threads)
-    if not run1.ok:
+    x1, g1, cutoff, gap1 = None, -math.inf, math.inf, math.inf
+    if run1.ok:
+        assert run1.values is not None
+        x1 = np.rint(run1.values[v.x]).astype(np.int64)
+        g1 = float(np.dot(ix.priority, run1.values[v.s]))
+        gap1 = run1.gap
+        if not run1.optimal:
+            notes.append(f"scarcity phase 1: HiGHS {run1.detail}")
+    if seed is not None and seed.goodput > g1 * (1.0 + GOODPUT_REL_TOL) + 1e-12:
+        # HiGHS's bound still holds: it bounds every plan, the seed's too
+        bound1 = g1 * (1.0 + gap1) if run1.ok and math.isfinite(gap1) else math.inf
+        gap1 = relative_gap(-seed.goodput, -bound1)
+        x1, g1, cutoff = seed.x.copy(), seed.goodput, seed.objective
+        notes.append(f"scarcity phase 1: the given plan serves more (goodput {g1:.6g})")
+    if x1 is None:
         notes.append(f"scarcity phase 1 found no plan (HiGHS: {run1.detail})")
         return None, math.inf, math.inf
-    assert run1.values is not None
-    g1 = float(np.dot(ix.priority, run1.values[v.s]))
-    if not run1.optimal:
-        notes.append(f"scarcity phase 1: HiGHS {run1.detail}")
     row_lb = arr.row_lb.copy()
     row_lb[floor_row] = g1 * (1.0 - GOODPUT_REL_TOL)
     end = _phase_deadline(problem, t0, 1.0)
     run2 = _run_highs(arr.highs_lp(arr.cost, col_lb, row_lb, maximise=False),
                       time_limit_s=end - time.perf_counter(), mip_gap=problem.mip_gap,
-                      threads=threads)
+                      threads=threads, cutoff=cutoff)
     if not run2.optimal:
         notes.append(f"scarcity phase 2: HiGHS {run2.detail}")
-    if run2.ok:
+    if run2.ok and not run2.infeasible:
         assert run2.values is not None
-        return np.rint(run2.values[v.x]).astype(np.int64), run2.gap, run1.gap
+        return np.rint(run2.values[v.x]).astype(np.int64), run2.gap, gap1
     # phase 1's plan keeps its goodput; phase 2's bound (HiGHS's, else its LP relaxation's)
     # still says how far its cost may be from the cheapest at that goodput
-    counts = np.rint(run1.values[v.x]).astype(np.int64)
-    cost = float(v.price @ counts + v.penalty @ np.maximum(counts - ix.current[v.x_t, v.x_r],
-                                                           0))
-    bound = run2.bound
+    cost = float(v.price @ x1 + v.penalty @ np.maximum(x1 - ix.current[v.x_t, v.x_r], 0))
+    bound = cost if run2.infeasible and math.isfinite(cutoff) else run2.bound
     if not math.isfinite(bound):
         relaxed = _lp_relaxation(arr, arr.cost, col_lb, row_lb, lp, len(v.x))
         bound = relaxed.value if relaxed is not None else math.inf
-    return counts, relative_gap(cost, bound), run1.gap
+    return x1, relative_gap(cost, bound), gap1
 
 
 def _scarcity_bounded(problem: AllocationProblem, dec: Decomposition, arr: "_LpArrays",
                       lp: _LpBuilder, ix: _Index, v: _Vars, col_lb: np.ndarray, floor_row: int,
-                      *, t0: float, notes: list[str], threads: int | None
+                      *, t0: float, notes: list[str], threads: int | None,
+                      seed: _Seed | None = None
                       ) -> tuple[np.ndarray | None, float, float]:
     """Both scarcity phases from the LP bound and a heuristic plan, with HiGHS only where
     they leave the gap open: first on the columns the LP and the plan use, then on those that
@@ -1155,11 +1305,14 @@ def _scarcity_bounded(problem: AllocationProblem, dec: Decomposition, arr: "_LpA
     if relaxed is None or relaxed.col_value is None:
         notes.append("scarcity: no LP optimum; HiGHS on the full ILP")
         return _scarcity_highs(problem, arr, lp, ix, v, col_lb, floor_row, t0=t0, notes=notes,
-                               threads=threads)
+                               threads=threads, seed=seed)
     heuristic_end = time.perf_counter() + HEURISTIC_SHARE * max(0.0, end - time.perf_counter())
     x1 = goodput_plan(dec, relaxed.x, relaxed.node_price, deadline=heuristic_end)
     f1, bound1 = -dec.goodput(x1), relaxed.value
     how = "heuristic plan, LP bound"
+    if seed is not None and dec.fits(seed.x) and dec.goodput(seed.x) > -f1:
+        x1, f1 = seed.x.copy(), -dec.goodput(seed.x)
+        how = "the given plan, LP bound"
     near_full = -bound1 >= NEAR_FULL * float(ix.priority @ ix.demand)
     accept = ACCEPT_SHARE_NEAR_FULL if near_full else 1.0
     if relative_gap(f1, bound1) > accept * gap:

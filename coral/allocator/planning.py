@@ -593,21 +593,9 @@ def plan_scenario(
         templates, dropped = _deployable(templates, engine, catalog)
         if dropped:
             notes.append(f"engine {engine}: {dropped} given templates it cannot run were left out")
-    modes = AUTO_MODES if scenario.mode == "auto" else (scenario.mode,)
-    tried = []
-    for mode in modes:
-        sub = scenario.in_mode(mode)
-        cols, chosen = columns_and_templates(sub, templates)
-        prob = sub.problem(cols, current=current, time_limit_s=time_limit_s, mip_gap=mip_gap)
-        tried.append((mode, cols, chosen, prob, solve_allocation(prob)))
-    mode, columns, chosen, problem, plan = min(tried, key=lambda t: _plan_rank(t[4]))
-    if len(tried) > 1:
-        notes.append("mode auto: " + "; ".join(
-            f"{m} ${p.cost_usd_per_hour:,.2f}/hour serving {_served_share(p):.1%}"
-            for m, _, _, _, p in tried) + f" -> {mode}")
-    if not plan.meets_demand:
-        notes.append(infeasibility_message(problem, plan))
-
+    # the baselines first: their plans, where Coral's columns hold them, start Coral's
+    # search, so that Coral's plan is never worse than one of them (`solve_allocation`'s
+    # `starts`), however the time limit cuts the search short
     results: dict[str, Any] = {}
     if baselines:
         results, why = _run_baselines(scenario, baseline_templates, catalog, perf, n_used,
@@ -618,6 +606,23 @@ def plan_scenario(
             notes.append(f"engine {engine} restricts Coral's plan only: the baselines are not "
                          "engine-restricted (they solve their own templates as Coral's runtime "
                          "runs them; Helix's candidate clusters are the homogeneous ones only)")
+    given = [start for start in (baseline_start(b) for b in results.values()) if start]
+    modes = AUTO_MODES if scenario.mode == "auto" else (scenario.mode,)
+    tried = []
+    for mode in modes:
+        sub = scenario.in_mode(mode)
+        cols, chosen = columns_and_templates(sub, templates)
+        prob = sub.problem(cols, current=current, time_limit_s=time_limit_s, mip_gap=mip_gap)
+        # mode auto plans mixed last: it holds every plan of the other modes, which start it
+        starts = given + [dict(t[4].instances) for t in tried]
+        tried.append((mode, cols, chosen, prob, solve_allocation(prob, starts=starts)))
+    mode, columns, chosen, problem, plan = min(tried, key=lambda t: _plan_rank(t[4]))
+    if len(tried) > 1:
+        notes.append("mode auto: " + "; ".join(
+            f"{m} ${p.cost_usd_per_hour:,.2f}/hour serving {_served_share(p):.1%}"
+            for m, _, _, _, p in tried) + f" -> {mode}")
+    if not plan.meets_demand:
+        notes.append(infeasibility_message(problem, plan))
     return PlanResult(
         scenario=scenario.name,
         level=scenario.level,
@@ -634,6 +639,22 @@ def plan_scenario(
         slos={m.name: scenario_slo(scenario, m.name) for m in scenario.models},
         priorities={m.name: float(m.priority) for m in scenario.models},
     )
+
+
+def baseline_start(result: Any) -> dict[TemplateRegion, int]:
+    """A baseline's instances as Coral's columns would hold them: its column ids name
+    (prefix, model, mode, combination), Coral's `model|mode|combination`. A column Coral
+    lacks is dropped by the solve; one Coral holds is valued at Coral's own planned capacity
+    and the scenario's prices, so the start is judged as Coral's plans are."""
+    plan = getattr(result, "plan", None)
+    out: dict[TemplateRegion, int] = {}
+    for (tid, region), n in (plan.instances.items() if plan is not None else ()):
+        parts = str(tid).split(":")
+        if len(parts) < 4:
+            continue
+        key = (ID_SEP.join(parts[-3:]), region)
+        out[key] = out.get(key, 0) + int(n)
+    return out
 
 
 def _deployable(templates: Mapping[str, Sequence[Template]], engine: str, catalog: Catalog

@@ -192,6 +192,10 @@ def simulate(
     workers: Annotated[Optional[int], typer.Option(
         "--workers", help="Processes; models are split over them and the results do not "
         f"depend on it (default: the CPU count, at most {MAX_DEFAULT_WORKERS}).")] = None,
+    slowdown: Annotated[Optional[str], typer.Option(
+        "--slowdown", help="Run the plan with some GPU types slower than the perf model says: "
+        "GPU=FACTOR,... (e.g. l4=1.3,t4=1.3: every iteration on an L4 or T4 node takes 1.3x "
+        "the modelled time).")] = None,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:
@@ -213,6 +217,11 @@ def simulate(
         if lengths not in ("fixed", "lognormal"):
             raise UserError(f"--lengths must be 'fixed' or 'lognormal', got {lengths!r}")
         cat = open_catalog(catalog)
+        factors = None
+        if slowdown is not None:
+            from coral.sim.slowdown import parse_slowdown
+
+            factors = parse_slowdown(slowdown, cat.gpus)
         name, instances, slos, demand = _load_deployment(
             plan_or_scenario, cat=cat, nmax=nmax, templates_dir=templates_dir, level=level,
             quiet_stdout=json, show=show)
@@ -229,7 +238,12 @@ def simulate(
             raise UserError(str(exc)) from None
         cfg = SimConfig(mode=mode, max_batched_tokens=max_batched_tokens,  # type: ignore[arg-type]
                         workers=workers or min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
-        sim = Simulator(instances, perf=default_perf_factory(cat), catalog=cat, config=cfg)
+        perf = default_perf_factory(cat)
+        if factors:
+            from coral.sim.slowdown import SlowedPerf
+
+            perf = SlowedPerf(perf, cat, factors)
+        sim = Simulator(instances, perf=perf, catalog=cat, config=cfg)
         horizon = reqs[-1].arrival_s if reqs else 0.0
         if show:
             with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
@@ -243,12 +257,16 @@ def simulate(
         summary["mode"] = mode
         summary["seed"] = seed
         summary["models_without_instances"] = unserved
+        summary["slowdown"] = factors or {}
         folder = out if out is not None else Path("out/simulate") / name
         _write(folder, result, summary)
     if json:
         print_json(summary)
         return
     print_summary(name, summary)
+    if factors:
+        console.print("slowdown: " + ", ".join(f"{g} x{f:g}" for g, f in factors.items())
+                      + " (every iteration on a node of that GPU type)", highlight=False)
     if unserved:
         console.print(f"[yellow]no instance serves {', '.join(map(escape, unserved))}[/]: its "
                       "requests were rejected and count as missing the SLO", highlight=False)

@@ -601,3 +601,42 @@ def test_the_default_plan_is_never_beaten_by_a_baseline(setup, two_models, level
     else:
         assert result.plan.meets_demand and any(b.meets_demand
                                                 for b in result.baselines.values())
+
+
+@pytest.mark.parametrize("level", ["limited", "scarce"])
+def test_baseline_plans_start_coral_so_a_search_cut_short_still_wins(setup, two_models,
+                                                                    level, monkeypatch):
+    """Coral's search stopped before it finds anything (a loaded machine's time limit on a
+    large problem): the baselines' plans, handed in as starts, still keep Coral's plan at
+    least as good as every baseline whose plan lies in Coral's columns."""
+    from coral.allocator import ilp, planning
+    from coral.allocator.problem import PlanStatus, make_plan
+
+    solve = ilp.solve_allocation
+
+    def cut_short(problem, **kwargs):
+        with monkeypatch.context() as m:
+            m.setattr(ilp, "_solve", lambda problem, **kw: make_plan(
+                problem, {}, status=PlanStatus.TIME_LIMIT, gap=math.inf, solve_s=0.0,
+                goodput_gap=math.inf))
+            return solve(problem, **kwargs)
+
+    monkeypatch.setattr(planning, "solve_allocation", cut_short)
+    path, templates = two_models
+    scenario = load_scenario(path, catalog=setup.catalog, level=level).in_mode("auto")
+    result = plan_scenario(scenario, catalog=setup.catalog, perf=setup.perf,
+                           templates=templates)
+    mixed = scenario.in_mode("mixed")
+    problem = mixed.problem(planning.columns_from_templates(mixed, templates))
+    inside = 0
+    for name, b in result.baselines.items():
+        start = ilp.best_start(problem, [planning.baseline_start(b)])
+        if start is None or start.goodput < b.plan.goodput * (1 - 1e-9) \
+                or start.cost_usd_per_hour > b.cost_per_hour * (1 + 1e-9):
+            continue  # not in Coral's columns as it is
+        inside += 1
+        assert result.plan.goodput >= b.plan.goodput * (1 - 1e-9), name
+        if b.meets_demand:
+            assert result.plan.meets_demand
+            assert result.cost_per_hour <= b.cost_per_hour * (1 + 1e-9), name
+    assert inside >= 2

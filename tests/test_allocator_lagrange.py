@@ -2,8 +2,8 @@
 
 Each problem is a `Decomposition` made by hand: two models, four columns, two or three
 availability rows, a few instances at most per column, some of them running now with a
-start-up penalty. Enumerating every count vector gives the three optima the decomposition
-solves (`Kind`): cheapest plan meeting demand, most goodput, cheapest plan at that goodput.
+start-up penalty. Enumerating every count vector gives the optimum the decomposition solves:
+the cheapest plan meeting demand.
 """
 
 from __future__ import annotations
@@ -24,15 +24,11 @@ from coral.allocator.branch_price import (
 from coral.allocator.lagrange import (
     Bounds,
     Decomposition,
-    Kind,
     Master,
     Pattern,
     Pricer,
     column_generation,
 )
-
-GOODPUT_REL_TOL = 1e-9
-
 
 def _random_decomposition(seed: int) -> Decomposition:
     rng = np.random.default_rng(seed)
@@ -64,52 +60,35 @@ def _vectors(dec: Decomposition):
             yield x
 
 
-def _optima(dec: Decomposition) -> dict[Kind, float]:
-    """Each kind's optimum in its minimising form (inf when there is no plan)."""
-    plans = list(_vectors(dec))
-    cost = min((dec.cost(x) for x in plans if dec.covers(x)), default=math.inf)
-    most = max(dec.goodput(x) for x in plans)
-    floor = most * (1.0 - GOODPUT_REL_TOL)
-    at = min(dec.cost(x) for x in plans if dec.goodput(x) >= floor - 1e-12)
-    return {Kind.COST: cost, Kind.GOODPUT: -most, Kind.COST_AT_GOODPUT: at}
-
-
-def _floor(dec: Decomposition) -> float:
-    return -_optima(dec)[Kind.GOODPUT] * (1.0 - GOODPUT_REL_TOL)
+def _optimum(dec: Decomposition) -> float:
+    """The cheapest plan's cost (inf when no plan meets demand)."""
+    return min((dec.cost(x) for x in _vectors(dec) if dec.covers(x)), default=math.inf)
 
 
 SEEDS = range(60)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("kind", list(Kind))
-def test_bound_at_any_prices_is_below_the_optimum(seed: int, kind: Kind) -> None:
-    """L(pi, mu) <= optimum for arbitrary prices, not only the converged ones."""
+def test_bound_at_any_prices_is_below_the_optimum(seed: int) -> None:
+    """L(pi) <= optimum for arbitrary prices, not only the converged ones."""
     dec = _random_decomposition(seed)
-    best = _optima(dec)[kind]
-    floor = _floor(dec) if kind is Kind.COST_AT_GOODPUT else 0.0
+    best = _optimum(dec)
     rng = np.random.default_rng(1000 + seed)
-    pricer = Pricer(dec, kind, floor)
+    pricer = Pricer(dec)
     for _ in range(5):
         price = rng.uniform(0.0, 3.0, dec.n_rows) * (rng.random(dec.n_rows) < 0.7)
-        got = pricer.price(price, float(rng.uniform(0.0, 3.0)), Bounds.root(dec))
+        got = pricer.price(price, Bounds.root(dec))
         if best == math.inf:
             continue  # any bound is valid
         assert got.bound <= best + 1e-7
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("kind", list(Kind))
-def test_column_generation_bound_is_below_the_optimum(seed: int, kind: Kind) -> None:
+def test_column_generation_bound_is_below_the_optimum(seed: int) -> None:
     dec = _random_decomposition(seed)
-    best = _optima(dec)[kind]
-    floor = _floor(dec) if kind is Kind.COST_AT_GOODPUT else 0.0
-    master = Master(dec, kind, floor)
-    pricer = Pricer(dec, kind, floor)
-    if kind is Kind.GOODPUT:
-        from coral.allocator.lagrange import Pattern
-        for m in range(dec.n_models):
-            master.add(Pattern(m, np.zeros(dec.n_cols, dtype=np.int64), 0.0, 0.0))
+    best = _optimum(dec)
+    master = Master(dec)
+    pricer = Pricer(dec)
     node = column_generation(master, pricer, Bounds.root(dec),
                              deadline=time.perf_counter() + 10)
     assert node.converged
@@ -119,26 +98,19 @@ def test_column_generation_bound_is_below_the_optimum(seed: int, kind: Kind) -> 
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("kind", list(Kind))
-def test_branch_and_price_finds_the_optimum(seed: int, kind: Kind) -> None:
+def test_branch_and_price_finds_the_optimum(seed: int) -> None:
     dec = _random_decomposition(seed)
-    best = _optima(dec)[kind]
-    floor = _floor(dec) if kind is Kind.COST_AT_GOODPUT else 0.0
-    res = solve_decomposed(dec, kind, deadline=time.perf_counter() + 20, rel_gap=0.0,
-                           floor=floor)
+    best = _optimum(dec)
+    res = solve_decomposed(dec, deadline=time.perf_counter() + 20, rel_gap=0.0)
     assert res.finished
     if best == math.inf:
         assert res.counts is None and res.bound == math.inf
         return
     assert res.counts is not None
-    assert dec.fits(res.counts)
-    if kind is Kind.COST:
-        assert dec.covers(res.counts)
-    if kind is Kind.COST_AT_GOODPUT:
-        assert dec.goodput(res.counts) >= floor - 1e-9
+    assert dec.fits(res.counts) and dec.covers(res.counts)
     assert res.objective == pytest.approx(best, rel=1e-9, abs=1e-9)
-    # the bound sums terms as large as the duals (huge where the goodput floor is barely
-    # reachable), so it meets the optimum only to a relative 1e-5 at worst
+    # the bound sums terms as large as the duals, so it meets the optimum only to a
+    # relative 1e-5 at worst
     assert res.gap <= 1e-5 and res.bound <= best + 1e-6 * max(1.0, abs(best))
 
 
@@ -146,28 +118,23 @@ def test_branch_and_price_finds_the_optimum(seed: int, kind: Kind) -> None:
 def test_plans_from_patterns_and_rounding_are_feasible(seed: int) -> None:
     dec = _random_decomposition(seed)
     rng = np.random.default_rng(2000 + seed)
-    for kind in Kind:
-        floor = _floor(dec) if kind is Kind.COST_AT_GOODPUT else 0.0
-        master = Master(dec, kind, floor)
-        pricer = Pricer(dec, kind, floor)
-        column_generation(master, pricer, Bounds.root(dec), deadline=time.perf_counter() + 5)
-        plan = best_pattern_plan(dec, kind, master.patterns, floor=floor, time_limit_s=5.0)
-        xbar = rng.uniform(0.0, 1.0, dec.n_cols) * dec.col_ub
-        xbar *= min(1.0, float(np.min(dec.avail / np.maximum(xbar @ dec.usage, 1e-9))))
-        repaired = round_and_repair(dec, kind, xbar, floor=floor, goodput_price=1.0)
-        for x in (plan, repaired):
-            if x is None:
-                continue
-            assert dec.fits(x) and (x >= 0).all() and (x <= dec.col_ub).all()
-            if kind is Kind.COST:
-                assert dec.covers(x)
-            if kind is Kind.COST_AT_GOODPUT:
-                assert dec.goodput(x) >= floor - 1e-9
+    master = Master(dec)
+    pricer = Pricer(dec)
+    column_generation(master, pricer, Bounds.root(dec), deadline=time.perf_counter() + 5)
+    plan = best_pattern_plan(dec, master.patterns, time_limit_s=5.0)
+    xbar = rng.uniform(0.0, 1.0, dec.n_cols) * dec.col_ub
+    xbar *= min(1.0, float(np.min(dec.avail / np.maximum(xbar @ dec.usage, 1e-9))))
+    repaired = round_and_repair(dec, xbar)
+    for x in (plan, repaired):
+        if x is None:
+            continue
+        assert dec.fits(x) and (x >= 0).all() and (x <= dec.col_ub).all()
+        assert dec.covers(x)
 
 
 def test_random_problems_cover_both_outcomes() -> None:
     """Guards the factory: the cost problem must be feasible on some seeds, not on others."""
-    feasible = {_optima(_random_decomposition(s))[Kind.COST] < math.inf for s in SEEDS}
+    feasible = {_optimum(_random_decomposition(s)) < math.inf for s in SEEDS}
     assert feasible == {True, False}
 
 
@@ -182,7 +149,7 @@ def test_pattern_parts_recombine_into_a_plan_no_pattern_holds():
         col_half=np.full(4, -1, np.int64), col_region=np.array([0, 0, 1, 1]))
     a, b = np.array([1, 0, 1, 0]), np.array([0, 1, 0, 1])  # $4 each
     patterns = [Pattern(0, x, dec.cost(x), 4.0) for x in (a, b)]
-    assert best_pattern_plan(dec, Kind.COST, patterns, time_limit_s=5.0) is not None
+    assert best_pattern_plan(dec, patterns, time_limit_s=5.0) is not None
     got = best_part_plan(dec, patterns, time_limit_s=5.0)
     assert got is not None and dec.covers(got) and dec.fits(got)
     assert dec.cost(got) == pytest.approx(2.0)  # a's region 0 with b's region 1

@@ -1,6 +1,6 @@
 """Exact search over the decomposition: branch and price, with a pattern-mixing heuristic.
 
-`solve_decomposed` minimises one of the problems of `lagrange.py` (`Kind`) to a relative gap:
+`solve_decomposed` solves the cost problem of `lagrange.py` to a relative gap:
 
 1. Root: column generation from the LP's node prices gives the Lagrangian bound, and a pool of
    per-model patterns (every knapsack solve returns its best few solutions).
@@ -13,7 +13,7 @@
    fractional (`x_j <= floor` / `x_j >= ceil`); every node prices with its bounds, so its
    bound is valid, and is cut off as soon as it reaches the incumbent. A node whose master
    solution is integral in x is solved (the plan it mixes is feasible and no dearer than the
-   master value: costs are convex and goodput concave in the counts). Nodes are taken best
+   master value: costs are convex in the counts). Nodes are taken best
    bound first, diving into the child nearer the master value, so incumbents come early and
    the global bound (the least open bound) rises.
 
@@ -41,7 +41,6 @@ from coral.allocator.knapsack import knapsack_dp
 from coral.allocator.lagrange import (
     Bounds,
     Decomposition,
-    Kind,
     Master,
     ModelItems,
     Pattern,
@@ -119,27 +118,23 @@ class _Node:
     bounds: Bounds = field(compare=False)
 
 
-def solve_decomposed(dec: Decomposition, kind: Kind, *, deadline: float, rel_gap: float,
-                     floor: float = 0.0, start_price: np.ndarray | None = None,
+def solve_decomposed(dec: Decomposition, *, deadline: float, rel_gap: float,
+                     start_price: np.ndarray | None = None,
                      start_bound: float = -math.inf, start_patterns: tuple[Pattern, ...] = (),
                      incumbent: np.ndarray | None = None) -> DecomposedResult:
-    """Minimise `kind`'s objective over `dec` to `rel_gap`, or until `deadline`
+    """The cheapest plan meeting every demand over `dec`, to `rel_gap`, or until `deadline`
     (a `time.perf_counter()` value). `incumbent` is a feasible plan known beforehand, and
     `start_bound` a bound already proven (e.g. the LP relaxation's)."""
-    pricer = Pricer(dec, kind, floor, rel_gap=min(PRICING_REL_GAP, rel_gap / 20))
-    master = Master(dec, kind, floor)
+    pricer = Pricer(dec, rel_gap=min(PRICING_REL_GAP, rel_gap / 20))
+    master = Master(dec)
     root = Bounds.root(dec)
-    if kind is Kind.GOODPUT:  # serving nothing is always possible
-        for m in range(dec.n_models):
-            master.add(Pattern(m, np.zeros(dec.n_cols, dtype=np.int64), 0.0, 0.0))
     for p in start_patterns:
         master.add(p)
     best_x, best = None, math.inf
-    if incumbent is not None and _feasible(dec, kind, incumbent, floor):
-        if kind is Kind.COST:
-            incumbent = improve_by_model(dec, incumbent, node_price=start_price if
-                                         start_price is not None else np.zeros(dec.n_rows))
-        best_x, best = incumbent.copy(), dec.objective(kind, incumbent)
+    if incumbent is not None and _feasible(dec, incumbent):
+        incumbent = improve_by_model(dec, incumbent, node_price=start_price if
+                                     start_price is not None else np.zeros(dec.n_rows))
+        best_x, best = incumbent.copy(), dec.cost(incumbent)
         for p in _split(dec, incumbent):
             master.add(p)
 
@@ -165,8 +160,7 @@ def solve_decomposed(dec: Decomposition, kind: Kind, *, deadline: float, rel_gap
         nonlocal seen_patterns
         seen_patterns = len(master.patterns)
         budget = min(PLAN_SEARCH_MAX_S, time_cap)
-        got = best_pattern_plan(dec, kind, master.patterns, floor=floor, time_limit_s=budget,
-                                cutoff=best)
+        got = best_pattern_plan(dec, master.patterns, time_limit_s=budget, cutoff=best)
         if got is not None:
             consider(got)
     seen_parts = 0
@@ -182,12 +176,11 @@ def solve_decomposed(dec: Decomposition, kind: Kind, *, deadline: float, rel_gap
 
     def consider(counts: np.ndarray, price: np.ndarray | None = None) -> None:
         nonlocal best_x, best
-        if _feasible(dec, kind, counts, floor):
-            if kind is Kind.COST and (not math.isfinite(best) or dec.cost(counts) < best * (
-                    1.0 + IMPROVE_WITHIN)):
+        if _feasible(dec, counts):
+            if not math.isfinite(best) or dec.cost(counts) < best * (1.0 + IMPROVE_WITHIN):
                 counts = improve_by_model(dec, counts, node_price=np.zeros(dec.n_rows)
                                           if price is None else price)
-            value = dec.objective(kind, counts)
+            value = dec.cost(counts)
             if _better(value, best):
                 best_x, best = counts.copy(), value
 
@@ -217,13 +210,12 @@ def solve_decomposed(dec: Decomposition, kind: Kind, *, deadline: float, rel_gap
                              if result.converged else result.bound)
                 current = None
             else:
-                repaired = round_and_repair(dec, kind, xbar, floor=floor,
-                                            goodput_price=result.master.goodput_price)
+                repaired = round_and_repair(dec, xbar)
                 if repaired is not None:
                     consider(repaired)
                 if first or len(master.patterns) - seen_patterns >= PLAN_SEARCH_EVERY:
                     plan_search(PLAN_SEARCH_SHARE * max(0.0, deadline - time.perf_counter()))
-                if kind is Kind.COST and RECOMBINE and dec.has_pd and (
+                if RECOMBINE and dec.has_pd and (
                         first or len(master.patterns) - seen_parts >= RECOMBINE_EVERY):
                     part_search(PLAN_SEARCH_SHARE * max(0.0, deadline - time.perf_counter()))
                 if result.bound >= cutoff():
@@ -273,14 +265,8 @@ def _better(value: float, best: float) -> bool:
     return not math.isfinite(best) or value < best - 1e-9 * max(1.0, abs(best))
 
 
-def _feasible(dec: Decomposition, kind: Kind, counts: np.ndarray, floor: float) -> bool:
-    if not dec.fits(counts):
-        return False
-    if kind is Kind.COST:
-        return dec.covers(counts)
-    if kind is Kind.COST_AT_GOODPUT:
-        return dec.goodput(counts) >= floor - 1e-9 * max(1.0, abs(floor))
-    return True
+def _feasible(dec: Decomposition, counts: np.ndarray) -> bool:
+    return dec.fits(counts) and dec.covers(counts)
 
 
 def _split(dec: Decomposition, counts: np.ndarray) -> list[Pattern]:
@@ -349,35 +335,29 @@ def _solve_binary(cost: np.ndarray, mat: np.ndarray, lower: np.ndarray, upper: n
     return np.flatnonzero(np.rint(np.array(h.getSolution().col_value)) > 0)
 
 
-def best_pattern_plan(dec: Decomposition, kind: Kind, patterns: list[Pattern], *,
-                      floor: float = 0.0, time_limit_s: float, cutoff: float = math.inf
-                      ) -> np.ndarray | None:
-    """The best plan made of one pattern per model within availability (and the goodput
-    floor), by a 0/1 programme over the patterns; None when none is found in time."""
+def best_pattern_plan(dec: Decomposition, patterns: list[Pattern], *, time_limit_s: float,
+                      cutoff: float = math.inf) -> np.ndarray | None:
+    """The cheapest plan made of one pattern per model within availability, by a 0/1
+    programme over the patterns; None when none is found in time."""
     by_model = np.array([p.model for p in patterns], dtype=np.int64)
     if not len(patterns) or len(np.unique(by_model)) < dec.n_models:
         return None
     n = len(patterns)
     used = np.array([dec.used(p.counts) for p in patterns]).reshape(n, dec.n_rows)
-    with_floor = kind is Kind.COST_AT_GOODPUT
-    rows = dec.n_rows + dec.n_models + int(with_floor)
+    rows = dec.n_rows + dec.n_models
     mat = np.zeros((n, rows))
     mat[:, :dec.n_rows] = used
     mat[np.arange(n), dec.n_rows + by_model] = 1.0
     lower = np.concatenate([np.full(dec.n_rows, -_INF), np.ones(dec.n_models)])
     upper = np.concatenate([dec.avail.astype(float), np.ones(dec.n_models)])
-    if with_floor:
-        mat[:, -1] = [p.goodput for p in patterns]
-        lower = np.append(lower, floor)
-        upper = np.append(upper, _INF)
-    pick = _solve_binary(np.array([p.objective(kind) for p in patterns]), mat, lower, upper,
+    pick = _solve_binary(np.array([p.cost for p in patterns]), mat, lower, upper,
                          time_limit_s=time_limit_s, rel_gap=1e-7, cutoff=cutoff)
     if pick is None:
         return None
     counts = np.zeros(dec.n_cols, dtype=np.int64)
     for i in pick:
         counts += patterns[i].counts
-    if not _feasible(dec, kind, counts, floor):
+    if not _feasible(dec, counts):
         log.warning("a pattern plan failed a row; ignored")
         return None
     return counts
@@ -442,38 +422,24 @@ def best_part_plan(dec: Decomposition, patterns: list[Pattern], *, time_limit_s:
     if pick is None:
         return None
     counts = mat_parts[pick].sum(axis=0).astype(np.int64)
-    if not _feasible(dec, Kind.COST, counts, 0.0):
+    if not _feasible(dec, counts):
         log.warning("a plan of pattern parts failed a row; ignored")
         return None
     return counts
 
 
-def round_and_repair(dec: Decomposition, kind: Kind, xbar: np.ndarray, *, floor: float = 0.0,
-                     goodput_price: float = 0.0, exact_pd: bool = True) -> np.ndarray | None:
+def round_and_repair(dec: Decomposition, xbar: np.ndarray, *, exact_pd: bool = True
+                     ) -> np.ndarray | None:
     """A plan near the master's fractional counts: round them down (which keeps availability,
-    the counts being a mix of patterns within it), then give each model what it lacks from
-    the nodes left, model by model (`knapsack_dp` with each column bounded by the nodes left
-    for it). None when that does not make a feasible plan.
-
-    What a model lacks: its uncovered demand (`COST`, a hard cover at least cost), or as much
-    goodput as the nodes left give (`GOODPUT`, ties to the cheaper columns; and
-    `COST_AT_GOODPUT`, first at the floor row's price, then for goodput alone if the floor
-    is still short).
+    the counts being a mix of patterns within it), then cover each model's uncovered demand
+    at least cost from the nodes left, model by model (`knapsack_dp` with each column
+    bounded by the nodes left for it). None when that does not make a plan meeting demand.
     """
     x = np.floor(xbar + INTEGRALITY_TOL).astype(np.int64)
     left = dec.avail - dec.used(x)
     order = np.argsort(-dec.priority, kind="stable")
     # a model whose columns share a row may be trimmed short: a few passes cover the rest
-    if kind is Kind.COST:
-        passes = [("cover", 0.0)] * REPAIR_PASSES
-    elif kind is Kind.GOODPUT:
-        passes = [("goodput", 1.0)] * REPAIR_PASSES
-    else:
-        passes = [("goodput", goodput_price), ("goodput", 1e6), ("goodput", 1e6)]
-    for mode, weight in passes:
-        if kind is Kind.COST_AT_GOODPUT and mode == "goodput" and weight > 1e5 \
-                and dec.goodput(x) >= floor:
-            break
+    for _ in range(REPAIR_PASSES):
         for m in order:
             cols = np.flatnonzero(dec.col_model == m)
             have = float(dec.capacity(x)[m])
@@ -491,28 +457,19 @@ def round_and_repair(dec: Decomposition, kind: Kind, xbar: np.ndarray, *, floor:
                 continue
             price = dec.col_price[cols] + dec.col_penalty[cols] * (x[cols] >= dec.col_current[
                 cols])
-            if mode == "cover":
-                cost, reward = price, None
-            else:
-                reward = weight * float(dec.priority[m])
-                cost = price if kind is Kind.COST_AT_GOODPUT and weight < 1e5 else 1e-6 * price
             if dec.is_pd(m) and not exact_pd:
-                sol = pd_cover_rest(cost, dec.col_cap[cols], x[cols], x[cols] + room,
+                sol = pd_cover_rest(price, dec.col_cap[cols], x[cols], x[cols] + room,
                                     dec.col_half[cols], dec.col_region[cols],
                                     float(dec.demand[m]))
                 if sol.x is not None:
                     sol = replace(sol, x=sol.x - x[cols])
             elif dec.is_pd(m):  # on top of the units there now (its pairs are per region)
-                sol = pd_cover(cost, dec.col_cap[cols], x[cols], x[cols] + room,
-                               dec.col_half[cols], dec.col_region[cols], float(dec.demand[m]),
-                               reward=reward)
+                sol = pd_cover(price, dec.col_cap[cols], x[cols], x[cols] + room,
+                               dec.col_half[cols], dec.col_region[cols], float(dec.demand[m]))
                 if sol.x is not None:
                     sol = replace(sol, x=sol.x - x[cols])
-            elif reward is None:
-                sol = knapsack_dp(cost, dec.col_cap[cols], room, need)
             else:
-                sol = knapsack_dp(cost, dec.col_cap[cols], room, need, reward=reward,
-                                  hard=False)
+                sol = knapsack_dp(price, dec.col_cap[cols], room, need)
             if sol.x is None or not sol.x.any():
                 continue
             add = sol.x
@@ -520,7 +477,7 @@ def round_and_repair(dec: Decomposition, kind: Kind, xbar: np.ndarray, *, floor:
                 add = _trim(add, use, left, dec.col_cap[cols] / np.maximum(price, 1e-12))
             x[cols] += add
             left -= add @ use
-    if not _feasible(dec, kind, x, floor):
+    if not _feasible(dec, x):
         return None
     return x
 
@@ -536,7 +493,7 @@ def running_plan(dec: Decomposition) -> np.ndarray | None:
     if not dec.fits(keep):
         keep = _trim(keep, dec.usage, dec.avail.astype(float),
                      dec.col_cap / np.maximum(dec.col_price, 1e-12))
-    return round_and_repair(dec, Kind.COST, keep.astype(float))
+    return round_and_repair(dec, keep.astype(float))
 
 
 def _trim(add: np.ndarray, use: np.ndarray, left: np.ndarray, value: np.ndarray) -> np.ndarray:
@@ -557,7 +514,7 @@ def _trim(add: np.ndarray, use: np.ndarray, left: np.ndarray, value: np.ndarray)
 
 def improve_by_model(dec: Decomposition, counts: np.ndarray, *, node_price: np.ndarray,
                      sweeps: int = 2) -> np.ndarray:
-    """Local search on a plan meeting every demand (`Kind.COST`): take one model out, cover
+    """Local search on a plan meeting every demand: take one model out, cover
     its demand again at least cost with the nodes the others leave (`knapsack_dp`, each
     column bounded by the nodes left for it), keep the change when it is cheaper and fits.
     Where the model's own columns share a row and overdraw it, the row is priced at

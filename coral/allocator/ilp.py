@@ -100,7 +100,7 @@ from coral.allocator.branch_price import (
     running_plan,
     solve_decomposed,
 )
-from coral.allocator.lagrange import Bounds, Decomposition, Kind, Pattern, Pricer
+from coral.allocator.lagrange import Bounds, Decomposition, Pattern, Pricer
 from coral.allocator.pd_cover import AGG, DECODE, PREFILL
 from coral.allocator.problem import (
     MODES,
@@ -744,7 +744,7 @@ def _solve_by_model(dec: Decomposition, rel_gap: float
     the bound): "optimal" when the union fits, "short" when some model cannot be served even
     alone, "coupled" when the union does not fit.
     """
-    got = Pricer(dec, Kind.COST).price(np.zeros(dec.n_rows), 0.0, Bounds.root(dec),
+    got = Pricer(dec).price(np.zeros(dec.n_rows), Bounds.root(dec),
                                        rel_gap=rel_gap / 2)
     if not got.patterns:
         return "short", np.zeros(dec.n_cols, dtype=np.int64), [], math.inf
@@ -1029,7 +1029,7 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
             notes.append("demand cannot be met in full (LP relaxation infeasible)")
         else:
             # a first plan: the LP's counts rounded down, each model's rest covered
-            first = round_and_repair(dec, Kind.COST, relaxed.x)
+            first = round_and_repair(dec, relaxed.x)
             # a re-plan starts from the running plan where it (repaired) is the cheaper
             warm = running_plan(dec)
             if warm is not None and (first is None or dec.cost(warm) < dec.cost(first)):
@@ -1042,7 +1042,7 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
             # PD models keep branch and price throughout: HiGHS on their ILPs is far behind
             # (real `core` limited: PD 10 s at a 1.8% gap, mixed 2.8%, where it proves 0.5%)
             share = 1.0 if dec.has_pd else DECOMPOSED_SHARE
-            res = solve_decomposed(dec, Kind.COST, deadline=_phase_deadline(problem, t0, share),
+            res = solve_decomposed(dec, deadline=_phase_deadline(problem, t0, share),
                                    rel_gap=problem.mip_gap, start_price=relaxed.node_price,
                                    start_bound=relaxed.value, start_patterns=tuple(covers),
                                    incumbent=first)
@@ -1162,7 +1162,7 @@ def _rounded_start(dec: Decomposition, arr: "_LpArrays", lp: _LpBuilder, v: _Var
     if relaxed is None:
         notes.append("demand cannot be met in full (LP relaxation infeasible)")
         return None, None
-    x = round_and_repair(dec, Kind.COST, relaxed.x, exact_pd=False)
+    x = round_and_repair(dec, relaxed.x, exact_pd=False)
     if x is None:  # HiGHS near the LP optimum may still find one, without a cutoff
         x, cost = np.zeros(len(v.x), dtype=np.int64), math.inf
         how = ["rounding: none (the nodes left after rounding down fall short)"]

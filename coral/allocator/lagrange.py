@@ -15,7 +15,7 @@ problems at limited availability the LP bound is 1-2% below the optimum and HiGH
 leave 0.25%; its tree cannot close the rest, because each row is a knapsack over a hundred
 near-identical columns (cost per request/s within a fraction of a percent of each other) that
 no LP bound prunes, and its sub-MIP heuristics spend seconds on the same knapsacks. A 0.1% gap
-takes minutes. The goodput problems of scarcity have the same shape.
+takes minutes.
 
 The bound
 ---------
@@ -27,22 +27,17 @@ one knapsack per model with costs `cost_t + sum_g pi[g] nodes[g,t]`, each solved
 
 (z_m: the least value of model m's knapsack; a proven lower bound of it is enough.) A PD
 model's piece is its cover with each region serving the lesser of its prefill and decode
-capacity (`pd_cover.py`, exact, with a reward for the goodput problems); its rows to pair the
-halves per region stay inside the piece, so the decomposition is the same. Its maximum
+capacity (`pd_cover.py`, exact); its rows to pair the halves per region stay inside the
+piece, so the decomposition is the same. Its maximum
 over `pi` is the LP over the convex hulls of the per-model knapsacks (the Dantzig-Wolfe bound),
 which on the benchmark problems lies 0.02-0.2% below the optimum. `pi` comes from column
 generation: a master LP mixes known per-model solutions ("patterns") within availability, its
 availability duals are the next prices, and each model's best knapsack at those prices is the
 next pattern. Every round's `L(pi)` is valid; the master's value is where they converge.
 
-The three problems (`Kind`), in the minimising form used throughout:
-
-- `COST`: minimise $/hour + start-up penalty, every demand met (hard covering rows);
-- `GOODPUT`: minimise minus the priority-weighted goodput `sum_m w_m min(D_m, capacity_m)`;
-  a model's piece is `min pi.nodes x - w_m min(D_m, cap x)` (no cost, no hard row);
-- `COST_AT_GOODPUT`: minimise the cost with goodput >= a floor; the floor row gets its own
-  price `mu >= 0`, a model's piece is `min (cost + pi.nodes) x - mu w_m min(D_m, cap x)`,
-  and `L` gains `+ mu * floor`.
+The problem is the cost problem: minimise $/hour + start-up penalty, every demand met (hard
+covering rows). The scarcity phases (most goodput, then the cheapest plan at it) are not
+decomposed: `ilp.py` solves them from the LP bound, a heuristic plan and HiGHS.
 
 Branch-and-price bounds (`Bounds`) restrict instance counts per column; the pricing honours
 them, so every node of the search in `branch_price.py` has its own valid bound.
@@ -53,7 +48,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 
 import highspy
 import numpy as np
@@ -65,20 +59,11 @@ from coral.solvers import quiet_highs
 _INF = highspy.kHighsInf
 #: Good solutions kept per knapsack solve besides the best (patterns for the plan search).
 POOL_PER_SOLVE = 8
-#: Master columns standing for "nodes beyond availability" (or goodput beyond what patterns
-#: give) cost this many times the dearest price per unit: never used when avoidable.
+#: Master columns standing for "nodes beyond availability" cost this many times the dearest
+#: price per node: never used when avoidable.
 ARTIFICIAL_PRICE_FACTOR = 100.0
 #: Relative distance at which the master's value and the bound count as met.
 CONVERGED_REL = 1e-7
-#: Wentges smoothing of the prices per problem (see `column_generation`); measured on the
-#: benchmark problems: none is best for the cost problem.
-SMOOTHING = {"cost": 0.0, "goodput": 0.5, "cost_at_goodput": 0.5}
-
-
-class Kind(str, Enum):
-    COST = "cost"
-    GOODPUT = "goodput"
-    COST_AT_GOODPUT = "cost_at_goodput"
 
 
 @dataclass
@@ -171,8 +156,6 @@ class Decomposition:
     def covers(self, counts: np.ndarray) -> bool:
         return bool((self.capacity(counts) >= self.demand * (1.0 - 1e-9)).all())
 
-    def objective(self, kind: Kind, counts: np.ndarray) -> float:
-        return -self.goodput(counts) if kind is Kind.GOODPUT else self.cost(counts)
 
 
 @dataclass(frozen=True)
@@ -211,9 +194,6 @@ class Pattern:
     counts: np.ndarray
     cost: float
     goodput: float
-
-    def objective(self, kind: Kind) -> float:
-        return -self.goodput if kind is Kind.GOODPUT else self.cost
 
 
 class ModelItems:
@@ -260,57 +240,47 @@ class ModelItems:
 class PriceRound:
     """One round of pricing: the bound it proves and each model's best solution."""
 
-    bound: float  # L(pi, mu); inf when some model has no solution within the bounds
+    bound: float  # L(pi); inf when some model has no solution within the bounds
     patterns: list[Pattern]  # best per model
     values: np.ndarray  # (models,) each model's best value at these prices
     pool: list[Pattern] = field(default_factory=list)
 
 
 class Pricer:
-    """Each model's best knapsack at given node prices (and goodput price)."""
+    """Each model's cheapest cover at given node prices."""
 
-    def __init__(self, dec: Decomposition, kind: Kind, floor: float = 0.0,
-                 rel_gap: float = 0.0) -> None:
+    def __init__(self, dec: Decomposition, rel_gap: float = 0.0) -> None:
         self.dec = dec
-        self.kind = kind
-        self.floor = floor
         self.rel_gap = rel_gap  # each knapsack to this gap (its proven bound is what counts)
         self.items = [ModelItems(dec, m) for m in range(dec.n_models)]
         self.hints: list[list[np.ndarray]] = [[] for _ in range(dec.n_models)]
-        # each model's last knapsack: (reward, costs, lo, hi, solution)
+        # each model's last knapsack: (costs, lo, hi, solution)
         self.last: list[tuple | None] = [None] * dec.n_models
 
-    def price(self, node_price: np.ndarray, goodput_price: float, bounds: Bounds, *,
-              pool: int = 0, rel_gap: float = 0.0) -> PriceRound:
-        dec, kind = self.dec, self.kind
+    def price(self, node_price: np.ndarray, bounds: Bounds, *, pool: int = 0,
+              rel_gap: float = 0.0) -> PriceRound:
+        dec = self.dec
         extra = dec.usage @ node_price
         bound = -float(node_price @ dec.avail)
-        if kind is Kind.COST_AT_GOODPUT:
-            bound += goodput_price * self.floor
         best: list[Pattern] = []
         values = np.zeros(dec.n_models)
         more: list[Pattern] = []
         for m, it in enumerate(self.items):
             lo, hi = it.bounds(bounds)
-            own = it.cost if kind is not Kind.GOODPUT else np.zeros(len(it.cost))
-            reward = {Kind.COST: 0.0, Kind.GOODPUT: float(dec.priority[m]),
-                      Kind.COST_AT_GOODPUT: goodput_price * float(dec.priority[m])}[kind]
-            cost = own + extra[it.col]
+            cost = it.cost + extra[it.col]
             last = self.last[m]
-            if last is not None and last[0] == reward and np.array_equal(last[1], cost) \
-                    and np.array_equal(last[2], lo) and np.array_equal(last[3], hi):
-                sol = last[4]  # nothing this model sees has changed
+            if last is not None and np.array_equal(last[0], cost) \
+                    and np.array_equal(last[1], lo) and np.array_equal(last[2], hi):
+                sol = last[3]  # nothing this model sees has changed
             elif it.pd:
                 sol = pd_cover(cost, it.cap, lo, hi, it.half, it.region, float(dec.demand[m]),
-                               hints=tuple(self.hints[m]),
-                               reward=None if kind is Kind.COST else reward)
-                self.last[m] = (reward, cost, lo, hi, sol)
+                               hints=tuple(self.hints[m]))
+                self.last[m] = (cost, lo, hi, sol)
             else:
-                sol = knapsack_dp(cost, it.cap, hi, float(dec.demand[m]), reward=reward,
-                                  hard=kind is Kind.COST, lo=lo, pool=pool,
+                sol = knapsack_dp(cost, it.cap, hi, float(dec.demand[m]), lo=lo, pool=pool,
                                   rel_gap=max(rel_gap, self.rel_gap),
                                   hints=tuple(self.hints[m]))
-                self.last[m] = (reward, cost, lo, hi, sol)
+                self.last[m] = (cost, lo, hi, sol)
             if sol.x is None:
                 return PriceRound(math.inf, [], values)
             self.hints[m] = [sol.x]
@@ -333,7 +303,6 @@ class Pricer:
 class MasterSolution:
     value: float
     node_price: np.ndarray  # (rows,)
-    goodput_price: float
     convexity: np.ndarray  # (models,) duals
     weights: np.ndarray  # per pattern
     artificial: float  # artificial units in use (> 0: the patterns cannot be mixed feasibly)
@@ -343,34 +312,20 @@ class Master:
     """The restricted master LP over the patterns known so far; HiGHS keeps its basis from
     one solve to the next (new patterns, and pattern bounds switched by the search)."""
 
-    def __init__(self, dec: Decomposition, kind: Kind, floor: float = 0.0) -> None:
-        self.dec, self.kind = dec, kind
+    def __init__(self, dec: Decomposition) -> None:
+        self.dec = dec
         self.h = quiet_highs()
         self.h.setOptionValue("solver", "simplex")
         k, m = dec.n_rows, dec.n_models
         none_i, none_v = np.zeros(0, dtype=np.int32), np.zeros(0)
         self.h.addRows(k, np.full(k, -_INF), dec.avail.astype(float), 0, none_i, none_i, none_v)
         self.h.addRows(m, np.ones(m), np.ones(m), 0, none_i, none_i, none_v)
-        self.floor_row = -1
-        if kind is Kind.COST_AT_GOODPUT:
-            self.floor_row = k + m
-            self.h.addRows(1, np.array([floor]), np.array([_INF]), 0, none_i, none_i, none_v)
         # Artificial columns keep the master feasible whatever the search's bounds: extra
-        # nodes (and, with a floor, goodput from nowhere) at a price no plan would pay.
-        if kind is Kind.GOODPUT:
-            per_node = float((dec.priority[dec.col_model] * dec.col_cap).max(initial=1.0))
-        else:
-            per_node = float(dec.col_price.max(initial=1.0))
-        big = ARTIFICIAL_PRICE_FACTOR * max(1.0, per_node)
+        # nodes at a price no plan would pay.
+        big = ARTIFICIAL_PRICE_FACTOR * max(1.0, float(dec.col_price.max(initial=1.0)))
         for row in range(k):
             self._col(big, [row], [-1.0])
-        if self.floor_row >= 0:
-            per_rps = float(dec.col_price.max(initial=1.0)) / max(
-                1e-9, float(dec.col_cap.min(initial=1.0)))
-            self._col(ARTIFICIAL_PRICE_FACTOR * max(1.0, per_rps)
-                      / max(1e-9, float(dec.priority.min(initial=1.0))),
-                      [self.floor_row], [1.0])
-        self.n_art = k + (self.floor_row >= 0)
+        self.n_art = k
         self.patterns: list[Pattern] = []
         self._seen: dict[tuple[int, bytes], int] = {}
         self._enabled: list[bool] = []  # per pattern: its column may be used
@@ -393,10 +348,7 @@ class Master:
         nz = np.flatnonzero(used)
         rows = np.concatenate([nz, [self.dec.n_rows + pattern.model]])
         values = np.concatenate([used[nz], [1.0]])
-        if self.floor_row >= 0 and pattern.goodput > 0:
-            rows = np.concatenate([rows, [self.floor_row]])
-            values = np.concatenate([values, [pattern.goodput]])
-        self._col(pattern.objective(self.kind), rows, values)
+        self._col(pattern.cost, rows, values)
         self.patterns.append(pattern)
         on = True
         if bounds is not None:  # `bounds.allows`, over the model's columns
@@ -426,7 +378,7 @@ class Master:
     def solve(self) -> MasterSolution | None:
         self.h.run()
         if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-            return None  # only when no pattern of some model is enabled (GOODPUT: never)
+            return None  # only when no pattern of some model is enabled
         sol = self.h.getSolution()
         duals = np.array(sol.row_dual)
         k, m = self.dec.n_rows, self.dec.n_models
@@ -434,8 +386,6 @@ class Master:
         return MasterSolution(
             value=float(self.h.getInfo().objective_function_value),
             node_price=np.maximum(0.0, -duals[:k]),  # a <= row's dual is <= 0 (minimising)
-            goodput_price=max(0.0, float(duals[self.floor_row])) if self.floor_row >= 0
-            else 0.0,
             convexity=duals[k:k + m],
             weights=cols[self.n_art:],
             artificial=float(cols[:self.n_art].sum()),
@@ -453,44 +403,28 @@ class NodeResult:
 def column_generation(master: Master, pricer: Pricer, bounds: Bounds, *, deadline: float,
                       cutoff: float = math.inf, bound: float = -math.inf,
                       start_price: np.ndarray | None = None, pool: int = POOL_PER_SOLVE,
-                      smoothing: float | None = None, max_rounds: int = 500) -> NodeResult:
+                      max_rounds: int = 500) -> NodeResult:
     """Raise the Lagrangian bound of the node `bounds` until the master and the bound meet,
     the bound reaches `cutoff` (nothing in the node can beat the incumbent), or `deadline`
     (a `time.perf_counter()` value). `bound` is what is already known (the parent's).
-
-    With `smoothing` a in (0, 1), the models are priced at a times the prices of the best
-    bound so far plus (1 - a) times the master's (Wentges), which damps the oscillation of
-    plain column generation on the goodput problems; a round that finds nothing new at the
-    smoothed prices is repeated at the master's.
     """
-    if smoothing is None:
-        smoothing = SMOOTHING[pricer.kind.value]
     master.restrict(bounds)
     rounds = 0
     sol: MasterSolution | None = None
-    best_price: tuple[np.ndarray, float] | None = None
-    price: tuple[np.ndarray, float] | None = (
-        (np.asarray(start_price, dtype=float), 0.0) if start_price is not None else None)
+    price: np.ndarray | None = (
+        np.asarray(start_price, dtype=float) if start_price is not None else None)
     exact = False  # this round prices at the master's duals
     while rounds < max_rounds:
         rounds += 1
         if price is None:
             sol = master.solve()
             if sol is None:
-                price, exact = (np.zeros(master.dec.n_rows), 0.0), False
+                price, exact = np.zeros(master.dec.n_rows), False
             else:
-                target = (sol.node_price, sol.goodput_price)
-                if best_price is not None and 0.0 < smoothing < 1.0 and not exact:
-                    price = (smoothing * best_price[0] + (1 - smoothing) * target[0],
-                             smoothing * best_price[1] + (1 - smoothing) * target[1])
-                    exact = False
-                else:
-                    price, exact = target, True
-        got = pricer.price(price[0], price[1], bounds, pool=pool)
+                price, exact = sol.node_price, True
+        got = pricer.price(price, bounds, pool=pool)
         if not got.patterns:  # some model has no solution within the bounds
             return NodeResult(math.inf, sol, rounds, True)
-        if got.bound > bound or best_price is None:
-            best_price = price
         bound = max(bound, got.bound)
         added = False
         for p in got.patterns + got.pool:
@@ -508,7 +442,6 @@ def column_generation(master: Master, pricer: Pricer, bounds: Bounds, *, deadlin
             break
         if not added and sol is None and rounds > 1:
             break  # the master cannot mix the patterns at all (not expected)
-        exact = not added and not exact and sol is not None  # mispriced: retry exactly
         price = None
     sol = master.solve()
     return NodeResult(bound, sol, rounds, False)

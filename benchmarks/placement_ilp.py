@@ -32,7 +32,8 @@ import sys
 import time
 
 from coral.templates.placement import solve_placement
-from coral.templates.placement_ilp import PlacementMilp, prepare, solve_ilp
+from coral.templates.placement_ilp import PlacementMilp, solve_ilp
+from coral.templates.placement_prep import prepare
 from coral.templates.types import NodeSpec, OperatingPoint, PlacementProblem
 from coral.templates.verify import verify_placement
 

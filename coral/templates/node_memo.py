@@ -1,6 +1,6 @@
 """Per-node preprocessing, memoised across the combinations of a library.
 
-`prepare` (placement_ilp) filters and sorts the operating points of every node of a problem.
+`prepare` (placement_prep) filters and sorts the operating points of every node of a problem.
 Without its path filter it treats each node on its own, and a library solves tens of
 thousands of combinations built from a few dozen memoised `NodeSpec`s, so the one-node
 results are kept here (keyed by the spec's identity and the problem's scalars) and
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from coral.templates.placement_ilp import NodeOptions, Prepared, prepare
+from coral.templates.placement_prep import NodeOptions, Prepared, prepare
 from coral.templates.types import NodeSpec, PlacementProblem
 
 

@@ -22,11 +22,11 @@ import time
 from typing import Literal
 
 from coral.templates.placement_chain import best_chain, best_replicas, path_lp_bound, solve_chain
-from coral.templates.placement_ilp import (
+from coral.templates.placement_ilp import solve_ilp
+from coral.templates.placement_prep import (
     flow_upper_bound,
     infeasible_placement,
     prepare,
-    solve_ilp,
     to_placement,
 )
 from coral.templates.node_memo import prepare_unfiltered

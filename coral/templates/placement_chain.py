@@ -37,10 +37,8 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from coral.templates.placement_ilp import (
+from coral.templates.placement_prep import (
     LATENCY_RTOL,
-    SINK,
-    SOURCE,
     Assignment,
     NodeOptions,
     Prepared,
@@ -49,7 +47,7 @@ from coral.templates.placement_ilp import (
     prepare,
     to_placement,
 )
-from coral.templates.types import Placement, PlacementProblem, SolveStatus
+from coral.templates.types import SINK, SOURCE, Placement, PlacementProblem, SolveStatus
 
 _BOUND = 1.0 + LATENCY_RTOL  # latencies are scaled by their SLO
 

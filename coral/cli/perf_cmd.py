@@ -205,6 +205,62 @@ def calibration_payload(cat: Catalog, cal, written: Path | None) -> dict:
     }
 
 
+def _calibrate_from_metrics(path: Path, cat: Catalog, node_type: str | None,
+                            model: str | None, json: bool) -> None:
+    """`calibrate --from-metrics`: node types' efficiencies from a runtime's step times."""
+    from coral.perf.model import PerfModel
+    from coral.perf.step_calibration import node_scales, pooled, scaled_efficiencies
+    from coral.runtime.step_times import parse_step_metrics
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        rows = parse_step_metrics(text)
+    except ValueError as exc:
+        raise UserError(f"{path}: not Prometheus text ({exc})") from None
+    perf = PerfModel(cat)
+    workers = node_scales(rows, perf, node_type=node_type, model=model)
+    types = pooled(workers)
+    payload = {
+        "metrics": str(path),
+        "workers": [{"node": w.name, "node_type": w.node_type, "steps": w.steps,
+                     "measured_s": w.measured_s, "predicted_s": w.predicted_s,
+                     "scale": w.scale} for w in workers],
+        "node_types": [],
+    }
+    for t in types:
+        gpu = cat.gpu_of(t.node_type)
+        now = perf.efficiencies_for(gpu)
+        fit = scaled_efficiencies(now, t.scale, path.name)
+        payload["node_types"].append({
+            "node_type": t.node_type, "gpu": gpu.name, "steps": t.steps, "scale": t.scale,
+            "eta_compute": fit.eta_compute, "eta_memory": fit.eta_memory,
+            "eta_elementwise": fit.eta_elementwise, "kernel_overhead_s": fit.kernel_overhead_s,
+            "was": {"eta_compute": now.eta_compute, "eta_memory": now.eta_memory,
+                    "eta_elementwise": now.eta_elementwise,
+                    "kernel_overhead_s": now.kernel_overhead_s},
+        })
+    if json:
+        print_json(payload)
+        return
+    table = Table(title="Measured step times against the perf model, per worker",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("worker", "node type", "steps", "measured s", "predicted s", "scale"):
+        table.add_column(col, justify="left" if col in ("worker", "node type") else "right")
+    for w in payload["workers"]:
+        table.add_row(w["node"], w["node_type"], f"{w['steps']:.0f}", f"{w['measured_s']:.4g}",
+                      f"{w['predicted_s']:.4g}", f"{w['scale']:.3f}")
+    console.print(table)
+    for t in payload["node_types"]:
+        console.print(
+            f"{t['node_type']} ({t['gpu']}): x{t['scale']:.3f} the modelled time; η compute "
+            f"{t['eta_compute']:.3f} (was {t['was']['eta_compute']:.3f}), η memory "
+            f"{t['eta_memory']:.3f} (was {t['was']['eta_memory']:.3f}), kernel "
+            f"{t['kernel_overhead_s'] * 1e6:.2f} µs", highlight=False)
+
+
 @app.command()
 def calibrate(
     write: Annotated[
@@ -212,12 +268,35 @@ def calibrate(
         typer.Option("--write", help="Write the fitted figures to the package's "
                      "efficiencies.yaml (what the perf model loads by default)."),
     ] = False,
+    from_metrics: Annotated[
+        Path | None,
+        typer.Option("--from-metrics", help="A runtime's /metrics text: fit each node type's "
+                     "efficiencies to its workers' measured step times instead."),
+    ] = None,
+    node_type: Annotated[
+        str | None,
+        typer.Option("--node-type", help="With --from-metrics: the node type every worker "
+                     "ran on (default: the metrics' node_type label)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="With --from-metrics: the catalog model the workers "
+                     "served (default: the metrics' model label)."),
+    ] = None,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:
     """Fit per-GPU efficiencies to the measured profiles and report the errors."""
     from coral.perf.calibration import calibrate as run_calibration
     from coral.perf.calibration import write_efficiencies
+
+    if from_metrics is not None:
+        with user_errors():
+            if write:
+                raise UserError("--write writes the profile calibration; with --from-metrics "
+                                "the fitted figures are reported only")
+            _calibrate_from_metrics(from_metrics, open_catalog(catalog), node_type, model, json)
+        return
 
     with user_errors():
         cat = open_catalog(catalog)

@@ -389,7 +389,10 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
     async def prometheus() -> PlainTextResponse:
         runtime = {name: b.runtime_stats() for name, b in list(models.items())
                    if callable(getattr(b, "runtime_stats", None))}
-        return PlainTextResponse(stats.render(runtime), media_type="text/plain; version=0.0.4")
+        steps = [row for b in list(models.values())
+                 if callable(getattr(b, "step_stats", None)) for row in b.step_stats()]
+        return PlainTextResponse(stats.render(runtime, steps),
+                                 media_type="text/plain; version=0.0.4")
 
     def model_card(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": created, "owned_by": "coral"}

@@ -65,5 +65,17 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class StageTiming:
+    """One worker's time for one step of its stage, with the step's shape (for /metrics)."""
+
+    node_id: str
+    stage: int
+    prefill_tokens: int
+    decode_batch: int
+    context_tokens: int  # decode sequences' context, tokens, summed
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Ask a worker to exit."""

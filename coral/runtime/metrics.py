@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import defaultdict
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -20,6 +20,9 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.utils import floatToGoString
+
+from coral.runtime.step_times import StepRow
+from coral.runtime.step_times import families as step_families
 
 #: Histogram bucket upper bounds, seconds.
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -101,10 +104,12 @@ class GatewayMetrics:
             if tpot_s is not None:
                 self.tpot.setdefault(model, _Histogram(TPOT_BUCKETS_S)).observe(tpot_s)
 
-    def render(self, runtime: Mapping[str, Mapping[str, float]] | None = None) -> str:
-        """The metrics; `runtime`: each model's router counters (`RUNTIME_METRICS`)."""
+    def render(self, runtime: Mapping[str, Mapping[str, float]] | None = None,
+               steps: Sequence[StepRow] = ()) -> str:
+        """The metrics; `runtime`: each model's router counters (`RUNTIME_METRICS`); `steps`:
+        the workers' measured step times (`coral.runtime.step_times`)."""
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self, runtime or {}))
+        registry.register(_Collector(self, runtime or {}, steps))
         return generate_latest(registry).decode()
 
     def families(self, runtime: Mapping[str, Mapping[str, float]]) -> Iterator[Metric]:
@@ -156,8 +161,10 @@ class GatewayMetrics:
 class _Collector:
     """One rendering's view of a gateway's metrics (see `GatewayMetrics.render`)."""
 
-    def __init__(self, metrics: GatewayMetrics, runtime: Mapping[str, Mapping[str, float]]):
-        self.metrics, self.runtime = metrics, runtime
+    def __init__(self, metrics: GatewayMetrics, runtime: Mapping[str, Mapping[str, float]],
+                 steps: Sequence[StepRow] = ()):
+        self.metrics, self.runtime, self.steps = metrics, runtime, steps
 
     def collect(self) -> Iterator[Metric]:
-        return self.metrics.families(self.runtime)
+        yield from self.metrics.families(self.runtime)
+        yield from step_families(self.steps)

@@ -166,6 +166,17 @@ class ModelRouter:
         return {**counters, "ready_instances": ready, "planned_instances": self._planned,
                 "unavailable_s": self.unavailable_s()}
 
+    def step_stats(self) -> list:
+        """Measured per-stage step times of the running instances (`StepRow`s), for /metrics."""
+        with self._lock:
+            instances = list(self._instances)
+        rows = []
+        for inst in instances:
+            times = getattr(inst.executor, "step_times", None)
+            if times is not None:
+                rows.extend(times.rows())
+        return rows
+
     def _recovering(self) -> bool:
         """Whether an instance may become ready (none is, yet): some planned instance is not
         given up on. Without a controller nothing restarts."""

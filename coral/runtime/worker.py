@@ -29,7 +29,16 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from coral.runtime.config import PipelineSpec
-from coral.runtime.messages import Batch, Heartbeat, Results, Shutdown, TokenResult, WorkItem
+from coral.runtime.messages import (
+    Batch,
+    Heartbeat,
+    Results,
+    Shutdown,
+    StageTiming,
+    TokenResult,
+    WorkItem,
+)
+from coral.runtime.step_times import StepTimes, injected_slowdown
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +134,11 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
             downstream.append(sock)
     poller = zmq.Poller()
     poller.register(inbox, zmq.POLLIN)
+    slowdown = injected_slowdown(me.node_id)
+    # A CPU worker's step time is its thread's CPU time (torch runs on this thread): time spent
+    # waiting for a core another process holds is the host's load, not the node's speed. An
+    # accelerator's is wall time (its results come back to the host within the step).
+    clock = time.thread_time if str(device).startswith("cpu") else time.perf_counter
     last_beat = 0.0
     try:
         while True:
@@ -138,14 +152,34 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
             if isinstance(msg, Shutdown):
                 return
             assert isinstance(msg, Batch), f"unexpected message {type(msg).__name__}"
+            t0 = clock()
             out = stage.forward(msg.items)
+            seconds = clock() - t0
+            if slowdown != 1.0:  # test hook: a known slowdown to recover from the metrics
+                time.sleep((slowdown - 1.0) * seconds)
+                seconds *= slowdown
             if stage.is_last:
                 driver.send_pyobj(Results(tuple(out), msg.batch_id, me.node_id))
             else:
                 for node, group in group_by_node(out, router).items():
                     downstream[node].send_pyobj(Batch(tuple(group), msg.batch_id))
+            driver.send_pyobj(_timing(me.node_id, stage_index, msg.items, seconds))
     finally:
         ctx.destroy(linger=0)
+
+
+def _timing(node_id: str, stage: int, items: Sequence[WorkItem], seconds: float) -> StageTiming:
+    """A step's time with its shape: prompt chunks' tokens, decode sequences, their context."""
+    prefill = decode = context = 0
+    for item in items:
+        if item.release:
+            continue
+        if item.step == 0:
+            prefill += len(item.token_ids)
+        else:
+            decode += 1
+            context += item.start_pos + len(item.token_ids)
+    return StageTiming(node_id, stage, prefill, decode, context, seconds)
 
 
 class WorkerLostError(RuntimeError):
@@ -179,6 +213,8 @@ class ZmqPipeline:
             self._first.append(sock)
         self._router = WeightedRouter(spec.stages[0].node_weights)
         self.last_seen_s: dict[str, float] = {}
+        self.step_times = StepTimes(spec.model.name, [(st.first_layer, st.end_layer)
+                                                      for st in spec.stages])
         self._batch_ids = 0
         # set by abort() from another thread: a step in progress gives up at its next poll
         self._aborted = threading.Event()
@@ -202,6 +238,9 @@ class ZmqPipeline:
         msg = self._inbox.recv_pyobj()
         if isinstance(msg, Heartbeat):
             self.last_seen_s[msg.node_id] = time.time()
+        elif isinstance(msg, StageTiming):
+            self.step_times.record(msg.node_id, msg.stage, msg.prefill_tokens, msg.decode_batch,
+                                   msg.context_tokens, msg.seconds)
         return msg
 
     def _wait_for_heartbeats(self, timeout_s: float) -> None:

@@ -48,24 +48,11 @@ MODULE_LAYER = {
 
 #: Upward (or sideways) imports still to be removed, each with why it is there today and who
 #: owns the fix.
-KNOWN_UPWARD = {
-    # baselines/common.py decodes a baseline's plan with planning's decoder; the decoder
-    # belongs in the allocator layer (allocator/baselines owners)
-    ("coral.baselines.common", "planning"),
-    # runtime reads plan files through planning's reader; the plan-file format belongs in the
-    # allocator layer, below every reader of it (allocator owner)
-    ("coral.runtime.deployment", "planning"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 #: Import cycles still to be removed (each a set of modules that reach one another), with
 #: why and who owns the fix. A cycle found must lie inside one of these.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"coral.allocator.planning", "coral.baselines", "coral.baselines.common",
-               "coral.baselines.cauchy", "coral.baselines.helix", "coral.baselines.homo",
-               "coral.baselines.joint", "coral.baselines.melange", "coral.baselines.run"}):
-        "planning runs every baseline, and baselines/common.py decodes with planning's "
-        "decoder; planning belongs above the baselines (allocator/baselines owners)",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 def _modules() -> dict[str, Path]:

@@ -25,6 +25,7 @@ from coral.allocator.problem import (
     TemplateRegion,
     make_plan,
 )
+from coral.allocator.plan_file import decode_instances
 from coral.allocator.scenario import Scenario, ScenarioModel
 from coral.catalog.loader import Catalog
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
@@ -202,9 +203,7 @@ def columns_and_templates(scenario: Scenario, templates: Iterable[Template], *, 
 def deployment_of(scenario: Scenario, plan: AllocationPlan, templates: Iterable[Template], *,
                   prefix: str) -> tuple:
     """The plan's instances decoded with their templates' nodes and placement, as Coral's own
-    plan is (`coral.allocator.planning.decode_instances`), for simulating a baseline."""
-    from coral.allocator.planning import decode_instances
-
+    plan is (`decode_instances`), for simulating a baseline."""
     columns, by_id = columns_and_templates(scenario, templates, prefix=prefix)
     used = {tid for tid, _ in plan.instances}
     return decode_instances(plan, [c for c in columns if c.id in used],

@@ -105,7 +105,7 @@ class PlannedInstance:
 
 def read_plan(path: str | Path) -> dict[str, Any]:
     """A plan JSON file written by `coral plan --out`."""
-    from coral.allocator.planning import PlanFileError, read_plan_file
+    from coral.allocator.plan_file import PlanFileError, read_plan_file
 
     try:
         return read_plan_file(path)

@@ -1,0 +1,127 @@
+"""A plan's file format and its decoded instances: what `coral plan --out` writes and every
+reader of a plan (`coral simulate`, `coral serve`, the runtime's deployment, the baselines'
+deployments) reads.
+
+`decode_instances` turns an allocation's instance counts into `PlannedInstances`, each with
+its template's nodes and layer placement; `read_plan_file` reads a plan file back and
+`plan_slos` the SLO every model was planned for. They sit in the allocator layer, below the
+planner that writes plans and the baselines, simulator and runtime that read them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping as MappingABC
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from coral.allocator.problem import AllocationPlan, TemplateColumn
+from coral.perf.pipeline import PipelineShape
+from coral.templates.build import Template
+from coral.templates.slo import SloSpec
+
+
+@dataclass(frozen=True)
+class PlannedInstances:
+    """`count` instances of one template in one region."""
+
+    region: str
+    template_id: str
+    model: str
+    mode: str
+    count: int
+    node_counts: Mapping[str, int]  # node type -> nodes in one instance
+    shape: PipelineShape | None  # what one instance deploys (None: no template known)
+    capacity: float  # one instance, in `unit`
+    unit: str
+    capacity_rps: float  # one instance, planned requests/s of the model's workload mix
+    usd_per_hour: float  # one instance, in this region
+    started: int  # of `count`, started against the current deployment
+    utilisation: float = 1.0  # planned capacity / full throughput (queueing headroom)
+
+    @property
+    def node_mix(self) -> str:
+        return ", ".join(f"{k}x {g}" for g, k in self.node_counts.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "region": self.region,
+            "template_id": self.template_id,
+            "model": self.model,
+            "mode": self.mode,
+            "count": self.count,
+            "nodes": dict(self.node_counts),
+            "stages": self.shape.to_dicts() if self.shape is not None else [],
+            "capacity": self.capacity,
+            "unit": self.unit,
+            "capacity_rps": self.capacity_rps,
+            "usd_per_hour": self.usd_per_hour,
+            "usd_per_hour_total": self.usd_per_hour * self.count,
+            "started": self.started,
+            "utilisation": self.utilisation,
+        }
+
+
+class PlanFileError(ValueError):
+    """A file that should hold a plan written by `coral plan --out` does not."""
+
+
+def read_plan_file(path: str | Path) -> dict[str, Any]:
+    """The JSON payload of a plan file from `coral plan SCENARIO --out FILE` (it names its
+    scenario and lists its instances), or `PlanFileError` saying what is wrong."""
+    p = Path(path)
+    if not p.is_file():
+        raise PlanFileError(f"plan file {p} does not exist")
+    try:
+        payload = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise PlanFileError(f"{p} is not JSON ({exc}); expected a file from "
+                            "`coral plan SCENARIO --out FILE`") from None
+    if not isinstance(payload, dict) or "instances" not in payload or "scenario" not in payload:
+        raise PlanFileError(f"{p} is not a plan: expected 'scenario' and 'instances' (write "
+                            "one with `coral plan SCENARIO --out FILE`)")
+    return payload
+
+
+def plan_slos(payload: Mapping[str, Any], path: str | Path = "the plan"
+              ) -> dict[str, SloSpec] | None:
+    """The SLO of every model a plan file was planned for (its `slos`); None for a plan
+    written without them. A malformed entry raises `PlanFileError` naming it."""
+    raw = payload.get("slos")
+    if raw is None:
+        return None
+    if not isinstance(raw, MappingABC):
+        raise PlanFileError(f"{path}: 'slos' must map each model to its SLO")
+    out = {}
+    for model, values in raw.items():
+        try:
+            out[str(model)] = SloSpec(**values)
+        except (TypeError, ValueError) as exc:
+            raise PlanFileError(f"{path}: slos[{model!r}] is not an SLO ({exc})") from None
+    return out
+
+
+def decode_instances(plan: AllocationPlan, columns: Sequence[TemplateColumn],
+                     templates: Mapping[str, Template]) -> tuple[PlannedInstances, ...]:
+    """The plan's instance counts with each template's nodes and layer placement."""
+    col_by_id = {c.id: c for c in columns}
+    out: list[PlannedInstances] = []
+    for (tid, region), count in sorted(plan.instances.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        col = col_by_id[tid]
+        tpl = templates.get(tid)
+        shape = tpl.shape if tpl is not None else None
+        if tpl is not None and tpl.throughput > 0:
+            rps = col.capacity * tpl.throughput_rps / tpl.throughput
+            utilisation = col.capacity / tpl.throughput
+        else:
+            rps = col.capacity if col.mode == "aggregated" else 0.0
+            utilisation = 1.0
+        out.append(PlannedInstances(
+            region=region, template_id=tid, model=col.model, mode=col.mode, count=int(count),
+            node_counts=dict(col.node_counts), shape=shape, capacity=col.capacity,
+            unit=tpl.unit if tpl is not None else "req/s", capacity_rps=rps,
+            usd_per_hour=col.price_usd_per_hour[region],
+            started=int(plan.started.get((tid, region), 0)), utilisation=utilisation,
+        ))
+    return tuple(out)

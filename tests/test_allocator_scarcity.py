@@ -21,7 +21,7 @@ import pytest
 from test_allocator_support import column
 
 from coral.allocator import AllocationPlan, AllocationProblem, ModelDemand, PlanStatus
-from coral.allocator import ilp
+from coral.allocator import formulation, highs_runs, presolve, scarcity
 from coral.allocator.branch_price import fill_goodput, goodput_plan
 from coral.allocator.ilp import solve_allocation
 
@@ -92,19 +92,19 @@ def test_scarcity_at_gap_zero_agrees_with_highs(seed: int) -> None:
 
 def _internals(problem: AllocationProblem):
     """The ILP of `solve_allocation`, built the same way."""
-    ix = ilp._Index.build(problem)
-    cols = ilp._presolve(problem, ix, dominance=True)
-    lp = ilp._LpBuilder()
-    v = ilp._add_variables(lp, problem, ix, cols)
-    ilp.add_capacity_rows(lp, ix, v)
-    ilp.add_pd_pairing_rows(lp, ix, v)
-    ilp.add_availability_rows(lp, ix, v)
-    ilp.add_startup_rows(lp, ix, v)
-    ilp.add_goodput_floor_row(lp, ix, v)
+    ix = presolve.Index.build(problem)
+    cols = presolve.run_presolve(problem, ix, dominance=True)
+    lp = formulation.LpBuilder()
+    v = formulation.add_variables(lp, problem, ix, cols)
+    formulation.add_capacity_rows(lp, ix, v)
+    formulation.add_pd_pairing_rows(lp, ix, v)
+    formulation.add_availability_rows(lp, ix, v)
+    formulation.add_startup_rows(lp, ix, v)
+    formulation.add_goodput_floor_row(lp, ix, v)
     arr = lp.arrays()
     col_lb = arr.col_lb.copy()
     col_lb[v.s] = 0.0
-    return ix, v, lp, arr, ilp._decomposition(ix, v, lp), col_lb
+    return ix, v, lp, arr, formulation.decomposition_of(ix, v, lp), col_lb
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -129,12 +129,12 @@ def test_reduced_cost_fixing_keeps_every_plan_below_the_limit(seed: int) -> None
     row_lb[-1] = floor
     for cost, rows, value in ((neg, arr.row_lb, lambda x: -dec.goodput(x)),
                               (arr.cost, row_lb, dec.cost)):
-        relaxed = ilp._lp_relaxation(arr, cost, col_lb, rows, lp, len(v.x))
+        relaxed = highs_runs.lp_relaxation(arr, cost, col_lb, rows, lp, len(v.x))
         assert relaxed is not None
         inside = [x for x in plans if cost is neg or dec.goodput(x) >= floor]
         values = sorted(value(x) for x in inside)
         for limit in values[: 1 + len(values) // 3]:
-            lo, hi = ilp._fix_by_reduced_cost(arr, relaxed, col_lb, limit)
+            lo, hi = highs_runs.fix_by_reduced_cost(arr, relaxed, col_lb, limit)
             for x in inside:
                 if value(x) <= limit:
                     assert (x >= lo[v.x] - 1e-9).all() and (x <= hi[v.x] + 1e-9).all()
@@ -147,7 +147,7 @@ def test_goodput_heuristic_plans_fit(seed: int) -> None:
     rng = np.random.default_rng(seed)
     neg = np.zeros(lp.n_col)
     neg[v.s] = -ix.priority
-    relaxed = ilp._lp_relaxation(arr, neg, col_lb, arr.row_lb, lp, len(v.x))
+    relaxed = highs_runs.lp_relaxation(arr, neg, col_lb, arr.row_lb, lp, len(v.x))
     assert relaxed is not None
     for xbar, price in ((relaxed.x, relaxed.node_price),
                         (rng.uniform(0, 3, dec.n_cols), rng.uniform(0, 2, dec.n_rows))):
@@ -175,7 +175,7 @@ def test_nearly_met_demand_searches_past_the_heuristic_plan(seed: int) -> None:
     assert not plan.meets_demand and plan.goodput_gap <= 0.005 + 1e-9
     phase1 = next(n for n in plan.notes if n.startswith("scarcity phase 1:"))
     if phase1.endswith("(heuristic plan, LP bound)"):
-        assert plan.goodput_gap <= ilp.ACCEPT_SHARE_NEAR_FULL * 0.005 + 1e-9, phase1
+        assert plan.goodput_gap <= scarcity.ACCEPT_SHARE_NEAR_FULL * 0.005 + 1e-9, phase1
     reference = solve_allocation(problem, decompose=False)
     _bounds_hold(plan, reference)
     _bounds_hold(reference, plan)

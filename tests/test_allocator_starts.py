@@ -13,8 +13,9 @@ import pytest
 from test_allocator_scarcity import scarce_problem
 
 from coral.allocator import AllocationPlan, ModelDemand
-from coral.allocator import ilp
-from coral.allocator.ilp import best_start, solve_allocation
+from coral.allocator import highs_runs, ilp, scarcity
+from coral.allocator.ilp import solve_allocation
+from coral.allocator.starts import best_start
 
 
 def _no_worse(plan: AllocationPlan, start: AllocationPlan) -> None:
@@ -72,11 +73,12 @@ def test_the_start_survives_a_search_that_finds_nothing(kind, monkeypatch):
     best = solve_allocation(problem, decompose=False)
 
     def nothing(*args, **kwargs):
-        return ilp._Run(ok=False, infeasible=False, optimal=False, values=None,
-                        objective=math.nan, bound=math.nan, gap=math.inf,
-                        detail="Time limit reached")
+        return highs_runs.HighsRun(ok=False, infeasible=False, optimal=False, values=None,
+                                   objective=math.nan, bound=math.nan, gap=math.inf,
+                                   detail="Time limit reached")
 
-    monkeypatch.setattr(ilp, "_run_highs", nothing)
+    for module in (highs_runs, scarcity, ilp):
+        monkeypatch.setattr(module, "run_highs", nothing)
     assert solve_allocation(problem, decompose=False).goodput < best.goodput * 0.5
     plan = solve_allocation(problem, decompose=False, starts=[dict(best.instances)])
     _no_worse(plan, best)

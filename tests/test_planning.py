@@ -611,6 +611,7 @@ def test_baseline_plans_start_coral_so_a_search_cut_short_still_wins(setup, two_
     least as good as every baseline whose plan lies in Coral's columns."""
     from coral.allocator import ilp, planning
     from coral.allocator.problem import PlanStatus, make_plan
+    from coral.allocator.starts import best_start
 
     solve = ilp.solve_allocation
 
@@ -630,7 +631,7 @@ def test_baseline_plans_start_coral_so_a_search_cut_short_still_wins(setup, two_
     problem = mixed.problem(planning.columns_from_templates(mixed, templates))
     inside = 0
     for name, b in result.baselines.items():
-        start = ilp.best_start(problem, [planning.baseline_start(b)])
+        start = best_start(problem, [planning.baseline_start(b)])
         if start is None or start.goodput < b.plan.goodput * (1 - 1e-9) \
                 or start.cost_usd_per_hour > b.cost_per_hour * (1 + 1e-9):
             continue  # not in Coral's columns as it is

@@ -3,7 +3,11 @@
 - `problem`: the allocation problem and plan as plain numbers (`AllocationProblem`,
   `TemplateColumn`, `ModelDemand`, `AllocationPlan`) and the solver's defaults
   (`DEFAULT_MIP_GAP`, `DEFAULT_TIME_LIMIT_S`).
-- `ilp`: the HiGHS ILP (`solve_allocation`), its presolve and `InfeasiblePlanError`.
+- `ilp`: the allocation ILP's solve (`solve_allocation`) and `InfeasiblePlanError`; its
+  parts: `presolve` (columns kept, dominance), `formulation` (variables and rows),
+  `highs_runs` (HiGHS runs, the LP relaxation), `scarcity` (the goodput phases), `starts`
+  (plans given beforehand).
+- `plan_file`: the plan file and its decoded instances.
 - `bruteforce`: the exhaustive oracle for tiny problems (`solve_bruteforce`).
 - `scenario`: scenario files (models, demand, regions, availability levels) -> problems.
 - `planning`: scenario -> template libraries -> allocation -> a decoded `PlanResult`, with the
@@ -22,9 +26,9 @@ from typing import Any
 _WHERE = {
     "solve_bruteforce": "bruteforce",
     "InfeasiblePlanError": "ilp",
-    "PresolveReport": "ilp",
-    "dominated_templates": "ilp",
-    "presolve_columns": "ilp",
+    "PresolveReport": "presolve",
+    "dominated_templates": "presolve",
+    "presolve_columns": "presolve",
     "solve_allocation": "ilp",
     "AllocationPlan": "problem",
     "AllocationProblem": "problem",

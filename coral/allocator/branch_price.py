@@ -23,7 +23,7 @@ Plans without the search: `round_and_repair` (per model, from the master's count
 `improve_by_model` (the cost problem's local search), and for goodput `goodput_plan`: the
 counts rounded down, the nodes left filled greedily, most goodput per shadow price of the
 nodes first (`fill_goodput`), then one instance out and the nodes filled again while that
-gains. The scarcity phases of `ilp.py` start from it.
+gains. The scarcity phases (`scarcity.py`) start from it.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ next pattern. Every round's `L(pi)` is valid; the master's value is where they c
 
 The problem is the cost problem: minimise $/hour + start-up penalty, every demand met (hard
 covering rows). The scarcity phases (most goodput, then the cheapest plan at it) are not
-decomposed: `ilp.py` solves them from the LP bound, a heuristic plan and HiGHS.
+decomposed: `scarcity.py` solves them from the LP bound, a heuristic plan and HiGHS.
 
 Branch-and-price bounds (`Bounds`) restrict instance counts per column; the pricing honours
 them, so every node of the search in `branch_price.py` has its own valid bound.

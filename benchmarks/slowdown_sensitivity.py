@@ -1,0 +1,70 @@
+"""Which rows of a plan depend on which GPU type's model (issue 22, item 3).
+
+Simulates PLAN as it is, then once per GPU type in it with that type `--factor` times slower
+than modelled (`coral simulate --slowdown GPU=F`), and prints per GPU type: its nodes and
+share of the plan's $/hour, SLO attainment, and the models that miss their SLO.
+
+    python benchmarks/slowdown_sensitivity.py PLAN.json [--factor 1.3] [--duration 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+
+def simulate(plan: Path, duration: float, slowdown: str | None) -> dict:
+    cmd = [sys.executable, "-m", "coral.cli.main", "simulate", str(plan), "--json",
+           "--no-progress", "--duration", str(duration),
+           "--out", str(plan.parent / "sensitivity" / (slowdown or "base").replace("=", "_"))]
+    if slowdown:
+        cmd += ["--slowdown", slowdown]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def gpu_mix(plan: dict, catalog) -> tuple[Counter, Counter]:
+    """Nodes and $/hour per GPU type of the plan's instances."""
+    nodes, usd = Counter(), Counter()
+    for inst in plan["instances"]:
+        for st in inst.get("stages", []):
+            node = catalog.node_type(st["node_type"])
+            n = inst["count"] * st.get("count", 1)
+            nodes[node.gpu] += n
+            usd[node.gpu] += n * (node.price_in(inst["region"]) or 0.0)
+    return nodes, usd
+
+
+def main(argv: list[str] | None = None) -> int:
+    from coral.catalog.loader import default_catalog
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("plan", type=Path)
+    ap.add_argument("--factor", type=float, default=1.3)
+    ap.add_argument("--duration", type=float, default=300.0)
+    args = ap.parse_args(argv)
+    plan = json.loads(args.plan.read_text())
+    nodes, usd = gpu_mix(plan, default_catalog())
+    total = sum(usd.values()) or 1.0
+    base = simulate(args.plan, args.duration, None)
+    print(f"plan {args.plan.name}: ${base['cost_per_hour']:,.2f}/hour; as modelled: SLO "
+          f"attainment {100 * base['slo_attainment']:.1f}%, models missing their SLO: "
+          f"{[m for m, v in base['models'].items() if not v['slo_met']] or 'none'}")
+    print(f"| GPU type x{args.factor:g} | nodes | share of $/hour | SLO attainment | "
+          "models missing their SLO (attainment) |")
+    print("|---|---|---|---|---|")
+    for gpu in sorted(nodes, key=lambda g: -usd[g]):
+        s = simulate(args.plan, args.duration, f"{gpu}={args.factor:g}")
+        miss = [f"{m} ({100 * v['slo_attainment']:.1f}%)" for m, v in s["models"].items()
+                if not v["slo_met"]]
+        print(f"| {gpu} | {nodes[gpu]} | {100 * usd[gpu] / total:.1f}% | "
+              f"{100 * s['slo_attainment']:.1f}% | {', '.join(miss) or 'none'} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

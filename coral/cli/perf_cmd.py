@@ -165,10 +165,14 @@ def calibration_payload(cat: Catalog, cal, written: Path | None) -> dict:
     """JSON-able report of a calibration against every GPU type in the catalog."""
     from coral.perf.model import ROOFLINE_P
 
+    from coral.perf.sustained import compute_fraction, memory_fraction, scale_borrowed
+
     table = cal.table()
     gpus = []
     for gpu in cat.gpus.values():
         eff = table.for_gpu(gpu)
+        if eff.borrowed_from:  # as the perf model uses it: scaled to sustained throughput
+            eff = scale_borrowed(eff, gpu, cat.gpu(eff.borrowed_from), cat)
         fit = cal.fits.get(gpu.name)
         gpus.append({
             "gpu": gpu.name,
@@ -183,6 +187,8 @@ def calibration_payload(cat: Catalog, cal, written: Path | None) -> dict:
             "fitted": fit is not None,
             "fitted_on": eff.fitted_on,
             "borrowed_from": eff.borrowed_from,
+            "sustained_compute_fraction": compute_fraction(gpu, cat),
+            "sustained_memory_fraction": memory_fraction(gpu, cat),
         })
     held = [
         {
@@ -330,8 +336,9 @@ def calibrate(
                   "η elem.: achieved fraction of peak memory bandwidth in weight-streaming "
                   "matmuls / element-wise kernels; kernel: fixed GPU time per kernel. Errors: "
                   "|predicted/measured - 1| of one layer's profiled operators (Vidur). GPU types "
-                  "without an own fit borrow by architecture: ampere, ada, volta, turing -> "
-                  "ampere; hopper, blackwell -> hopper.[/]")
+                  "without an own fit borrow by architecture (ampere, ada, volta, turing -> "
+                  "ampere; hopper, blackwell -> hopper), scaled by the two types' sustained "
+                  "throughput (coral.perf.sustained; `--json` gives each type's fractions).[/]")
     held = Table(title="Held out (not used in the fit)", title_justify="left",
                  box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("data", "points", "med.\nerr %", "max\nerr %", "figures"):

@@ -155,6 +155,9 @@ def _merge_flags(a: int, b: int) -> int | None:
 
 #: `_merge_flags` as a table (-1: the two sets cannot be together).
 _MERGE = [[-1 if (m := _merge_flags(a, b)) is None else m for b in range(16)] for a in range(16)]
+#: `_COMPLETE[a][w]`: the flags `b` with `_MERGE[a][b] == w`.
+_COMPLETE = [[tuple(b for b in range(16) if _MERGE[a][b] == w) for w in range(16)]
+             for a in range(16)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +195,10 @@ class StepSearch:
         self.budget = float(max_batched_tokens)
         memo = _costs(perf, catalog, arch.name)
         self.iteration, self.kv_tokens, self.send = memo["fns"]
-        self._rows, self._kv = memo["rows"], memo["kv"]
+        # rows by (node type, group size, role, S, B), one table per workload (hashing the
+        # SLO once per search, not once per lookup)
+        self._rows = memo["rows"].setdefault((slo, mode, self.grid[-1]), {})
+        self._kv = memo["kv"]
         self._choice_memo: dict[tuple, list] = {}
         self._own_memo: dict[tuple, dict] = {}
 
@@ -252,7 +258,7 @@ class StepSearch:
         if bn > self.grid[-1]:
             return None
         k, f = self.mix(S, B)
-        key = (self.slo, self.mode, self.grid[-1], name, j, role, S, B)
+        key = (name, j, role, S, B)
         if key in self._rows:
             return self._rows[key]
         first, last = role in (_FIRST, _ONLY), role in (_END, _ONLY)
@@ -356,17 +362,28 @@ class StepSearch:
                H: float = math.inf):
         """Most layers `S` groups of all the nodes cover with every time within (A, C) (and
         every node's mean step time within H)."""
+        want = (_F_ONLY if S == 1 else _F_FIRST | _F_END) | _F_TIGHT
         F: dict[tuple[int, int], tuple[int, Any]] = {(0, 0): (0, None)}
-        for t in range(len(self.counts)):
+        n_types = len(self.counts)
+        for t in range(n_types):
             items = rows[t]
             keys = tuple(items)
             caps = tuple(r.layers_within(A, C, H) for r in items.values())
             own = self._own(t, keys, caps, S, B)
+            if t == n_types - 1:  # the last type completes the pipeline: look its part up
+                best: tuple[int, Any] = (-1, None)
+                for (g1, f1), (v1, tr1) in F.items():
+                    for f2 in _COMPLETE[f1][want]:
+                        hit = own.get((S - g1, f2))
+                        if hit is not None and v1 + hit[0] > best[0]:
+                            best = (v1 + hit[0], (tr1, (t, hit[1])) if trace else None)
+                return best
+            room = S - (n_types - 1 - t)  # every later type holds at least one stage
             G: dict[tuple[int, int], tuple[int, Any]] = {}
             for (g1, f1), (v1, tr1) in F.items():
                 for (g2, f2), (v2, tr2) in own.items():
                     g = g1 + g2
-                    if g > S:
+                    if g > room:
                         continue
                     f = _MERGE[f1][f2]
                     if f < 0:
@@ -376,8 +393,7 @@ class StepSearch:
             F = G
             if not F:
                 return -1, None
-        want = (_F_ONLY if S == 1 else _F_FIRST | _F_END) | _F_TIGHT
-        return F.get((S, want), (-1, None))
+        return -1, None
 
     def _feasible(self, rows, S, B, A, C) -> bool:
         return self._cover(rows, S, B, A, C)[0] >= self.L
@@ -579,7 +595,11 @@ def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str
     than `j (b - 1)`), where `l` layers fit the KV cache of more than `b - 1` sequences and
     meet the SLO. So `rate <= B u / it(l, b) <= j b u / it(l, b)` and `rate l <= j kappa`,
     `kappa = max over (b, l) of b u l / it(l, b)`; summing over the stages, `rate L <= sum over
-    nodes of kappa` (`b` over `node_batches`, `l` up to the most that fit and meet the SLO)."""
+    nodes of kappa` (`b` over `node_batches`, `l` up to the most that fit and meet the SLO).
+
+    And every node type holds at least one stage of at most its `n_t` nodes on at least one
+    layer, so `rate <= n_t max_b (b u / it(1, b))` for each type: a slow type caps the whole
+    pipeline (what cuts most mixed combinations before they are searched)."""
     memo = _costs(perf, catalog, arch.name)
     iteration, kv_tokens = memo["fns"][0], memo["fns"][1]
     grid = sorted(prefill_chunks(slo) if mode == "prefill" else batches)
@@ -588,12 +608,13 @@ def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str
     limit = slo.ttft_s if mode == "prefill" else slo.tpot_s
     L = arch.num_layers
     total = 0.0
+    stage_cap = math.inf
     cands = node_batches(grid, len(combo))
     for name in combo:
         key = ("work", slo, mode, len(combo), tuple(grid), name)
-        best = memo["kv"].get(key)
+        best, one = memo["kv"].get(key, (None, None))
         if best is None:
-            best = 0.0
+            best = one = 0.0
             for b in cands:
                 if mode == "prefill":
                     args, need = (b, 0, 0), b - 1
@@ -609,6 +630,7 @@ def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str
 
                 if not fits(1):
                     continue
+                one = max(one, b * unit / it(1))
                 lo, hi = 1, L  # the most layers that fit (both tests grow with the layers)
                 while lo < hi:
                     mid = (lo + hi + 1) // 2
@@ -620,9 +642,10 @@ def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str
                 else:  # affine with a positive rest: l / it(l) grows with l
                     ratio = lo / tl
                 best = max(best, b * unit * ratio)
-            memo["kv"][key] = best
+            memo["kv"][key] = (best, one)
         total += best
-    return total / L
+        stage_cap = min(stage_cap, combo.count(name) * one)
+    return min(total / L, stage_cap)
 
 
 def solve_step(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str],

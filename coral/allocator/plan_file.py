@@ -4,13 +4,15 @@ deployments) reads.
 
 `decode_instances` turns an allocation's instance counts into `PlannedInstances`, each with
 its template's nodes and layer placement; `read_plan_file` reads a plan file back and
-`plan_slos` the SLO every model was planned for. They sit in the allocator layer, below the
+`plan_slos` the SLO every model was planned for; `baseline_summary` is a baseline's entry in
+the file. They sit in the allocator layer, below the
 planner that writes plans and the baselines, simulator and runtime that read them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,3 +127,30 @@ def decode_instances(plan: AllocationPlan, columns: Sequence[TemplateColumn],
             started=int(plan.started.get((tid, region), 0)), utilisation=utilisation,
         ))
     return tuple(out)
+
+
+def baseline_summary(result: Any) -> dict[str, Any]:
+    """A baseline result's figures as plain JSON values."""
+    plan = getattr(result, "plan", None)
+    served = {m: float(f) for m, f in dict(result.served_fraction).items()}
+    return {
+        "cost_per_hour": float(result.cost_per_hour),
+        "served_fraction": served,
+        # only a plan serving all demand compares with Coral's on cost
+        "meets_demand": bool(getattr(result, "meets_demand",
+                                     all(f >= 1.0 - 1e-6 for f in served.values()))),
+        # how far its cost may be from the best its restriction allows: null for a heuristic
+        # plan (nothing proven); a plan stopped by the time limit may cost up to `gap` less
+        "status": plan.status.value if plan is not None else None,
+        "gap": finite(getattr(result, "gap", math.inf)),
+        "goodput_gap": None if plan is None or getattr(result, "heuristic", False)
+        else finite(plan.goodput_gap),
+        "solve_seconds": float(plan.solve_s) if plan is not None else None,
+        "solved": getattr(result, "solved", None),
+        "notes": [str(n) for n in getattr(result, "notes", ())],
+    }
+
+
+def finite(x: float) -> float | None:
+    """`x`, or None (JSON null) when it is not finite."""
+    return float(x) if math.isfinite(x) else None

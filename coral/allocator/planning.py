@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 from collections.abc import Mapping as MappingABC
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,9 @@ from coral.allocator.ilp import infeasibility_message, solve_allocation
 from coral.allocator.plan_file import (  # noqa: F401
     PlanFileError,
     PlannedInstances,
+    baseline_summary,
     decode_instances,
+    finite,
     plan_slos,
     read_plan_file,
 )
@@ -384,8 +385,8 @@ class PlanResult:
             "cost_per_hour": self.cost_per_hour,
             "solve_seconds": self.solve_seconds,
             "status": self.status,
-            "gap": _finite(self.gap),
-            "goodput_gap": _finite(p.goodput_gap),  # scarcity: phase 1's proven gap
+            "gap": finite(self.gap),
+            "goodput_gap": finite(p.goodput_gap),  # scarcity: phase 1's proven gap
             "solved": p.proof,
             "meets_demand": p.meets_demand,
             "served_fraction": dict(self.served_fraction),
@@ -410,32 +411,6 @@ class PlanResult:
             "notes": list(self.notes),
             "solver_notes": list(self.plan.notes),
         }
-
-
-def baseline_summary(result: Any) -> dict[str, Any]:
-    """A baseline result's figures as plain JSON values."""
-    plan = getattr(result, "plan", None)
-    served = {m: float(f) for m, f in dict(result.served_fraction).items()}
-    return {
-        "cost_per_hour": float(result.cost_per_hour),
-        "served_fraction": served,
-        # only a plan serving all demand compares with Coral's on cost
-        "meets_demand": bool(getattr(result, "meets_demand",
-                                     all(f >= 1.0 - 1e-6 for f in served.values()))),
-        # how far its cost may be from the best its restriction allows: null for a heuristic
-        # plan (nothing proven); a plan stopped by the time limit may cost up to `gap` less
-        "status": plan.status.value if plan is not None else None,
-        "gap": _finite(getattr(result, "gap", math.inf)),
-        "goodput_gap": None if plan is None or getattr(result, "heuristic", False)
-        else _finite(plan.goodput_gap),
-        "solve_seconds": float(plan.solve_s) if plan is not None else None,
-        "solved": getattr(result, "solved", None),
-        "notes": [str(n) for n in getattr(result, "notes", ())],
-    }
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
 
 
 def plan_scenario(

@@ -266,26 +266,23 @@ class StepSearch:
         need = self._resident_tokens(S, B) * share
         sa = self._step_shape(S, B, k)
         sc = self._step_shape(S, B, k + 1) if self.mode == "aggregated" else None
-        a = np.full(self.L, math.inf)
-        c = np.full(self.L, math.inf)
         tpot = self.slo.tpot_s / S * (1 + _RTOL)
         ttft = self.slo.ttft_s / S * (1 + _RTOL)
-        kv_first = 0
-        for layers in range(1, self.L + 1):
-            kv = self._kv_room(name, layers, first, last)
-            if kv < need:
-                break
-            ta = node_seconds(self.iteration, self.send, name, layers, share, first, last, *sa)[0]
-            tc = (node_seconds(self.iteration, self.send, name, layers, share, first, last,
-                               *sc)[0] if sc is not None else ta)
-            # A <= TPOT / S always (TPOT >= S A); C <= TTFT / S (a prompt's step), and for
-            # decode and prefill A is the only time
-            limit_a = ttft if self.mode == "prefill" else tpot
-            if ta > limit_a or (self.mode == "aggregated" and tc > ttft):
-                break
-            a[layers - 1], c[layers - 1] = ta, tc
-            if layers == 1:
-                kv_first = kv
+        # the most layers whose KV room holds the node's share (the room shrinks as layers grow)
+        top = 0
+        while top < self.L and self._kv_room(name, top + 1, first, last) >= need:
+            top += 1
+        kv_first = self._kv_room(name, 1, first, last) if top else 0
+        a = self._times(name, share, first, last, sa, top)
+        c = self._times(name, share, first, last, sc, top) if sc is not None else a
+        # A <= TPOT / S always (TPOT >= S A); C <= TTFT / S (a prompt's step), and for
+        # decode and prefill A is the only time
+        ok = a <= (ttft if self.mode == "prefill" else tpot)
+        if self.mode == "aggregated":
+            ok &= c <= ttft
+        ok = np.cumprod(ok).astype(bool)  # usable counts are a prefix
+        a = np.where(ok, a, math.inf)
+        c = np.where(ok, c, math.inf)
         out = None
         if math.isfinite(a[0]):
             a = np.maximum.accumulate(a)  # usable counts are a prefix; keep it monotone
@@ -295,6 +292,34 @@ class StepSearch:
             out = _Row(bn, a, c, kv_first, tuple(a[:fin].tolist()), tuple(c[:fin].tolist()),
                        tuple(np.maximum.accumulate(h).tolist()))
         self._rows[key] = out
+        return out
+
+    def _times(self, name: str, share: float, first: bool, last: bool,
+               shape: tuple[int, int, int], top: int) -> np.ndarray:
+        """(L,): the node's time in a step of micro-batch `shape` for 1..L layers (inf past
+        `top`). `node_seconds` is affine in the layers for the perf model (each layer the
+        same, extras and the send apart), so three calls give the row; a perf model that is
+        not affine (checked at `top`) gets every count computed."""
+        out = np.full(self.L, math.inf)
+        if top < 1:
+            return out
+
+        def t(layers: int) -> float:
+            return node_seconds(self.iteration, self.send, name, layers, share, first, last,
+                                *shape)[0]
+
+        t1 = t(1)
+        if top == 1:
+            out[0] = t1
+            return out
+        slope = t(2) - t1
+        line = t1 + slope * np.arange(top)
+        end = t(top)
+        if abs(line[-1] - end) <= 1e-12 * max(abs(end), 1e-30):
+            out[:top] = line
+            out[top - 1] = end
+        else:
+            out[:top] = [t(x) for x in range(1, top + 1)]
         return out
 
     def _kv_room(self, name: str, layers: int, first: bool, last: bool) -> int:

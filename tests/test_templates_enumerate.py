@@ -117,6 +117,7 @@ def test_parse_combo_and_sub_combos():
     assert sub_combos(("a",)) == [()]
 
 
+@pytest.mark.perf
 def test_full_catalog_enumeration_is_fast():
     import time
 

@@ -298,8 +298,9 @@ def test_slo_share_routes_flow_over_paths_that_meet_the_slo(parts, builder):
 POOLS = [
     # (pool, demand per model in req/s)
     ({"1x-l4": 2, "1x-a10g": 2}, {"llama-3.1-8b": 1.2, "qwen3-14b": 0.5}),
-    ({"1x-l4": 1, "1x-a10g": 2, "1x-t4": 2}, {"llama-3.1-8b": 2.0, "qwen3-14b": 0.7}),
-    ({"1x-a10g": 3, "1x-t4": 2}, {"llama-3.1-8b": 1.1, "qwen3-14b": 1.0}),
+    # T4 pools: demands sized for perf model 3 (a T4 sustains ~24 of its 65 TFLOP/s)
+    ({"1x-l4": 1, "1x-a10g": 2, "1x-t4": 2}, {"llama-3.1-8b": 1.5, "qwen3-14b": 0.5}),
+    ({"1x-a10g": 3, "1x-t4": 2}, {"llama-3.1-8b": 1.0, "qwen3-14b": 0.6}),
     ({"1x-l4": 3, "1x-a10g": 3}, {"llama-3.1-8b": 1.8, "qwen3-14b": 0.7}),
     ({"1x-l4": 1, "1x-a10g": 4}, {"llama-3.1-8b": 3.2, "qwen3-14b": 0.6}),
 ]

@@ -23,7 +23,7 @@ from coral.templates.build import build_library
 from coral.templates.solve import build_template
 from coral.templates.operating_points import prefill_chunks, shared_tables
 from coral.templates.parallel import default_perf_factory
-from coral.templates.placement_step import work_bound
+from coral.templates.step_bound import work_bound
 from coral.templates.slo import SloSpec
 
 GRID = (4, 16, 64)

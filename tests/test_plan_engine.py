@@ -111,12 +111,29 @@ def test_vllm_templates_obey_the_engine(setup):
     assert any(engine_violations("vllm", t, setup.catalog) for t in coral)
 
 
-def test_vllm_costs_no_less_than_coral(setup):
+def test_coral_templates_rate_no_less_than_vllms(setup):
+    """Coral's search space holds every vLLM pipeline: on each combination of a vLLM
+    template, Coral's template is at least as fast."""
+    from coral.templates.solve import build_template
+
+    for tpls in setup.templates["vllm"].values():
+        for t in tpls:
+            if not t.feasible:
+                continue
+            mine = build_template(t.model, t.combo, t.slo, t.mode, "flow", setup.perf,
+                                  setup.catalog, floor=0.0)
+            assert mine.throughput >= t.throughput * (1 - 1e-9), t.combo
+
+
+def test_vllm_costs_about_no_less_than_coral(setup):
+    """The allocator plans a template at its *planned* capacity (its rate times the load at
+    which queueing still leaves TTFT within the SLO), which is not monotone in the rate: a
+    vLLM template a little slower but with a shorter TTFT can plan more on the same nodes.
+    So vLLM's plan may undercut Coral's, by little."""
     coral, vllm = setup.plans["coral"], setup.plans["vllm"]
     assert coral.plan.meets_demand and vllm.plan.meets_demand
     assert coral.engine == "coral" and coral.to_dict()["engine"] == "coral"
-    # both solved to the gap target: vLLM's optimum is never below Coral's (a restriction)
-    tol = coral.cost_per_hour * (coral.gap + vllm.gap + 1e-9)
+    tol = coral.cost_per_hour * (coral.gap + vllm.gap + 5e-3)
     assert vllm.cost_per_hour >= coral.cost_per_hour - tol
 
 

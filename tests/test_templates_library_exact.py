@@ -83,7 +83,7 @@ def test_work_bound_skip_matches_the_solve(real):
     search, given that floor, finds nothing above; below the best it is solved."""
     from coral.templates.solve import Task, build_template, solve_task
     from coral.templates.operating_points import shared_tables
-    from coral.templates.placement_step import work_bound
+    from coral.templates.step_bound import work_bound
     from coral.templates.slo import default_slo
 
     cat, perf = real

@@ -32,7 +32,7 @@ of the nodes into stages of one type, and layer splits:
   with bisections (one threshold when there is no `C`).
 
 `chain` (and vLLM) allows one node per stage, which also makes every node run the one batch
-`B`: the same search with groups of one. `work_bound` is a true upper bound on the rate of any
+`B`: the same search with groups of one. `step_bound.work_bound` is a true upper bound on the rate of any
 such pipeline, for a library's cut before solving.
 """
 
@@ -43,7 +43,6 @@ import time
 from bisect import bisect_right
 import weakref
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -53,6 +52,20 @@ from coral.catalog.schema import ModelArch
 from coral.perf.step import DEFAULT_MAX_BATCHED_TOKENS, node_costs, node_seconds
 from coral.templates.operating_points import DEFAULT_BATCHES, prefill_chunks
 from coral.templates.slo import SloSpec
+from coral.templates.stage_groups import (
+    COMPLETE,
+    END,
+    F_END,
+    F_FIRST,
+    F_ONLY,
+    F_TIGHT,
+    FIRST,
+    MERGE,
+    MID,
+    ONLY,
+    partitions,
+    role_choices,
+)
 from coral.templates.types import Mode, NodePlacement, Placement, SolveStatus
 
 #: Version of the search's model; part of a template library's identity.
@@ -66,13 +79,6 @@ METHOD = "step-dp"
 
 _RTOL = 1e-9
 _SOURCE, _SINK = -1, -2
-
-# roles of a group: a middle stage, the first stage, the end stage, the only stage
-_MID, _FIRST, _END, _ONLY = 0, 1, 2, 3
-# flags of a set of groups: holds the first stage, holds the end stage, is the only stage,
-# has a group whose size divides B
-_F_FIRST, _F_END, _F_ONLY, _F_TIGHT = 1, 2, 4, 8
-
 
 @dataclass(frozen=True)
 class _Row:
@@ -107,67 +113,15 @@ class StepPipeline:
 
 
 # ---------------------------------------------------------------------------------------------
-# Partitions of a type's nodes into groups
-# ---------------------------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=None)
-def _partitions(n: int, largest: int) -> tuple[tuple[int, ...], ...]:
-    """Multisets of positive parts summing to `n`, each at most `largest`, non-increasing."""
-    if n == 0:
-        return ((),)
-    return tuple((first,) + rest for first in range(min(n, largest), 0, -1)
-                 for rest in _partitions(n - first, first))
-
-
-@lru_cache(maxsize=None)
-def _role_choices(parts: tuple[int, ...]) -> tuple[tuple[int, tuple[int, ...]], ...]:
-    """Ways to give the groups of `parts` roles, each listed once: (flags, role per group)."""
-    g = len(parts)
-    seen = set()
-    out = []
-    for f in [None, *range(g)]:
-        for e in [None, *range(g)]:
-            roles = [_MID] * g
-            if f is not None and f == e:
-                roles[f], flags = _ONLY, _F_ONLY
-            else:
-                flags = 0
-                if f is not None:
-                    roles[f], flags = _FIRST, flags | _F_FIRST
-                if e is not None:
-                    roles[e], flags = _END, flags | _F_END
-            key = (flags, tuple(sorted(zip(parts, roles))))
-            if key not in seen:
-                seen.add(key)
-                out.append((flags, tuple(roles)))
-    return tuple(out)
-
-
-def _merge_flags(a: int, b: int) -> int | None:
-    """Flags of two disjoint sets of groups (None: two first, two end or an only stage
-    beside another)."""
-    ra, rb = a & 7, b & 7
-    if (ra & rb) or ((ra | rb) & _F_ONLY and ra and rb):
-        return None
-    return a | b
-
-
-#: `_merge_flags` as a table (-1: the two sets cannot be together).
-_MERGE = [[-1 if (m := _merge_flags(a, b)) is None else m for b in range(16)] for a in range(16)]
-#: `_COMPLETE[a][w]`: the flags `b` with `_MERGE[a][b] == w`.
-_COMPLETE = [[tuple(b for b in range(16) if _MERGE[a][b] == w) for w in range(16)]
-             for a in range(16)]
-
-
-# ---------------------------------------------------------------------------------------------
 # Per-model node costs, memoised per catalog (a library's combinations share a few node types)
 # ---------------------------------------------------------------------------------------------
 
 _COSTS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
-def _costs(perf: Any, catalog: Catalog, model: str) -> dict:
+def node_cost_memo(perf: Any, catalog: Catalog, model: str) -> dict:
+    """The node costs of `model` (`coral.perf.step.node_costs`) and what the search derives from
+    them, memoised per perf model and catalog."""
     per_perf = _COSTS.setdefault(perf, {})
     hit = per_perf.get((id(catalog), model))
     if hit is None:
@@ -193,7 +147,7 @@ class StepSearch:
         self.grid = tuple(sorted(prefill_chunks(slo) if mode == "prefill" else batches))
         self.unit = 1.0 / slo.output_tokens if mode == "aggregated" else 1.0
         self.budget = float(max_batched_tokens)
-        memo = _costs(perf, catalog, arch.name)
+        memo = node_cost_memo(perf, catalog, arch.name)
         self.iteration, self.kv_tokens, self.send = memo["fns"]
         # rows by (node type, group size, role, S, B), one table per workload (hashing the
         # SLO once per search, not once per lookup)
@@ -261,7 +215,7 @@ class StepSearch:
         key = (name, j, role, S, B)
         if key in self._rows:
             return self._rows[key]
-        first, last = role in (_FIRST, _ONLY), role in (_END, _ONLY)
+        first, last = role in (FIRST, ONLY), role in (END, ONLY)
         share = 1.0 / j
         need = self._resident_tokens(S, B) * share
         sa = self._step_shape(S, B, k)
@@ -334,7 +288,7 @@ class StepSearch:
         for t, cnt in enumerate(self.counts):
             rows = {}
             for j in range(1, min(cnt, self.max_group) + 1):
-                for role in ((_ONLY,) if S == 1 else (_MID, _FIRST, _END)):
+                for role in ((ONLY,) if S == 1 else (MID, FIRST, END)):
                     r = self.row(t, j, role, S, B)
                     if r is not None:
                         rows[j, role] = r
@@ -351,11 +305,11 @@ class StepSearch:
         if hit is None:
             where = {k: i for i, k in enumerate(keys)}
             hit = []
-            for parts in _partitions(self.counts[t], self.max_group):
+            for parts in partitions(self.counts[t], self.max_group):
                 if len(parts) > S:
                     continue
-                tight = _F_TIGHT if any(B % j == 0 for j in parts) else 0
-                for flags, roles in _role_choices(parts):
+                tight = F_TIGHT if any(B % j == 0 for j in parts) else 0
+                for flags, roles in role_choices(parts):
                     idx = tuple(where.get((j, role), -1) for j, role in zip(parts, roles))
                     if -1 not in idx:
                         hit.append((len(parts), flags | tight, idx, (parts, roles)))
@@ -387,7 +341,7 @@ class StepSearch:
                H: float = math.inf):
         """Most layers `S` groups of all the nodes cover with every time within (A, C) (and
         every node's mean step time within H)."""
-        want = (_F_ONLY if S == 1 else _F_FIRST | _F_END) | _F_TIGHT
+        want = (F_ONLY if S == 1 else F_FIRST | F_END) | F_TIGHT
         F: dict[tuple[int, int], tuple[int, Any]] = {(0, 0): (0, None)}
         n_types = len(self.counts)
         for t in range(n_types):
@@ -398,7 +352,7 @@ class StepSearch:
             if t == n_types - 1:  # the last type completes the pipeline: look its part up
                 best: tuple[int, Any] = (-1, None)
                 for (g1, f1), (v1, tr1) in F.items():
-                    for f2 in _COMPLETE[f1][want]:
+                    for f2 in COMPLETE[f1][want]:
                         hit = own.get((S - g1, f2))
                         if hit is not None and v1 + hit[0] > best[0]:
                             best = (v1 + hit[0], (tr1, (t, hit[1])) if trace else None)
@@ -410,7 +364,7 @@ class StepSearch:
                     g = g1 + g2
                     if g > room:
                         continue
-                    f = _MERGE[f1][f2]
+                    f = MERGE[f1][f2]
                     if f < 0:
                         continue
                     if v1 + v2 > G.get((g, f), (-1, None))[0]:
@@ -528,7 +482,7 @@ class StepSearch:
             for j, role in zip(parts, roles):
                 r = rows[t][j, role]
                 groups.append((t, j, role, r.layers_within(A, C)))
-        order = {_FIRST: 0, _ONLY: 0, _MID: 1, _END: 2}
+        order = {FIRST: 0, ONLY: 0, MID: 1, END: 2}
         groups.sort(key=lambda x: (order[x[2]], x[0], x[1]))
         spare = sum(x[3] for x in groups) - self.L
         stages = []
@@ -600,77 +554,6 @@ def _memory_bytes(perf: Any, arch: ModelArch, node: str, layers: int, last: bool
         return float(weights + kv_tokens * perf.kv_bytes_per_token(arch, node, layers))
     except AttributeError:
         return 0.0
-
-
-def node_batches(batches: Sequence[int], n: int) -> list[int]:
-    """Every batch a node of an `n`-node pipeline may run: `ceil(j' b / j)` for group sizes
-    `j, j' <= n` and `b` in the grid, up to the grid's largest."""
-    top = max(batches)
-    return sorted({-(-jp * b // j) for b in batches for j in range(1, n + 1)
-                   for jp in range(1, n + 1)} & set(range(1, top + 1)))
-
-
-def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str],
-               slo: SloSpec, mode: Mode, *, batches: Sequence[int] = DEFAULT_BATCHES) -> float:
-    """A true upper bound on the step-model rate of any pipeline over every node of `combo`.
-
-    A stage of `j` nodes on `l` layers delays every step by at least one node's iteration at
-    `b = ceil(B / j)` sequences without prompts, first-stage or last-stage extras, and with the
-    least context `b` sequences can have (`(b - 1) (I + O / 2)`; the micro-batch holds more
-    than `j (b - 1)`), where `l` layers fit the KV cache of more than `b - 1` sequences and
-    meet the SLO. So `rate <= B u / it(l, b) <= j b u / it(l, b)` and `rate l <= j kappa`,
-    `kappa = max over (b, l) of b u l / it(l, b)`; summing over the stages, `rate L <= sum over
-    nodes of kappa` (`b` over `node_batches`, `l` up to the most that fit and meet the SLO).
-
-    And every node type holds at least one stage of at most its `n_t` nodes on at least one
-    layer, so `rate <= n_t max_b (b u / it(1, b))` for each type: a slow type caps the whole
-    pipeline (what cuts most mixed combinations before they are searched)."""
-    memo = _costs(perf, catalog, arch.name)
-    iteration, kv_tokens = memo["fns"][0], memo["fns"][1]
-    grid = sorted(prefill_chunks(slo) if mode == "prefill" else batches)
-    unit = 1.0 / slo.output_tokens if mode == "aggregated" else 1.0
-    I, O = slo.input_tokens, slo.output_tokens
-    limit = slo.ttft_s if mode == "prefill" else slo.tpot_s
-    L = arch.num_layers
-    total = 0.0
-    stage_cap = math.inf
-    cands = node_batches(grid, len(combo))
-    for name in combo:
-        key = ("work", slo, mode, len(combo), tuple(grid), name)
-        best, one = memo["kv"].get(key, (None, None))
-        if best is None:
-            best = one = 0.0
-            for b in cands:
-                if mode == "prefill":
-                    args, need = (b, 0, 0), b - 1
-                else:
-                    ctx = max(b, int((b - 1) * (I + O / 2)) - 1)
-                    args, need = (0, b, ctx), (b - 1) * (I + O)
-
-                def it(layers: int) -> float:
-                    return iteration(name, layers, *args, False, False)
-
-                def fits(layers: int) -> bool:
-                    return kv_tokens(name, layers, False, False) > need and it(layers) <= limit
-
-                if not fits(1):
-                    continue
-                one = max(one, b * unit / it(1))
-                lo, hi = 1, L  # the most layers that fit (both tests grow with the layers)
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-                t1, t2, tl = it(1), it(2) if lo > 1 else it(1), it(lo)
-                if lo > 1 and abs(tl - (t1 + (lo - 1) * (t2 - t1))) > 1e-9 * tl:
-                    # not affine in the layers: every count is tried
-                    ratio = max(x / it(x) for x in range(1, lo + 1))
-                else:  # affine with a positive rest: l / it(l) grows with l
-                    ratio = lo / tl
-                best = max(best, b * unit * ratio)
-            memo["kv"][key] = (best, one)
-        total += best
-        stage_cap = min(stage_cap, combo.count(name) * one)
-    return min(total / L, stage_cap)
 
 
 def solve_step(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str],

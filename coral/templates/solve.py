@@ -31,7 +31,8 @@ from coral.templates.operating_points import (
     check_topology,
     shared_tables,
 )
-from coral.templates.placement_step import BELOW_FLOOR_NOTE, solve_step, work_bound
+from coral.templates.placement_step import BELOW_FLOOR_NOTE, solve_step
+from coral.templates.step_bound import work_bound
 from coral.templates.slo import SloSpec
 from coral.templates.template import Template, infeasible_template, template_from_placement
 from coral.templates.types import Mode, Placement, Topology

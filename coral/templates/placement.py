@@ -72,24 +72,24 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
         left = max(0.01, time_limit_s - (time.perf_counter() - t0))
         return solve_ilp(problem, prep=prep, warm_start=warm, time_limit_s=left)
 
-    heuristic = best_replicas(prep)
-    found = heuristic.throughput
+    replicas = best_replicas(prep)
+    found = replicas.throughput
     ub = flow_upper_bound(prep)
     if found < ub * (1 - _BOUND_RTOL):
-        ub = min(ub, path_lp_bound(prep, heuristic))
+        ub = min(ub, path_lp_bound(prep, replicas))
     if method == "auto" and found >= ub * (1 - _BOUND_RTOL):
-        return to_placement(prep, heuristic, status=SolveStatus.OPTIMAL, gap=0.0,
+        return to_placement(prep, replicas, status=SolveStatus.OPTIMAL, gap=0.0,
                             solve_s=time.perf_counter() - t0, method="staged-dp",
                             notes=(f"the staged DP meets the DAG upper bound {ub:.6g}",))
     left = max(0.01, time_limit_s - (time.perf_counter() - t0))
-    p = solve_ilp(problem, prep=prep, warm_start=heuristic, upper_bound=ub, time_limit_s=left)
+    p = solve_ilp(problem, prep=prep, warm_start=replicas, upper_bound=ub, time_limit_s=left)
     if p.status is not SolveStatus.INFEASIBLE and p.throughput < found:
         # the MILP's answer is no better than its warm start: report the warm start
         bound = ub
         if p.status is SolveStatus.TIME_LIMIT and p.gap < 1:
             bound = min(bound, p.throughput / (1 - p.gap))
         gap = 0.0 if p.status is SolveStatus.OPTIMAL else max(0.0, (bound - found) / bound)
-        p = to_placement(prep, heuristic, status=p.status, gap=gap, solve_s=0.0,
+        p = to_placement(prep, replicas, status=p.status, gap=gap, solve_s=0.0,
                          method=p.method, notes=p.notes)
     return _with_time(p, time.perf_counter() - t0)
 

@@ -26,7 +26,7 @@ Two builds:
   with the layer-coverage equality `sum_i k_i inflow_i = L T`; "a used node has a way in and
   out" rows; forward and backward latencies with per-layer prefix/suffix lower bounds;
   symmetry breaking among identical nodes; the objective capped by an upper bound; a warm
-  start (the replica heuristic of `placement_chain`).
+  start (the best split into replicas of `placement_chain`, exact for `flow`).
 
 Status is reported as HiGHS proves it: `optimal` only when the MILP closed, `time_limit` with
 the gap between the incumbent and the proven bound otherwise. Flows of the returned placement

@@ -3,7 +3,7 @@ answers as placements.
 
 `prepare` filters and sorts the operating points of every node of a problem (memory, its own
 latency, dominance, and with the path filter the prefix/suffix path latency); the MILP, the
-chain DP and the replica heuristic all start from it. An `Assignment` (a choice per node and
+chain DP and the replica DP all start from it. An `Assignment` (a choice per node and
 flows on edges) becomes a `Placement` by `to_placement`, with flows recomputed exactly by
 `max_flow_lp` where a solver fixes only the discrete choice.
 """
@@ -41,7 +41,7 @@ def within(value: float, bound: float | None) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# Preprocessing shared by the MILP, the chain DP and the heuristic
+# Preprocessing shared by the MILP, the chain DP and the replica DP
 # --------------------------------------------------------------------------------------------
 
 
@@ -331,7 +331,7 @@ def edge_limit(problem: PlacementProblem, i: int, j: int) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# A candidate solution (heuristic or warm start) and its conversion to a Placement
+# A candidate solution (a DP answer or warm start) and its conversion to a Placement
 # --------------------------------------------------------------------------------------------
 
 

@@ -76,9 +76,32 @@ def test_calibrate_from_metrics_errors(tmp_path):
     assert res.exit_code != 0 and "no coral_stage_step" in res.output
 
 
+def test_a_known_slowdown_is_recovered_exactly_from_the_metrics(tmp_path):
+    """Twins with the same steps, one reporting 1.5x the time: the fit from the /metrics text
+    gives it exactly 1.5x its twin's scale (the deterministic half of the closed loop)."""
+    times = StepTimes("tiny-random", [(0, 2), (2, 6)], node_type="1x-l4")
+    for k in range(6):
+        for node, factor in (("s1n0", 1.0), ("s1n1", 1.5)):
+            times.record(node, 1, 0, 2 + k, 40 + 8 * k, factor * (0.002 + 0.0005 * k))
+            times.record(node, 1, 16 + 8 * k, 0, 0, factor * (0.004 + 0.001 * k))
+        times.record("s0n0", 0, 0, 2 + k, 40 + 8 * k, 0.001 + 0.0002 * k)
+    path = tmp_path / "metrics.txt"
+    path.write_text(GatewayMetrics().render({}, times.rows()))
+    cat = tmp_path / "tiny.yaml"
+    cat.write_text(TINY_CATALOG)
+    res = runner.invoke(app, ["perf", "calibrate", "--from-metrics", str(path), "--node-type",
+                              "1x-l4", "--catalog", str(cat), "--json"])
+    assert res.exit_code == 0, res.output
+    scale = {w["node"]: w["scale"] for w in json.loads(res.stdout)["workers"]}
+    assert scale["s1n1"] / scale["s1n0"] == pytest.approx(1.5, rel=1e-9)
+
+
 def test_injected_slowdown_is_recovered_from_the_metrics(tmp_path, monkeypatch):
     """Two data-parallel twins of one stage on the CPU, one slowed 1.5x by the test hook: the
-    fit from /metrics gives the slowed worker 1.5x its twin's scale, within 5 %."""
+    fit from /metrics gives the slowed worker about 1.5x its twin's scale. The twins' own CPU
+    times differ run to run on so small a workload (measured 1.35-1.62 on a loaded 2-core
+    machine), so this checks the live loop end to end, not its precision (the test above
+    does that exactly)."""
     pytest.importorskip("torch")
     pytest.importorskip("zmq")
     from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
@@ -111,6 +134,6 @@ def test_injected_slowdown_is_recovered_from_the_metrics(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     scale = {w["node"]: w["scale"] for w in out["workers"]}
-    assert scale["s1n1"] / scale["s1n0"] == pytest.approx(1.5, rel=0.05)
+    assert scale["s1n1"] / scale["s1n0"] == pytest.approx(1.5, rel=0.25)
     (fit,) = out["node_types"]
     assert fit["node_type"] == "1x-l4" and fit["scale"] > 0

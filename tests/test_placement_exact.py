@@ -16,7 +16,8 @@ import pytest
 
 from coral.templates.exhaustive import exhaustive_placement
 from coral.templates.placement import solve_placement
-from coral.templates.placement_chain import best_replicas, path_lp_bound, solve_chain
+from coral.templates.path_lp import path_lp_bound
+from coral.templates.placement_chain import best_replicas, solve_chain
 from coral.templates.placement_ilp import solve_ilp
 from coral.templates.placement_prep import flow_upper_bound, prepare
 from coral.templates.types import (

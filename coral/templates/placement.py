@@ -21,7 +21,8 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from coral.templates.placement_chain import best_chain, best_replicas, path_lp_bound, solve_chain
+from coral.templates.path_lp import path_lp_bound
+from coral.templates.placement_chain import best_chain, best_replicas, solve_chain
 from coral.templates.placement_ilp import solve_ilp
 from coral.templates.placement_prep import (
     flow_upper_bound,

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from coral.allocator.problem import DEFAULT_TIME_LIMIT_S
+
 #: The paper's headline figures the report sets beside the measured ones.
 PAPER_COST_RATIO = 2.79  # cheaper than homogeneous replicas
 PAPER_GOODPUT_RATIO = 2.39  # more goodput when GPUs are scarce
@@ -45,7 +47,7 @@ class EvalConfig:
     sections: tuple[str, ...] = SECTIONS
     templates_dir: Path = Path("out/templates")
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-    time_limit_s: float = 10.0
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
 
     @classmethod
     def preset(cls, quick: bool, out: Path, **kw: Any) -> "EvalConfig":

@@ -410,6 +410,9 @@ def test_tiny_instance_uses_two_node_types():
     assert [(n.node_type, n.layers) for n in inst.nodes] == [
         ("cpu-large", 15), ("cpu-small", 7), ("cpu-small", 8)]
     assert tiny_instance(ModelConfig(num_layers=6), 3).num_layers == 6
+    # the runtime pipeline keeps each stage's node type (its measured step times carry it)
+    assert [st.node_type for st in inst.pipeline(ModelConfig(num_layers=30)).stages] == [
+        "cpu-large", "cpu-small", "cpu-small"]
     launch = vllm_launch(inst, None, model="/models/x")
     assert launch.partition == (15, 7, 8) and launch.tensor_parallel == 1
 

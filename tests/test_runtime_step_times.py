@@ -54,6 +54,17 @@ def test_rows_round_trip_through_the_metrics_text():
     assert size_bucket(19, 0) == 32 and size_bucket(0, 1) == 1
 
 
+def test_rows_carry_each_stage_node_type():
+    """A plan's stages may run on different node types; each row says its own."""
+    times = StepTimes("tiny-random", [(0, 3), (3, 6)], ["1x-l4", "1x-a10g"])
+    times.record("s0n0", 0, 0, 2, 40, 0.002)
+    times.record("s1n0", 1, 0, 2, 40, 0.003)
+    rows = parse_step_metrics(GatewayMetrics().render({}, times.rows()))
+    assert {(r.node, r.node_type) for r in rows} == {("s0n0", "1x-l4"), ("s1n0", "1x-a10g")}
+    with pytest.raises(ValueError, match="2 node types for 1 stages"):
+        StepTimes("tiny-random", [(0, 6)], ["1x-l4", "1x-a10g"])
+
+
 def test_injected_slowdown_hook():
     assert injected_slowdown("s1n1", {INJECT_SLOWDOWN_ENV: "s0n0=2,s1n1=1.5"}) == 1.5
     assert injected_slowdown("s1n0", {INJECT_SLOWDOWN_ENV: "s0n0=2,s1n1=1.5"}) == 1.0

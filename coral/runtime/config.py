@@ -88,6 +88,9 @@ class StageSpec:
     end_layer: int
     node_weights: tuple[float, ...] = (1.0,)
     """Routing weight of each data-parallel node of the stage (share of new requests)."""
+    node_type: str = ""
+    """The catalog node type a plan runs this stage on ("" when none: a local run); the
+    measured step times carry it, so that calibration knows what they measured."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.first_layer < self.end_layer:

@@ -99,7 +99,8 @@ class PlannedInstance:
             raise RuntimeDeploymentError(f"instance {self.name}: its nodes cover {self.num_layers} "
                                   f"layers but {model.name} has {model.num_layers}")
         return PipelineSpec(model, tuple(
-            StageSpec(s[0].first_layer, s[0].end_layer, tuple(float(n.batch) for n in s))
+            StageSpec(s[0].first_layer, s[0].end_layer, tuple(float(n.batch) for n in s),
+                      node_type=s[0].node_type)
             for s in self.stages()))
 
 

@@ -92,10 +92,15 @@ class StepRow:
 class StepTimes:
     """Thread-safe sums of one pipeline's measured step times."""
 
-    def __init__(self, model: str, stages: Sequence[tuple[int, int]], node_type: str = ""):
+    def __init__(self, model: str, stages: Sequence[tuple[int, int]],
+                 node_type: str | Sequence[str] = ""):
         self.model = model
         self.stages = tuple(stages)  # (first layer, end layer) per stage
-        self.node_type = node_type
+        # one node type for every stage, or one per stage
+        self.node_types = ((node_type,) * len(self.stages) if isinstance(node_type, str)
+                           else tuple(node_type))
+        if len(self.node_types) != len(self.stages):
+            raise ValueError(f"{len(self.node_types)} node types for {len(self.stages)} stages")
         self._lock = threading.Lock()
         self._sums: dict[tuple[str, int, str, int], list[float]] = {}
 
@@ -117,7 +122,7 @@ class StepTimes:
         out = []
         for (node, stage, kind, bucket), (n, sec, p, b, c) in items:
             first, end = self.stages[stage]
-            out.append(StepRow(self.model, node, self.node_type, stage, len(self.stages),
+            out.append(StepRow(self.model, node, self.node_types[stage], stage, len(self.stages),
                                first, end - first, kind, bucket, n, sec, p, b, c))
         return out
 

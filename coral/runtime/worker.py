@@ -214,7 +214,8 @@ class ZmqPipeline:
         self._router = WeightedRouter(spec.stages[0].node_weights)
         self.last_seen_s: dict[str, float] = {}
         self.step_times = StepTimes(spec.model.name, [(st.first_layer, st.end_layer)
-                                                      for st in spec.stages])
+                                                      for st in spec.stages],
+                                    [st.node_type for st in spec.stages])
         self._batch_ids = 0
         # set by abort() from another thread: a step in progress gives up at its next poll
         self._aborted = threading.Event()

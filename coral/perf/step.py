@@ -112,7 +112,7 @@ class StepModel:
         hit = self.costs.get(key)
         if hit is not None:
             return hit
-        pm, bm, cm = -(-p // m), -(-b // m), -(-c // m)
+        pm, bm, cm = micro_batch(p, b, c, m)
         stage_t = [0.0] * self.n_stages
         busy = [0.0] * len(self.nodes)
         for si, ni, node, layers, share, first, last in self.nodes:
@@ -125,6 +125,12 @@ class StepModel:
         out = (dt, tuple((k, x) for k, x in enumerate(busy) if x))
         self.costs[key] = out
         return out
+
+
+def micro_batch(p: int, b: int, c: int, m: int) -> tuple[int, int, int]:
+    """One of `m` micro-batches of a step of `p` prompt tokens, `b` decodes and `c` context
+    tokens (each rounded up)."""
+    return -(-p // m), -(-b // m), -(-c // m)
 
 
 def node_seconds(iteration: IterFn, send: Callable[[str, int], float], node: str, layers: int,
@@ -213,6 +219,46 @@ class Saturation:
     kv_transfer_s: float = 0.0
 
 
+def busy_steps(mode: str, stages: int, seqs: int, input_tokens: int, output_tokens: int
+               ) -> tuple[tuple[float, tuple[int, int, int, int]], ...]:
+    """The steps an instance of `stages` stages runs at full occupancy with `seqs` sequences
+    (a prefill instance: prompt tokens) in flight, each as (share of the steps, (prompt
+    tokens, decodes, context tokens, micro-batches)) — the arguments of
+    `StepModel.step_cost`. Every slot decodes, and an aggregated step takes whole prompts,
+    `seqs / O` of them on average: a share of steps one more than the rest (chunked prefill
+    fills the step's token budget first come, first served). A prefill step is its whole
+    token chunk; a decode step has no prompt (prompts are prefilled elsewhere)."""
+    i_tok, o_tok = input_tokens, output_tokens
+    if mode == "prefill":
+        return ((1.0, (seqs, 0, 0, min(stages, -(-seqs // i_tok)))),)
+    context = int(seqs * (i_tok + o_tok / 2))
+    m = min(stages, seqs)
+    if mode == "decode":
+        return ((1.0, (0, seqs, context, m)),)
+    per_step = seqs / o_tok
+    k = math.floor(per_step)
+    frac = per_step - k
+    steps = ((1.0 - frac, (k * i_tok, seqs, context, m)),)
+    if frac > 0:
+        steps += ((frac, ((k + 1) * i_tok, seqs, context, m)),)
+    return steps
+
+
+def busy_rps(mode: str, seqs: int, step_s: float, input_tokens: int, output_tokens: int,
+             max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS) -> float:
+    """Requests/s of a busy instance whose mean step (`busy_steps`) lasts `step_s`: a
+    prefill instance finishes `seqs / I` prompts a step, a decoding one `seqs / O` requests;
+    an aggregated step's token budget holds every decoding sequence's token and then prompt
+    chunks, and a request spends `I + O` budget tokens, so no more than `budget / ((I + O)
+    step)` requests/s get through, however many slots there are."""
+    if mode == "prefill":
+        return seqs / (input_tokens * step_s)
+    rps = seqs / (output_tokens * step_s)
+    if mode == "decode":
+        return rps
+    return min(rps, max_batched_tokens / ((input_tokens + output_tokens) * step_s))
+
+
 def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int,
                output_tokens: int, perf: Any, catalog: Any,
                max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS) -> Saturation:
@@ -232,28 +278,12 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
     if mode in ("prefill", "decode"):
         nic = slowest_nic_bytes_per_s(shape.node_types(), catalog)
         kv_s = transfer_seconds(i_tok, kv_bytes_per_token(catalog.model(model)), nic, nic)
-    if mode == "prefill":  # b counts prompt tokens per step here
-        prompts = -(-b // i_tok)
-        dt = layout.step_cost(b, 0, 0, min(layout.n_stages, prompts))[0]
-        return Saturation(rps=b / (i_tok * dt), step_s=dt, sequences=prompts, kv_transfer_s=kv_s)
-    context = int(b * (i_tok + o_tok / 2))
-    m = min(layout.n_stages, b)
-    if mode == "decode":  # prompts are prefilled elsewhere: pure decode steps
-        dt = layout.step_cost(0, b, context, m)[0]
-        return Saturation(rps=b / (o_tok * dt), step_s=dt, sequences=b, kv_transfer_s=kv_s)
-    # a step takes whole prompts (chunked prefill fills the step's token budget first come,
-    # first served), b / O of them on average: mix the steps with k and k + 1 prompts
-    per_step = b / o_tok
-    k = math.floor(per_step)
-    frac = per_step - k
-    dt = (1.0 - frac) * layout.step_cost(k * i_tok, b, context, m)[0]
-    if frac > 0:
-        dt += frac * layout.step_cost((k + 1) * i_tok, b, context, m)[0]
-    # a step's token budget holds every decoding sequence's token and then prompt chunks:
-    # a request spends I + O budget tokens, so no more than budget / ((I + O) dt) requests/s
-    # get through, however many slots there are
-    rps = min(b / (o_tok * dt), max_batched_tokens / ((i_tok + o_tok) * dt))
-    return Saturation(rps=rps, step_s=dt, sequences=b)
+    dt = 0.0
+    for share, step in busy_steps(mode, layout.n_stages, b, i_tok, o_tok):
+        dt += share * layout.step_cost(*step)[0]
+    rps = busy_rps(mode, b, dt, i_tok, o_tok, max_batched_tokens)
+    sequences = -(-b // i_tok) if mode == "prefill" else b  # prefill: prompts per step
+    return Saturation(rps=rps, step_s=dt, sequences=sequences, kv_transfer_s=kv_s)
 
 
 def template_saturation(template: Any, *, perf: Any, catalog: Any,

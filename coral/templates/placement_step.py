@@ -49,7 +49,14 @@ import numpy as np
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch
-from coral.perf.step import DEFAULT_MAX_BATCHED_TOKENS, node_costs, node_seconds
+from coral.perf.step import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    busy_rps,
+    busy_steps,
+    micro_batch,
+    node_costs,
+    node_seconds,
+)
 from coral.templates.operating_points import DEFAULT_BATCHES, prefill_chunks
 from coral.templates.slo import SloSpec
 from coral.templates.stage_groups import (
@@ -88,7 +95,6 @@ class _Row:
     batch: int  # sequences (prefill: prompt tokens) each node runs per iteration
     a: np.ndarray  # (L,)
     c: np.ndarray  # (L,)
-    kv_tokens: int  # KV tokens each node holds (for its memory figure)
     a_list: tuple[float, ...] = ()  # the finite prefix of `a` (for bisection)
     c_list: tuple[float, ...] = ()
     h_list: tuple[float, ...] = ()  # (1 - f) a + f c: a step's mean time, were it the slowest
@@ -127,7 +133,7 @@ def node_cost_memo(perf: Any, catalog: Catalog, model: str) -> dict:
     if hit is None:
         iteration, kv_tokens, send = node_costs(model, perf, catalog)
         hit = per_perf[(id(catalog), model)] = {"fns": (iteration, kv_tokens, send),
-                                                "rows": {}, "kv": {}}
+                                                "rows": {}, "kv": {}, "bounds": {}}
     return hit
 
 
@@ -145,8 +151,10 @@ class StepSearch:
         self.L = arch.num_layers
         self.max_group = self.n if max_group is None else max(1, int(max_group))
         self.grid = tuple(sorted(prefill_chunks(slo) if mode == "prefill" else batches))
-        self.unit = 1.0 / slo.output_tokens if mode == "aggregated" else 1.0
-        self.budget = float(max_batched_tokens)
+        # template units per request: output tokens (decode), prompt tokens (prefill), 1
+        self.per_request = {"decode": slo.output_tokens, "prefill": slo.input_tokens}.get(
+            mode, 1)
+        self.budget = int(max_batched_tokens)
         memo = node_cost_memo(perf, catalog, arch.name)
         self.iteration, self.kv_tokens, self.send = memo["fns"]
         # rows by (node type, group size, role, S, B), one table per workload (hashing the
@@ -169,33 +177,24 @@ class StepSearch:
             out = {B for B in out if B >= self.slo.input_tokens}
         return sorted(out)
 
-    def mix(self, S: int, B: int) -> tuple[int, float]:
-        """(k, f): an aggregated step carries `k + 1` whole prompts with probability `f`,
-        else `k` (mean `S B / O`, as `coral.perf.step.saturation`)."""
-        if self.mode != "aggregated":
-            return 0, 0.0
-        per_step = S * B / self.slo.output_tokens
-        k = math.floor(per_step)
-        return k, per_step - k
+    def steps(self, S: int, B: int) -> tuple[tuple[int, int, int], tuple[int, int, int] | None,
+                                              float]:
+        """A busy step as `coral.perf.step.busy_steps` has it, per micro-batch: (the step of
+        `k` prompts, the step of `k + 1` or None, the share `f` of the latter)."""
+        steps = busy_steps(self.mode, S, S * B, self.slo.input_tokens, self.slo.output_tokens)
+        shapes = []
+        for _, (p, b, c, m) in steps:
+            assert m == S  # micro-batches hold a prompt's tokens (prefill) or a sequence
+            shapes.append(micro_batch(p, b, c, m))
+        if len(steps) == 1:
+            return shapes[0], None, 0.0
+        return shapes[0], shapes[1], steps[1][0]
 
-    def effective(self, B: int, S: int) -> float:
-        """The micro-batch the rate counts: an aggregated step's token budget holds every
-        decoding sequence's token and the prompts, `S B (I + O) / O` a step on average."""
-        if self.mode != "aggregated":
-            return float(B)
-        I, O = self.slo.input_tokens, self.slo.output_tokens
-        return min(float(B), self.budget * O / ((I + O) * S))
-
-    def _step_shape(self, S: int, B: int, prompts: int) -> tuple[int, int, int]:
-        """(pm, bm, cm): a micro-batch's prompt tokens, decodes and context tokens in a step
-        with `prompts` whole prompts (as `saturation` and `StepModel.step_cost` cut it)."""
-        I, O = self.slo.input_tokens, self.slo.output_tokens
-        if self.mode == "prefill":
-            return B, 0, 0
-        b = S * B
-        context = int(b * (I + O / 2))
-        p = prompts * I if self.mode == "aggregated" else 0
-        return -(-p // S), B, -(-context // S)
+    def rate_at_unit_period(self, S: int, B: int) -> float:
+        """The template's rate (in its unit) when the slowest node's mean time is 1 s: the
+        rate is this over that time (`coral.perf.step.busy_rps`, a step being S of them)."""
+        return busy_rps(self.mode, S * B, float(S), self.slo.input_tokens,
+                        self.slo.output_tokens, self.budget) * self.per_request
 
     def _resident_tokens(self, S: int, B: int) -> int:
         """KV tokens the instance holds busy: `S B` sequences of up to `I + O` tokens (a
@@ -211,22 +210,19 @@ class StepSearch:
         bn = -(-B // j)
         if bn > self.grid[-1]:
             return None
-        k, f = self.mix(S, B)
         key = (name, j, role, S, B)
         if key in self._rows:
             return self._rows[key]
+        sa, sc, f = self.steps(S, B)
         first, last = role in (FIRST, ONLY), role in (END, ONLY)
         share = 1.0 / j
         need = self._resident_tokens(S, B) * share
-        sa = self._step_shape(S, B, k)
-        sc = self._step_shape(S, B, k + 1) if self.mode == "aggregated" else None
         tpot = self.slo.tpot_s / S * (1 + _RTOL)
         ttft = self.slo.ttft_s / S * (1 + _RTOL)
         # the most layers whose KV room holds the node's share (the room shrinks as layers grow)
         top = 0
         while top < self.L and self._kv_room(name, top + 1, first, last) >= need:
             top += 1
-        kv_first = self._kv_room(name, 1, first, last) if top else 0
         a = self._times(name, share, first, last, sa, top)
         c = self._times(name, share, first, last, sc, top) if sc is not None else a
         # A <= TPOT / S always (TPOT >= S A); C <= TTFT / S (a prompt's step), and for
@@ -243,7 +239,7 @@ class StepSearch:
             c = np.maximum.accumulate(c)
             fin = int(np.isfinite(a).sum())
             h = (1 - f) * a[:fin] + f * c[:fin]
-            out = _Row(bn, a, c, kv_first, tuple(a[:fin].tolist()), tuple(c[:fin].tolist()),
+            out = _Row(bn, a, c, tuple(a[:fin].tolist()), tuple(c[:fin].tolist()),
                        tuple(np.maximum.accumulate(h).tolist()))
         self._rows[key] = out
         return out
@@ -392,9 +388,9 @@ class StepSearch:
                 lo_c = min(r.c[k] for tr in rows for r in tr.values())
                 if not math.isfinite(lo_a):
                     continue
-                _, f = self.mix(S, B)
+                f = self.steps(S, B)[2]
                 g_lo = (1 - f) * lo_a + f * lo_c
-                pairs.append((self.effective(B, S) * self.unit / g_lo, S, B, rows))
+                pairs.append((self.rate_at_unit_period(S, B) / g_lo, S, B, rows))
         pairs.sort(key=lambda p: (-p[0], p[1], p[2]))
         best: StepPipeline | None = None
         floor = at_least
@@ -408,8 +404,8 @@ class StepSearch:
 
     def _best_at(self, rows, S: int, B: int, floor: float) -> StepPipeline | None:
         """The best pipeline at (S, B) above `floor`: the staircase of (A, C)."""
-        _, f = self.mix(S, B)
-        eff = self.effective(B, S) * self.unit
+        f = self.steps(S, B)[2]
+        eff = self.rate_at_unit_period(S, B)
         two = self.mode == "aggregated"
         A_vals = np.unique(np.concatenate([r.a[np.isfinite(r.a)] for tr in rows
                                            for r in tr.values()]))
@@ -498,13 +494,13 @@ class StepSearch:
             worst_c = max(worst_c, float(r.c[k - 1]))
             start += k
         assert start == self.L
-        _, f = self.mix(S, B)
+        f = self.steps(S, B)[2]
         worst_a = max(st[5] for st in stages)
         if self.mode == "aggregated":
             period = (1 - f) * worst_a + f * worst_c
         else:
             period = worst_a
-        rate = self.effective(B, S) * self.unit / period
+        rate = self.rate_at_unit_period(S, B) / period
         tpot = S * period if self.mode != "prefill" else None
         if self.mode == "decode":
             ttft = None

@@ -48,8 +48,8 @@ def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str
     stage_cap = math.inf
     cands = node_batches(grid, len(combo))
     for name in combo:
-        key = ("work", slo, mode, len(combo), tuple(grid), name)
-        best, one = memo["kv"].get(key, (None, None))
+        key = (slo, mode, len(combo), tuple(grid), name)
+        best, one = memo["bounds"].get(key, (None, None))
         if best is None:
             best = one = 0.0
             for b in cands:
@@ -79,7 +79,7 @@ def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str
                 else:  # affine with a positive rest: l / it(l) grows with l
                     ratio = lo / tl
                 best = max(best, b * unit * ratio)
-            memo["kv"][key] = (best, one)
+            memo["bounds"][key] = (best, one)
         total += best
         stage_cap = min(stage_cap, combo.count(name) * one)
     return min(total / L, stage_cap)

@@ -29,6 +29,7 @@ from coral.templates.operating_points import (
     PerfLike,
     check_mode,
     check_topology,
+    input_embedding_bytes,
     shared_tables,
 )
 from coral.templates.placement_step import BELOW_FLOOR_NOTE, solve_step
@@ -111,7 +112,6 @@ def build_template(
             "runs no pipeline parallelism on the decode side)",
         )
     tables = tables or shared_tables(perf, catalog, batches)
-    problem = tables.problem(arch, names, slo, mode, topology)
     start = time.perf_counter()
     if uses_step_search(engine, topology, method, solver, floor):
         # one pipeline over every node, exact under the step model it runs by; vLLM (and the
@@ -122,18 +122,21 @@ def build_template(
     elif engine == "vllm":
         raise ValueError("vLLM templates are searched under the step model (one pipeline over "
                          "every node); a custom solver or method does not apply")
-    elif not any(node.options for node in problem.nodes):
-        return infeasible_template(
-            arch, names, slo, mode, topology, catalog,
-            "no node has an operating point that fits its memory and meets the SLO",
-        )
     else:
+        # the placement problem of the memoised operating points (not needed by the search)
+        problem = tables.problem(arch, names, slo, mode, topology)
+        if not any(node.options for node in problem.nodes):
+            return infeasible_template(
+                arch, names, slo, mode, topology, catalog,
+                "no node has an operating point that fits its memory and meets the SLO",
+            )
         placement = (solver or _default_solver())(problem, time_limit_s=time_limit_s,
                                                    method=method)
     wall = time.perf_counter() - start
     # the wall time of the whole call (the solver's own figure may leave out its presolve)
     tpl = template_from_placement(
-        arch, names, slo, mode, topology, problem, placement, catalog, solve_s=wall
+        arch, names, slo, mode, topology, input_embedding_bytes(arch), placement, catalog,
+        solve_s=wall
     )
     if floor is not None and any(n.startswith(BELOW_FLOOR_NOTE) for n in placement.notes):
         tpl = replace(tpl, upper_bound=float(floor))

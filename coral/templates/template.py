@@ -20,7 +20,6 @@ from coral.templates.types import (
     Mode,
     NodePlacement,
     Placement,
-    PlacementProblem,
     SolveStatus,
     Topology,
     upper_bound_of,
@@ -174,17 +173,19 @@ def template_from_placement(
     slo: SloSpec,
     mode: Mode,
     topology: Topology,
-    problem: PlacementProblem,
+    first_stage_extra_bytes: float,
     placement: Placement,
     catalog: Catalog,
     *,
     solve_s: float | None = None,
 ) -> Template:
+    """`placement` as a template; the node holding layer 0 also holds the input embedding
+    (`first_stage_extra_bytes`), which its memory figure counts."""
     nodes: list[TemplateNode] = []
     for i, np_ in enumerate(placement.nodes):
         assert isinstance(np_, NodePlacement)
         node_t = catalog.node_type(np_.node_type)
-        extra = problem.first_stage_extra_bytes if (np_.layers > 0 and np_.first_layer == 0) else 0.0
+        extra = first_stage_extra_bytes if (np_.layers > 0 and np_.first_layer == 0) else 0.0
         nodes.append(
             TemplateNode(
                 node_type=np_.node_type,

@@ -7,6 +7,9 @@ precedence in that module.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from coral.catalog import Catalog, default_catalog
@@ -23,6 +26,26 @@ def cat() -> Catalog:
 def perf(cat: Catalog) -> PerfModel:
     """The default performance model of the built-in catalog."""
     return PerfModel(cat)
+
+
+@pytest.fixture
+def one_model_plan(tmp_path: Path) -> Path:
+    """A plan file of two aggregated llama-3.1-8b instances on one L40S each (what the
+    simulator's command-line tests read)."""
+    plan = {
+        "scenario": "core",
+        "demand_rps": {"llama-3.1-8b": 2.0},
+        "instances": [{
+            "region": "r1", "template_id": "llama-3.1-8b|aggregated|1x-l40s",
+            "model": "llama-3.1-8b", "mode": "aggregated", "count": 2,
+            "placement": [{"node_type": "1x-l40s", "first_layer": 0, "layers": 32,
+                           "batch": 128, "tp_degree": 1}],
+            "capacity_rps": 5.8, "usd_per_hour": 1.5,
+        }],
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
 
 
 def metric_value(text: str, name: str, **labels: str) -> float | None:

@@ -10,26 +10,9 @@ from typer.testing import CliRunner
 from coral.cli.main import app
 
 
-def _plan(tmp_path):
-    plan = {
-        "scenario": "core",
-        "demand_rps": {"llama-3.1-8b": 2.0},
-        "instances": [{
-            "region": "r1", "template_id": "llama-3.1-8b|aggregated|1x-l40s",
-            "model": "llama-3.1-8b", "mode": "aggregated", "count": 2,
-            "placement": [{"node_type": "1x-l40s", "first_layer": 0, "layers": 32,
-                           "batch": 128, "tp_degree": 1}],
-            "capacity_rps": 5.8, "usd_per_hour": 1.5,
-        }],
-    }
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan))
-    return path
-
-
-def test_simulate_plan_json_prints_only_json_and_writes_files(tmp_path):
+def test_simulate_plan_json_prints_only_json_and_writes_files(tmp_path, one_model_plan):
     out = tmp_path / "sim"
-    res = CliRunner().invoke(app, ["simulate", str(_plan(tmp_path)), "--duration", "20",
+    res = CliRunner().invoke(app, ["simulate", str(one_model_plan), "--duration", "20",
                                    "--seed", "3", "--json", "--out", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout)
@@ -52,10 +35,10 @@ def test_simulate_rejects_a_json_that_is_not_a_plan(tmp_path):
     assert "is not a plan" in res.output
 
 
-def test_a_model_without_instances_is_simulated_and_named(tmp_path):
+def test_a_model_without_instances_is_simulated_and_named(tmp_path, one_model_plan):
     """Demand of a model the plan has no instance of is not dropped: its requests are
     rejected, counted, and the model is named; worker processes do not change the figures."""
-    path = _plan(tmp_path)
+    path = one_model_plan
     plan = json.loads(path.read_text())
     plan["demand_rps"]["qwen3-14b"] = 1.0
     path.write_text(json.dumps(plan))

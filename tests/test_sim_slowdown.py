@@ -15,23 +15,6 @@ from coral.sim.slowdown import SlowdownError, SlowedPerf, parse_slowdown
 CATALOG = load_catalog()
 
 
-def _plan(tmp_path):
-    plan = {
-        "scenario": "core",
-        "demand_rps": {"llama-3.1-8b": 2.0},
-        "instances": [{
-            "region": "r1", "template_id": "llama-3.1-8b|aggregated|1x-l40s",
-            "model": "llama-3.1-8b", "mode": "aggregated", "count": 2,
-            "placement": [{"node_type": "1x-l40s", "first_layer": 0, "layers": 32,
-                           "batch": 128, "tp_degree": 1}],
-            "capacity_rps": 5.8, "usd_per_hour": 1.5,
-        }],
-    }
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan))
-    return path
-
-
 def test_parse():
     assert parse_slowdown("l4=1.3, t4=1.25", CATALOG.gpus) == {"l4": 1.3, "t4": 1.25}
 
@@ -72,8 +55,8 @@ def _run(path, tmp_path, *extra):
     return json.loads(res.stdout)
 
 
-def test_simulate_under_slowdown(tmp_path):
-    path = _plan(tmp_path)
+def test_simulate_under_slowdown(tmp_path, one_model_plan):
+    path = one_model_plan
     base = _run(path, tmp_path)
     slow = _run(path, tmp_path, "--slowdown", "l40s=2")
     other = _run(path, tmp_path, "--slowdown", "t4=2")
@@ -83,7 +66,7 @@ def test_simulate_under_slowdown(tmp_path):
     assert other["tpot_p50"] == base["tpot_p50"]  # no T4 in the plan
 
 
-def test_simulate_refuses_a_bad_slowdown(tmp_path):
-    res = CliRunner().invoke(app, ["simulate", str(_plan(tmp_path)), "--slowdown", "h300=1.2"])
+def test_simulate_refuses_a_bad_slowdown(one_model_plan):
+    res = CliRunner().invoke(app, ["simulate", str(one_model_plan), "--slowdown", "h300=1.2"])
     assert res.exit_code != 0
     assert "unknown GPU type 'h300'" in res.output

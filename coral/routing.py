@@ -1,32 +1,47 @@
-"""Smooth weighted round robin (nginx's), the one rotation every Coral router draws from.
+"""Smooth weighted round robin (nginx's) and the one model router built on it.
 
 Each pick adds every candidate's weight to its credit, takes the candidate with the most
 credit (the first on ties) and takes the candidates' total weight off it. Over many picks each
 candidate gets a share proportional to its weight, interleaved rather than in runs, with no
 random draws, so tests know where each request goes.
 
-Its users, and the skip rule each puts on top of the rotation:
+`SwrrRouter` is that rotation over one model's instances with the skip rules the runtime
+needs, and the simulator routes through the same class so that it models the runtime's
+router. A request skips an instance that is
 
-- the simulator's model router (`coral.sim.routing`): picks over every instance; a pick whose
-  waiting queue is far longer than the model's shortest goes to the least loaded instance per
-  unit weight instead;
-- the gateway's model router (`coral.runtime.model_router`): picks over the ready instances
-  whose in-flight count is not far above the least loaded one's;
-- a pipeline stage's data-parallel nodes (`coral.runtime.routing`): no skip, sticky per request.
+1. not routable: its owner marked it so (`set_routable`): not ready yet, draining (a
+   reconfiguration or a preemption notice), stopped or dead. It keeps its credit and its
+   in-flight count, and takes requests again once marked routable;
+2. excluded for this request by the caller (the runtime's instances that already failed it);
+3. overloaded: more requests in flight than the least loaded candidate's load per unit weight
+   gives it, by more than `load_slack` requests and by more than that fair count itself
+   (twice its fair share). In-flight counts are what both the gateway and the simulator know
+   (the gateway cannot see a worker's queue), and weighing them by capacity keeps a large
+   instance from being starved for holding proportionally more requests.
 
-This module sits below both the simulator and the runtime, so that they share it without
-importing each other.
+Skipped instances take no credit on that pick; the pick is the rotation over the rest. There
+is no "full" rule: an instance queues what it cannot batch, and the overload rule moves new
+requests away from a queue that grows. With equal weights rule 3 reads "in flight more than
+`load_slack` above, and more than twice, the least loaded instance's".
+
+Users: the simulator's model router (`coral.sim.routing`), the gateway's model router
+(`coral.runtime.model_router`) and a pipeline stage's data-parallel nodes
+(`coral.runtime.routing`: no overload rule, sticky per request). This module sits below both
+the simulator and the runtime, so that they share it without importing each other.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from operator import truediv
+from typing import Collection, Sequence
 
 import numpy as np
 
 #: Up to this many candidates a block of picks is drawn in Python, above it with numpy (the
 #: same float operations in the same order, so the same picks).
 SWRR_PYTHON_MAX = 12
+#: Requests an instance may hold above its fair count before rule 3 can skip it.
+LOAD_SLACK = 4
 
 
 def swrr_pick(weights: Sequence[float], credits: list[float],
@@ -62,3 +77,146 @@ def swrr_picks(weights: Sequence[float], current: list[float], count: int) -> li
         out[i] = best
     current[:] = cur.tolist()
     return [int(k) for k in out]
+
+
+def overloaded(in_flight: Sequence[int], weights: Sequence[float], candidates: Sequence[int],
+               load_slack: float) -> list[int]:
+    """The candidates rule 3 skips (see the module docstring), in `candidates`' order.
+
+    The least loaded candidate is the first with the fewest in-flight requests per unit
+    weight; candidate `k`'s fair count is that load times `weights[k]` (computed as
+    `least * (w_k / w_least)`, exact for equal weights)."""
+    if not candidates:
+        return []
+    if len(candidates) == len(in_flight):  # every candidate: scans in C
+        if max(in_flight) <= load_slack:
+            return []
+        loads = list(map(truediv, in_flight, weights))
+        j = loads.index(min(loads))
+    else:
+        if max(in_flight[k] for k in candidates) <= load_slack:
+            return []
+        j = min(candidates, key=lambda k: in_flight[k] / weights[k])
+    least, w_least = in_flight[j], weights[j]
+    out = []
+    for k in candidates:
+        fair = least * (weights[k] / w_least)
+        if in_flight[k] - fair > max(load_slack, fair):
+            out.append(k)
+    return out
+
+
+class SwrrRouter:
+    """Smooth weighted round robin over one model's instances (indices `0..n-1`) with the
+    skip rules of the module docstring.
+
+    The owner keeps `in_flight` (one count per instance, mutated in place, never replaced:
+    the simulator's instances hold the list itself) and marks instances with `set_routable`.
+    `block` > 1 draws that many picks ahead while no rule skips anyone (the simulator's speed);
+    a skip or a change replays the picks used to recover the exact credits, so every block
+    size gives the same picks as `block=1` (`tests/test_routing.py`).
+    """
+
+    def __init__(self, weights: Sequence[float], *, load_slack: float | None = LOAD_SLACK,
+                 block: int = 1, credits: Sequence[float] | None = None):
+        if not weights or any(not w > 0 for w in weights):
+            raise ValueError(f"router weights {tuple(weights)} must be positive, at least one")
+        if block < 1:
+            raise ValueError(f"router block {block} must be at least 1")
+        self.weights = [float(w) for w in weights]
+        self.load_slack = load_slack  # None: no overload rule
+        self.block = block
+        self.in_flight = [0] * len(self.weights)
+        self._credits = [0.0] * len(self.weights) if credits is None else list(credits)
+        if len(self._credits) != len(self.weights):
+            raise ValueError("router credits and weights differ in length")
+        self._routable = [True] * len(self.weights)
+        self._next_block = 1
+        self._start: list[float] | None = None  # active credits before the drawn block
+        self._end: list[float] = []  # ... and after all of it
+        self._drawn: list[int] = []  # positions in `_active` not yet used, the next last
+        self._used = 0
+        self._size = 0
+        self._refresh()
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+    # ---- state ----
+    def _refresh(self) -> None:
+        self._active = [k for k, r in enumerate(self._routable) if r]
+        self._active_weights = [self.weights[k] for k in self._active]
+
+    def _settle(self) -> None:
+        """Write the exact credits after the picks used from the drawn block, drop the rest."""
+        if self._start is None:
+            return
+        if self._used == self._size:
+            cur = self._end
+            self._next_block = min(self.block, 2 * self._size)
+        else:
+            cur = self._start
+            swrr_picks(self._active_weights, cur, self._used)
+            self._next_block = min(self.block, max(1, 2 * self._used))
+        for k, c in zip(self._active, cur):
+            self._credits[k] = c
+        self._start, self._end, self._drawn, self._used, self._size = None, [], [], 0, 0
+
+    def credits(self) -> list[float]:
+        """Each instance's credit now."""
+        self._settle()
+        return list(self._credits)
+
+    def routable(self, k: int) -> bool:
+        return self._routable[k]
+
+    def set_routable(self, k: int, routable: bool) -> None:
+        """Mark instance `k` routable or not (rule 1): not ready, draining, stopped or dead
+        instances take no new request; their in-flight ones are theirs to finish."""
+        if self._routable[k] != routable:
+            self._settle()
+            self._routable[k] = routable
+            self._refresh()
+
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """New capacity weights (same instances); credits carry over."""
+        if len(weights) != len(self.weights) or any(not w > 0 for w in weights):
+            raise ValueError(f"router weights {tuple(weights)} must be positive, one per "
+                             f"instance ({len(self.weights)})")
+        self._settle()
+        self.weights = [float(w) for w in weights]
+        self._refresh()
+
+    # ---- choice ----
+    def pick(self, exclude: Collection[int] = ()) -> int | None:
+        """The instance the next request goes to (None: every instance is skipped by rules 1
+        and 2). The caller counts the request in `in_flight`."""
+        active = self._active
+        cand = [k for k in active if k not in exclude] if exclude else active
+        if not cand:
+            return None
+        over = (overloaded(self.in_flight, self.weights, cand, self.load_slack)
+                if self.load_slack is not None else [])
+        if not over and cand is active:
+            drawn = self._drawn or self._draw()
+            self._used += 1
+            return active[drawn.pop()]
+        self._settle()
+        eligible = [k for k in cand if k not in over] if over else cand
+        weights = [self.weights[k] for k in eligible]
+        credits = [self._credits[k] for k in eligible]
+        chosen = swrr_pick(weights, credits)
+        for k, c in zip(eligible, credits):
+            self._credits[k] = c
+        return eligible[chosen]
+
+    def _draw(self) -> list[int]:
+        """The next block of picks over every routable instance."""
+        self._settle()
+        start = [self._credits[k] for k in self._active]
+        end = list(start)
+        size = self._next_block
+        drawn = swrr_picks(self._active_weights, end, size)
+        drawn.reverse()
+        self._start, self._end, self._drawn, self._used, self._size = start, end, drawn, 0, size
+        return drawn

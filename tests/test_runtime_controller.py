@@ -65,7 +65,12 @@ def test_router_is_smooth_weighted_and_load_aware():
         picks.append(inst.name)
         router._done(inst)
     assert picks == ["a", "a", "b", "a"] * 2  # interleaved 3:1, not "aaab" bursts
-    a.in_flight = 10  # far above b's
+    a.in_flight = 20  # far above its fair count, 3x b's (which goes 0, 1, 2)
+    assert [router.pick().name for _ in range(3)] == ["b", "b", "b"]
+    a.in_flight = 8  # within twice its fair count: a takes requests again
+    assert "a" in [router.pick().name for _ in range(3)]
+    router.drain(a)  # e.g. a preemption notice: a takes no new request
+    b.in_flight = 100
     assert [router.pick().name for _ in range(3)] == ["b", "b", "b"]
 
 

@@ -22,9 +22,8 @@ import pytest
 from coral.perf.model import PerfModel
 from coral.sim import InstanceSpec, Request, SimConfig, Simulator, synthetic
 from coral.sim.deployment import stages_from_nodes
-from coral.routing import swrr_picks
+from coral.routing import LOAD_SLACK, swrr_picks
 from coral.sim.engine import ARRIVAL, STEP_DONE
-from coral.sim.routing import LOAD_SKIP_FACTOR, MIN_SKIP_QUEUE
 from coral.sim.workload import merge
 from coral.templates.operating_points import NET_LATENCY_S
 
@@ -203,25 +202,28 @@ class Reference:
         self.swrr = {m: [0.0] * len(v) for m, v in self.by_model.items()}
 
     def route(self, req):
+        """The runtime's router (`coral.routing`) written out: skip the instances holding
+        more than `LOAD_SLACK` requests above, and more than twice, their fair count at the
+        least loaded instance's load per unit weight; weighted round robin over the rest."""
         insts = self.by_model.get(req.model)
         if not insts:
             return None
         cur = self.swrr[req.model]
         weights = [max(i.spec.weight, 1e-12) for i in insts]
-        best = 0
-        for k, w in enumerate(weights):
-            cur[k] += w
+        load = [len(i.waiting) + len(i.running) for i in insts]
+        j = min(range(len(insts)), key=lambda k: (load[k] / weights[k], k))
+        eligible = []
+        for k in range(len(insts)):
+            fair = load[j] * (weights[k] / weights[j])
+            if load[k] - fair <= max(LOAD_SLACK, fair):
+                eligible.append(k)
+        best = eligible[0]
+        for k in eligible:
+            cur[k] += weights[k]
             if cur[k] > cur[best]:
                 best = k
-        cur[best] -= sum(weights)
-        pick = insts[best]
-        if len(pick.waiting) >= MIN_SKIP_QUEUE:
-            shortest = min(len(i.waiting) for i in insts)
-            if len(pick.waiting) >= LOAD_SKIP_FACTOR * (shortest + 1):
-                k = min(range(len(insts)), key=lambda j: (
-                    (len(insts[j].waiting) + len(insts[j].running)) / weights[j], j))
-                pick = insts[k]
-        return pick
+        cur[best] -= sum(weights[k] for k in eligible)
+        return insts[best]
 
     def run(self, requests):
         reqs = sorted(requests, key=lambda r: (r.arrival_s, r.id))

@@ -1,8 +1,9 @@
 """Routing one served model's requests over its ready instances.
 
 `ModelRouter` is the gateway's backend for one model name. It spreads requests over the
-model's ready instances by smooth weighted round robin on their capacity weights, skipping an
-instance whose in-flight count is far above the others'. A request whose instance fails before
+model's ready instances by `coral.routing.SwrrRouter` (the router the simulator runs too):
+smooth weighted round robin on their capacity weights, skipping instances that are not
+routable (not active, or draining) and those holding far more requests than their share. A request whose instance fails before
 it produced a token is sent again to another ready instance, or waits (at most `wait_s`) for
 one to be ready again; one that already produced tokens ends with `RetriableBackendError`.
 While the model has no ready instance, requests end with `ModelUnavailableError` (HTTP 503 with
@@ -18,7 +19,7 @@ import threading
 import time
 from typing import Any, AsyncIterator, Callable, Sequence
 
-from coral.routing import swrr_pick
+from coral.routing import LOAD_SLACK, SwrrRouter
 from coral.runtime.backends import BackendError, ModelUnavailableError, RetriableBackendError
 from coral.runtime.instance import Instance, RuntimeInstanceSpec, InstanceStatus
 from coral.runtime.messages import SamplingParams
@@ -45,17 +46,19 @@ FAILED_RETRY_AFTER_S = 60
 class ModelRouter:
     """The gateway's backend for one served model: picks a ready instance per request.
 
-    Smooth (interleaved) weighted round robin (`coral.routing`) over the active instances:
-    each pick adds every eligible instance's weight to its credit, takes the instance with the
-    most credit and subtracts the eligible total from it. An instance is not eligible while its in-flight count is
-    more than `load_slack` above, and more than twice, the least loaded instance's.
+    Smooth (interleaved) weighted round robin over the member instances, with the skip rules
+    of `coral.routing`: an instance takes new requests only while its state is `active` and
+    it is not marked draining (`drain`), and not while it holds more than `load_slack`
+    requests above, and more than twice, its fair count at the least loaded instance's load
+    per unit weight. Credits are kept per instance name, so they survive membership changes.
 
     The model's context length is the plan's (`plan()`), not the live instances': a model
     whose instances are all down still has its context, and its requests are told to come back
     later (503), not that they are too long.
     """
 
-    def __init__(self, name: str, *, load_slack: int = 4, max_attempts: int = MAX_ATTEMPTS,
+    def __init__(self, name: str, *, load_slack: int = LOAD_SLACK,
+                 max_attempts: int = MAX_ATTEMPTS,
                  wait_s: float = UNAVAILABLE_WAIT_S):
         self.name = name
         self.load_slack = load_slack
@@ -63,7 +66,9 @@ class ModelRouter:
         self.wait_s = wait_s
         self._lock = threading.Lock()
         self._instances: list[Instance] = []  # active ones take new requests
-        self._credit: dict[str, float] = {}
+        self._credit: dict[str, float] = {}  # of instances when `_rr` was built
+        self._rr: SwrrRouter | None = None  # over `_instances`; None: to be rebuilt
+        self._draining: set[str] = set()  # instance names marked not routable
         self._planned = 0
         self._context_tokens: int | None = None
         self.status_of: Callable[[], list[InstanceStatus]] | None = None
@@ -90,25 +95,54 @@ class ModelRouter:
 
     def set_active(self, instances: Sequence[Instance]) -> None:
         with self._lock:
+            credit = self._credits_now()
             self._instances = list(instances)
-            self._credit = {i.name: self._credit.get(i.name, 0.0) for i in self._instances}
+            self._credit = {i.name: credit.get(i.name, 0.0) for i in self._instances}
+            self._rr = None
             self._note_availability()
 
     def add(self, instance: Instance) -> None:
         """A (replacement) instance is ready: it takes requests from now on."""
         with self._lock:
+            self._credit = self._credits_now()
             self._instances = [i for i in self._instances if i.name != instance.name]
             self._instances.append(instance)
             self._credit.setdefault(instance.name, 0.0)
+            self._rr = None
             self._note_availability()
 
     def remove(self, instance: Instance) -> None:
         with self._lock:
             if instance not in self._instances:
                 return
+            self._credit = self._credits_now()
             self._instances = [i for i in self._instances if i is not instance]
             self._credit.pop(instance.name, None)
+            self._draining.discard(instance.name)
+            self._rr = None
             self._note_availability()
+
+    def drain(self, instance: Instance | str, draining: bool = True) -> None:
+        """Mark an instance not routable (`draining=True`: after a preemption notice or before
+        it is stopped) or routable again: it keeps its requests in flight and its place, and
+        takes no new request while marked. An instance whose state is not `active` is not
+        routable either."""
+        name = instance if isinstance(instance, str) else instance.name
+        with self._lock:
+            if draining:
+                self._draining.add(name)
+            else:
+                self._draining.discard(name)
+
+    def routable(self, instance: Instance) -> bool:
+        """Whether `instance` takes new requests now."""
+        return instance.state == "active" and instance.name not in self._draining
+
+    def _credits_now(self) -> dict[str, float]:
+        """Each member's credit now (router lock held)."""
+        if self._rr is None:
+            return dict(self._credit)
+        return {i.name: c for i, c in zip(self._instances, self._rr.credits())}
 
     def _note_availability(self) -> None:
         """Track the time without a ready instance (router lock held)."""
@@ -196,15 +230,24 @@ class ModelRouter:
     # ---- choice ----
     def _pick(self, exclude: Sequence[Instance] = ()) -> Instance | None:
         with self._lock:
-            live = [i for i in self._instances if i.state == "active" and i not in exclude]
-            if not live:
+            instances = self._instances
+            if not instances:
                 return None
-            least = min(i.in_flight for i in live)
-            eligible = [i for i in live
-                        if i.in_flight - least <= max(self.load_slack, least)]
-            credits = [self._credit.get(i.name, 0.0) for i in eligible]
-            chosen = eligible[swrr_pick([i.spec.weight for i in eligible], credits)]
-            self._credit.update((i.name, c) for i, c in zip(eligible, credits))
+            rr = self._rr
+            weights = [i.spec.weight for i in instances]
+            if rr is None or rr.weights != weights:  # members or weights changed
+                credit = self._credits_now()
+                rr = self._rr = SwrrRouter(weights, load_slack=self.load_slack,
+                                           credits=[credit.get(i.name, 0.0)
+                                                    for i in instances])
+            for k, inst in enumerate(instances):
+                rr.set_routable(k, self.routable(inst))
+                rr.in_flight[k] = inst.in_flight
+            k = rr.pick(exclude=[k for k, i in enumerate(instances) if i in exclude]
+                        if exclude else ())
+            if k is None:
+                return None
+            chosen = instances[k]
             chosen.in_flight += 1
             return chosen
 

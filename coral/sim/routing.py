@@ -1,59 +1,48 @@
-"""The simulator's model router: smooth weighted round robin (`coral.routing`) by planned
-capacity, load-aware, over one model's instances."""
+"""The simulator's model router: the runtime's router (`coral.routing.SwrrRouter`, its skip
+rules included) over one model's simulated instances, weighted by planned capacity."""
 
 from __future__ import annotations
 
-from operator import truediv
+from typing import Sequence
 
-from coral.routing import swrr_picks
+from coral.routing import LOAD_SLACK, SwrrRouter
 from coral.sim.scheduler import SimInstance
 
-#: Smooth weighted round robin picks are drawn this many at a time.
+#: Smooth weighted round robin picks are drawn up to this many at a time while no instance
+#: is skipped (the same picks as one at a time, see `SwrrRouter`).
 SWRR_BLOCK = 512
-#: An instance's waiting queue is "far longer" when at least this many requests wait and
-#: more than LOAD_SKIP_FACTOR times (plus one) the shortest queue of the model.
-MIN_SKIP_QUEUE = 4
-LOAD_SKIP_FACTOR = 2.0
 
 
 class SimRouter:
-    """One model's instances: smooth (interleaved) weighted round robin by planned capacity,
-    load-aware: a pick whose waiting queue is far longer than the model's shortest goes to
-    the least loaded instance per unit weight instead.
+    """One model's instances, routed as the gateway routes them (`coral.routing`).
 
-    Both scans run in C (`map`): the shortest queue only once the pick's queue is long.
+    The instances' (waiting + running) counts are the router's `inflight` list, which the
+    instances hold too (`slot` is their index in it) and keep as requests arrive and end.
     """
 
-    def __init__(self, insts: list[SimInstance]):
+    def __init__(self, insts: list[SimInstance], load_slack: float | None = LOAD_SLACK):
         self.insts = insts
-        self.weights = [max(i.spec.weight, 1e-12) for i in insts]
-        self.current = [0.0] * len(insts)
-        self.picks: list[SimInstance] = []  # drawn and not yet used, the next last
-        self.queues = [i.waiting for i in insts]
-        # waiting + running requests per instance, kept by the instances (`slot` is their
-        # index here), for the least-loaded pick
-        self.inflight = [0] * len(insts)
+        self._rr = SwrrRouter([max(i.spec.weight, 1e-12) for i in insts],
+                              load_slack=load_slack, block=SWRR_BLOCK)
+        self.inflight = self._rr.in_flight
         for k, i in enumerate(insts):
             i.router, i.slot, i.inflight = self, k, self.inflight
 
-    def draw(self) -> list[SimInstance]:
-        """The next block of round-robin picks, last first (taken with `pop()`)."""
-        self.picks = [self.insts[k] for k in swrr_picks(self.weights, self.current,
-                                                        SWRR_BLOCK)]
-        self.picks.reverse()
-        return self.picks
+    @property
+    def weights(self) -> list[float]:
+        return list(self._rr.weights)
 
-    def least_loaded(self) -> SimInstance:
-        """The instance with the fewest (waiting + running) requests per unit weight, the
-        first on ties (computed in C, as it is asked for on up to half of the arrivals)."""
-        loads = list(map(truediv, self.inflight, self.weights))
-        return self.insts[loads.index(min(loads))]
+    @weights.setter
+    def weights(self, weights: Sequence[float]) -> None:
+        self._rr.set_weights(weights)
 
-    def pick(self) -> SimInstance:
-        """The instance the next request goes to."""
-        picks = self.picks or self.draw()
-        pick = picks.pop()
-        q = len(pick.waiting)
-        if q >= MIN_SKIP_QUEUE and q >= LOAD_SKIP_FACTOR * (min(map(len, self.queues)) + 1):
-            pick = self.least_loaded()
-        return pick
+    def set_routable(self, inst: SimInstance, routable: bool) -> None:
+        """Whether `inst` takes new requests (False while it drains after a preemption
+        notice, and once it is gone); its requests in flight stay its own."""
+        self._rr.set_routable(inst.slot, routable)
+
+    def pick(self) -> SimInstance | None:
+        """The instance the next request goes to (None: no instance of the model is
+        routable)."""
+        k = self._rr.pick()
+        return None if k is None else self.insts[k]

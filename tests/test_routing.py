@@ -1,0 +1,148 @@
+"""The one model router (`coral.routing.SwrrRouter`): its skip rules, its block draws, and the
+simulator's and the gateway's routers routing alike."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from coral.routing import LOAD_SLACK, SwrrRouter, overloaded, swrr_pick
+from coral.runtime.model_router import ModelRouter
+from coral.sim.routing import SWRR_BLOCK, SimRouter
+
+
+class _RuntimeInstance:
+    """What `ModelRouter` reads of an instance: its name, weight, state and load."""
+
+    def __init__(self, name: str, weight: float):
+        self.spec = SimpleNamespace(weight=weight)
+        self.name, self.state, self.in_flight, self.served = name, "active", 0, 0
+
+
+def _sim_instance(weight: float) -> SimpleNamespace:
+    return SimpleNamespace(spec=SimpleNamespace(weight=weight))
+
+
+def test_equal_weights_and_no_load_is_plain_smooth_round_robin():
+    rr = SwrrRouter([3.0, 1.0])
+    assert [rr.pick() for _ in range(8)] == [0, 0, 1, 0] * 2  # interleaved, not "0001"
+
+
+def test_overload_is_judged_per_unit_weight():
+    # b (weight 1) holds 2: a's fair count at b's load is 6, so a is skipped only above 12
+    assert overloaded([12, 2], [3.0, 1.0], [0, 1], LOAD_SLACK) == []
+    assert overloaded([13, 2], [3.0, 1.0], [0, 1], LOAD_SLACK) == [0]
+    # equal weights: more than LOAD_SLACK above, and more than twice, the least loaded
+    assert overloaded([9, 5], [1.0, 1.0], [0, 1], LOAD_SLACK) == []
+    assert overloaded([11, 5], [1.0, 1.0], [0, 1], LOAD_SLACK) == [0]
+    assert overloaded([4, 0, 0], [1.0, 1.0, 1.0], [0, 1, 2], LOAD_SLACK) == []
+    assert overloaded([5, 0, 0], [1.0, 1.0, 1.0], [0, 1, 2], LOAD_SLACK) == [0]
+    # only candidates count: without instance 1, instance 2 is the least loaded
+    assert overloaded([5, 0, 3], [1.0, 1.0, 1.0], [0, 2], LOAD_SLACK) == []
+
+
+def test_unroutable_and_excluded_instances_take_nothing():
+    rr = SwrrRouter([1.0, 1.0, 1.0])
+    rr.set_routable(1, False)
+    assert set(rr.pick() for _ in range(10)) == {0, 2}
+    assert set(rr.pick(exclude={0}) for _ in range(4)) == {2}
+    rr.set_routable(0, False)
+    assert rr.pick(exclude={2}) is None
+    rr.set_routable(2, False)
+    assert rr.pick() is None
+    rr.set_routable(1, True)
+    assert rr.pick() == 1
+
+
+def test_skipped_instances_take_no_credit():
+    rr = SwrrRouter([1.0, 1.0], load_slack=0)
+    rr.in_flight[:] = [5, 0]  # 0 overloaded: the picks rotate over instance 1 alone
+    assert [rr.pick() for _ in range(3)] == [1, 1, 1]
+    assert rr.credits() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_blocks_give_the_picks_of_one_at_a_time(seed):
+    """Drawn ahead in blocks (the simulator) or one at a time (the gateway), the same picks
+    and credits, through skips, state changes and weight changes."""
+    rng = random.Random(seed)
+    n = rng.choice((3, 5, 17))  # 17: the numpy path
+    weights = [rng.uniform(0.2, 5.0) for _ in range(n)]
+    one, ahead = SwrrRouter(weights), SwrrRouter(weights, block=SWRR_BLOCK)
+    picks = ([], [])
+    for step in range(3000):
+        r = rng.random()
+        if r < 0.01:
+            k = rng.randrange(n)
+            state = rng.random() < 0.6
+            one.set_routable(k, state)
+            ahead.set_routable(k, state)
+        elif r < 0.012:
+            new = [rng.uniform(0.2, 5.0) for _ in range(n)]
+            one.set_weights(new)
+            ahead.set_weights(new)
+        elif r < 0.5 and step > 1500:  # the second half under load: skips happen
+            k = rng.randrange(n)
+            if one.in_flight[k]:
+                one.in_flight[k] -= 1
+                ahead.in_flight[k] -= 1
+        else:
+            exclude = {rng.randrange(n)} if r > 0.98 else ()
+            a, b = one.pick(exclude), ahead.pick(exclude)
+            picks[0].append(a)
+            picks[1].append(b)
+            if a is not None:
+                one.in_flight[a] += 1
+            if b is not None:
+                ahead.in_flight[b] += 1
+    assert picks[0] == picks[1]
+    assert one.credits() == ahead.credits()
+    assert set(picks[0]) - {None} == set(range(n))
+
+
+def test_a_block_matches_the_per_pick_rotation():
+    weights = [2.653438578656314, 5.802305527480194, 0.3]
+    cur, want = [0.0] * 3, []
+    for _ in range(1000):
+        want.append(swrr_pick(weights, cur))
+    rr = SwrrRouter(weights, block=SWRR_BLOCK)
+    assert [rr.pick() for _ in range(1000)] == want and rr.credits() == cur
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_simulator_routes_as_the_gateway(seed):
+    """The same request sequence, completions and draining marks: the simulator's router
+    and the gateway's pick the same instances."""
+    rng = random.Random(seed)
+    weights = [3.0, 1.0, 2.0, 0.5, 2.0]
+    sim_insts = [_sim_instance(w) for w in weights]
+    sim = SimRouter(sim_insts)
+    gw_insts = [_RuntimeInstance(f"i{k}", w) for k, w in enumerate(weights)]
+    gateway = ModelRouter("m")
+    gateway.set_active(gw_insts)
+    sim_picks, gw_picks = [], []
+    for _ in range(4000):
+        r = rng.random()
+        if r < 0.01:  # a preemption notice, or an instance back
+            k = rng.randrange(len(weights))
+            draining = rng.random() < 0.5
+            sim.set_routable(sim_insts[k], not draining)
+            gateway.drain(gw_insts[k], draining)
+        elif r < 0.45:  # a request ends
+            k = rng.randrange(len(weights))
+            if sim.inflight[k]:
+                sim.inflight[k] -= 1
+                gateway._done(gw_insts[k])
+        else:
+            inst = sim.pick()
+            if inst is not None:
+                sim.inflight[inst.slot] += 1  # as the simulator's event loop counts it
+            sim_picks.append(None if inst is None else inst.slot)
+            chosen = gateway._pick()
+            gw_picks.append(None if chosen is None else gw_insts.index(chosen))
+        assert sim.inflight == [i.in_flight for i in gw_insts]
+    assert sim_picks == gw_picks
+    assert max(sim.inflight) > 2 * LOAD_SLACK  # loaded enough for the overload rule to act
+    assert set(sim_picks) - {None} == set(range(len(weights)))

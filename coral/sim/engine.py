@@ -54,6 +54,12 @@ Prefill/decode disaggregation
     `handoff` and lands transfers (`pd.Landing`, on the step-end heap, so a landing at the
     time of a step end is taken in push order) when they end.
     Aggregated instances take none of these paths.
+
+Timers
+    `Simulator.at(t, fn)` calls `fn(t)` at simulated time `t` (a `Timer` on the step-end heap,
+    taken in push order with the step ends and landings due then). Node preemptions
+    (`coral.sim.preemption`) use them to drain, kill and start instances during a run, with
+    `add_instance`; a run with timers runs in one process.
 """
 
 from __future__ import annotations
@@ -82,6 +88,15 @@ STEP_DONE = 0
 ARRIVAL = 1
 
 
+class Timer:
+    """A call due at its heap time (`Simulator.at`)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[float], None]):
+        self.fn = fn
+
+
 def build_layout(spec: InstanceSpec, perf, catalog, net_latency_s: float,
                  iter_cache: dict[tuple, float] | None = None) -> StepModel:
     """The step model (`coral.perf.step`) of an instance's stages."""
@@ -106,7 +121,12 @@ class Simulator:
         self.cfg = config or SimConfig()
         self.perf, self.catalog = perf, catalog
         lat = NET_LATENCY_S if self.cfg.net_latency_s is None else self.cfg.net_latency_s
+        self._lat = lat
         self._iter_cache: dict[tuple, float] = {}
+        # timers to push when the run starts, then the run's heap and due table (`at`)
+        self._timers: list[tuple[float, Timer]] = []
+        self._heap: list[float] | None = None
+        self._due: Due | None = None
         has_pd = any(s.role != "aggregated" for s in instances)
         layouts: dict[tuple[str, tuple], StepModel] = {}
 
@@ -117,6 +137,7 @@ class Simulator:
                     spec, perf, catalog, lat, self._iter_cache)
             return hit
 
+        self._layout = layout
         self.instances = [(SimInstance if s.role == "aggregated" else pd.instance_class(s.role))(
             s, i, layout(s), self.cfg) for i, s in enumerate(instances)]
         by_model: dict[str, list[SimInstance]] = {}  # the instances requests arrive at
@@ -131,6 +152,35 @@ class Simulator:
         if has_pd:
             self.decode_routers = pd.wire(self.instances, self.routers, catalog)
             self._landing = pd.Landing
+
+    # ---- changes during a run (see "Timers") ----
+
+    def at(self, t: float, fn: Callable[[float], None]) -> None:
+        """Call `fn(t)` at simulated time `t` (before or during the run)."""
+        timer = Timer(fn)
+        if self._heap is None or self._due is None:
+            self._timers.append((t, timer))
+            return
+        other = self._due.get(t)
+        if other is None:
+            self._due[t] = timer
+            heapq.heappush(self._heap, t)
+        elif other.__class__ is list:
+            other.append(timer)
+        else:
+            self._due[t] = [other, timer]
+
+    def add_instance(self, spec: InstanceSpec) -> SimInstance:
+        """A new instance (idle, in no router: the caller routes to it) that joins the run's
+        event heap; its name must be new."""
+        if any(i.spec.name == spec.name for i in self.instances):
+            raise DeploymentError(f"instance name {spec.name!r} is taken")
+        cls = SimInstance if spec.role == "aggregated" else pd.instance_class(spec.role)
+        inst = cls(spec, len(self.instances), self._layout(spec), self.cfg)
+        peer = self.instances[0]
+        inst.heap, inst.due, inst.on_reject = peer.heap, peer.due, peer.on_reject
+        self.instances.append(inst)
+        return inst
 
     # ---- router ----
 
@@ -151,7 +201,7 @@ class Simulator:
         with gc_paused():  # a seq, a result and more per request: see gc_paused
             reqs = _by_arrival(requests)
             groups = self._model_groups(reqs)
-            if len(groups) > 1:
+            if len(groups) > 1 and not self._timers:
                 return run_in_processes(self, reqs, groups, progress)
             seqs, now, events, steps = self._run(reqs, progress)
             results = request_results(reqs, seqs)
@@ -198,6 +248,10 @@ class Simulator:
 
         for inst in self.instances:
             inst.heap, inst.due, inst.on_reject = heap, due, reject
+        self._heap, self._due = heap, due
+        timers, self._timers = self._timers, []
+        for t, timer in timers:
+            self.at(t, timer.fn)
 
         n_reqs = len(reqs)
         next_arrival = 0
@@ -220,6 +274,9 @@ class Simulator:
                 now = t
                 if inst.__class__ is landing:  # PD: a KV cache reaches its decode instance
                     inst.land(t)
+                    continue
+                if inst.__class__ is Timer:
+                    inst.fn(t)
                     continue
                 if inst.step_end != t or not inst.step_n:
                     continue  # superseded by a cut

@@ -26,7 +26,7 @@ class RequestResult(NamedTuple):
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
-    status: Literal["done", "unfinished", "rejected"]
+    status: Literal["done", "unfinished", "rejected", "failed"]  # failed: lost to a preemption
     first_token_s: float | None
     end_s: float | None
     preemptions: int

@@ -64,7 +64,7 @@ def test_builtin_catalog_loads_and_default_is_cached(cat: Catalog) -> None:
     assert default_catalog() is default_catalog()
     assert default_catalog().content_hash() == cat.content_hash()
     assert all(f.startswith("<builtin>/") for f in cat.files)
-    assert len(cat.files) == 4
+    assert len(cat.files) == 5
 
 
 def test_counts(cat: Catalog) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -23,15 +24,31 @@ from pydantic import BaseModel, ValidationError
 
 from coral.errors import CoralError
 from coral.messages import did_you_mean, field_problem
-from coral.catalog.schema import SCHEMA_VERSION, GpuType, ModelArch, NodeType, Region
+from coral.catalog.schema import (
+    BAND_MIDPOINT,
+    SCHEMA_VERSION,
+    CloudSpotTerms,
+    GpuType,
+    Interruption,
+    ModelArch,
+    NodeType,
+    Region,
+)
 
 SECTIONS: dict[str, type[BaseModel]] = {
     "gpus": GpuType,
     "node_types": NodeType,
     "regions": Region,
     "models": ModelArch,
+    "clouds": CloudSpotTerms,
 }
-BUILTIN_FILES = ("gpus.yaml", "regions.yaml", "node_types.yaml", "models.yaml")
+BUILTIN_FILES = ("gpus.yaml", "regions.yaml", "node_types.yaml", "models.yaml", "clouds.yaml")
+#: Sections whose content template libraries depend on (`Catalog.content_hash`). Spot terms
+#: and spot prices never enter a template, so editing them keeps the cached libraries.
+HASHED_SECTIONS = ("gpus", "node_types", "regions", "models")
+_UNHASHED_FIELDS = {"node_types": ("spot_prices",)}
+#: Hours in the month over which the clouds' interruption shares are measured (365 * 24 / 12).
+HOURS_PER_MONTH = 730.0
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -66,6 +83,7 @@ class Catalog:
     regions: Mapping[str, Region]
     models: Mapping[str, ModelArch]
     files: tuple[str, ...] = field(default=())
+    clouds: Mapping[str, CloudSpotTerms] = field(default_factory=dict)
 
     def _get(self, section: str, name: str) -> Any:
         table: Mapping[str, Any] = getattr(self, section)
@@ -97,6 +115,38 @@ class Catalog:
         node = self.node_type(node_type) if isinstance(node_type, str) else node_type
         return self.gpus[node.gpu].memory_bytes * node.gpu_count
 
+    def interruption(self, node_type: str, region: str) -> Interruption:
+        """The interruption band of the spot pool (node type, region): the figure given with
+        its spot price, else its cloud's stated default."""
+        entry = self.node_type(node_type).spot_entry(region)
+        if entry is not None and entry.interruption is not None:
+            return entry.interruption
+        return self._cloud_terms(region).default_interruption
+
+    def preemption_rate_per_hour(self, node_type: str, region: str) -> float:
+        """Expected preemption events per node-hour in the pool (node type, region).
+
+        The clouds publish the share `f` of spot instances reclaimed over a month; read as a
+        constant (Poisson) rate over a 730-hour month, `1 - exp(-rate * 730) = f`, so
+        `rate = -ln(1 - f) / 730`. `f` is the band's midpoint (the open top band, `>20%`,
+        counts as 25 %), from the pool's own band or its cloud's stated default.
+        """
+        share = BAND_MIDPOINT[self.interruption(node_type, region).band]
+        return -math.log1p(-share) / HOURS_PER_MONTH
+
+    def preemption_notice_s(self, region: str) -> float:
+        """Seconds of notice the cloud of `region` gives before reclaiming a spot node."""
+        return self._cloud_terms(region).notice_s
+
+    def _cloud_terms(self, region: str) -> CloudSpotTerms:
+        cloud = self.region(region).cloud
+        if cloud not in self.clouds:
+            raise UnknownNameError(
+                f"no spot terms for cloud {cloud!r} (region {region!r}); add a 'clouds' entry "
+                f"for it to the catalog"
+            )
+        return self.clouds[cloud]
+
     def lookup(self, name: str) -> BaseModel:
         """Any entry by name, whatever its section."""
         for section in SECTIONS:
@@ -109,8 +159,9 @@ class Catalog:
     def content_hash(self) -> str:
         """Stable hash of the catalog's content, used to key cached template libraries."""
         payload = {
-            s: [e.model_dump(mode="json") for _, e in sorted(getattr(self, s).items())]
-            for s in SECTIONS
+            s: [e.model_dump(mode="json", exclude=set(_UNHASHED_FIELDS.get(s, ())))
+                for _, e in sorted(getattr(self, s).items())]
+            for s in HASHED_SECTIONS
         }
         blob = json.dumps({"schema": SCHEMA_VERSION, **payload}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -191,6 +242,7 @@ def _check_references(
     cat_tables: dict[str, dict[str, BaseModel]], origins: Origins | None = None
 ) -> None:
     gpus, regions = cat_tables["gpus"], cat_tables["regions"]
+    clouds = cat_tables.get("clouds", {})
     for node in cat_tables["node_types"].values():
         assert isinstance(node, NodeType)
         where = (origins or {}).get(("node_types", node.name), f"node_types '{node.name}'")
@@ -212,6 +264,15 @@ def _check_references(
                     f"{where}: field 'prices.{i}.region': region "
                     f"{price.region!r} is on {region.cloud}, but 'instances' names no "
                     f"{region.cloud} instance"
+                )
+        for i, spot in enumerate(node.spot_prices):
+            region = regions.get(spot.region)
+            assert region is None or isinstance(region, Region)
+            if region is not None and spot.interruption is None and clouds \
+                    and region.cloud not in clouds:
+                raise CatalogError(
+                    f"{where}: field 'spot_prices.{i}.interruption': no band given and no "
+                    f"'clouds' entry for {region.cloud} to take a default from"
                 )
 
 
@@ -250,6 +311,7 @@ def load_catalog(
         regions=dict(tables["regions"]),  # type: ignore[arg-type]
         models=dict(tables["models"]),  # type: ignore[arg-type]
         files=tuple(files),
+        clouds=dict(tables["clouds"]),  # type: ignore[arg-type]
     )
 
 

@@ -82,11 +82,53 @@ class GpuType(Sourced):
 
 
 class RegionPrice(Sourced):
-    """On-demand price of one node type in one region."""
+    """On-demand price of one node type in one region.
+
+    `spot_usd_per_hour` predates `NodeType.spot_prices` and carries no source of its own;
+    `NodeType.spot_price_in` reads it only where `spot_prices` has no entry for the region.
+    """
 
     region: str = Field(min_length=1)
     usd_per_hour: float = Field(gt=0)
     spot_usd_per_hour: float | None = Field(default=None, gt=0)
+
+
+InterruptionBand = Literal["<5%", "5-10%", "10-15%", "15-20%", ">20%"]
+"""Share of spot instances reclaimed per month, in the bands AWS's Spot Instance Advisor and
+Azure's eviction rates publish."""
+
+#: Monthly reclaim share each band stands for: its midpoint; the open top band is read as
+#: 20-30 %, so its midpoint is 25 %.
+BAND_MIDPOINT: dict[str, float] = {
+    "<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25,
+}
+
+
+class Interruption(Sourced):
+    """How often a cloud reclaims spot capacity of one pool: a published band, or a stated
+    default (`approximate: true`) where the cloud publishes none."""
+
+    band: InterruptionBand
+
+
+class SpotPrice(Sourced):
+    """Spot (preemptible) price of one node type in one region, with its interruption band
+    where one is known for this instance family (else the cloud's default applies)."""
+
+    region: str = Field(min_length=1)
+    usd_per_hour: float = Field(gt=0)
+    interruption: Interruption | None = None
+
+
+class CloudSpotTerms(Entry):
+    """What a cloud promises about its spot capacity: the notice before it reclaims a node,
+    and the interruption band assumed for a pool that has no figure of its own."""
+
+    name: Cloud
+    notice_s: float = Field(gt=0, description="Seconds of notice before a spot node is reclaimed.")
+    notice_source: str = Field(min_length=1, description="Documentation page of the notice.")
+    notice_date: dt.date | None = None
+    default_interruption: Interruption
 
 
 class NodeType(Entry):
@@ -100,10 +142,12 @@ class NodeType(Entry):
         min_length=1, description="Instance / VM name of this configuration on each cloud."
     )
     prices: list[RegionPrice] = Field(default_factory=list)
+    spot_prices: list[SpotPrice] = Field(default_factory=list)
 
-    @field_validator("prices")
+    @field_validator("prices", "spot_prices")
     @classmethod
-    def _unique_regions(cls, prices: list[RegionPrice]) -> list[RegionPrice]:
+    def _unique_regions(cls, prices: list[RegionPrice] | list[SpotPrice]
+                        ) -> list[RegionPrice] | list[SpotPrice]:
         seen: set[str] = set()
         for price in prices:
             if price.region in seen:
@@ -111,11 +155,49 @@ class NodeType(Entry):
             seen.add(price.region)
         return prices
 
+    @field_validator("spot_prices")
+    @classmethod
+    def _spot_below_on_demand(cls, spot_prices: list[SpotPrice], info: ValidationInfo
+                              ) -> list[SpotPrice]:
+        prices = info.data.get("prices")  # absent when `prices` itself is invalid
+        if prices is None:
+            return spot_prices
+        on_demand = {p.region: p.usd_per_hour for p in prices}
+        for i, spot in enumerate(spot_prices):
+            if spot.region not in on_demand:
+                raise ValueError(
+                    f"entry {i}: region {spot.region!r} has a spot price but no on-demand "
+                    f"price in 'prices'"
+                )
+            if spot.usd_per_hour > on_demand[spot.region]:
+                raise ValueError(
+                    f"entry {i}: {spot.usd_per_hour} $/hour in {spot.region!r} exceeds the "
+                    f"on-demand {on_demand[spot.region]} $/hour"
+                )
+        return spot_prices
+
     def price_in(self, region: str) -> float | None:
         """$/hour in `region`, or None when the node type is not offered there."""
         for price in self.prices:
             if price.region == region:
                 return price.usd_per_hour
+        return None
+
+    def spot_price_in(self, region: str) -> float | None:
+        """Spot $/hour of the whole node in `region`, or None when no spot price is known."""
+        for spot in self.spot_prices:
+            if spot.region == region:
+                return spot.usd_per_hour
+        for price in self.prices:
+            if price.region == region:
+                return price.spot_usd_per_hour
+        return None
+
+    def spot_entry(self, region: str) -> SpotPrice | None:
+        """The sourced spot price in `region` (None where there is none)."""
+        for spot in self.spot_prices:
+            if spot.region == region:
+                return spot
         return None
 
 

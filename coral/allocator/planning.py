@@ -43,6 +43,7 @@ from coral.allocator.plan_file import (  # noqa: F401
     plan_slos,
     read_plan_file,
 )
+from coral.allocator.robust import RobustPlanner
 from coral.allocator.problem import (
     DEFAULT_MIP_GAP,
     DEFAULT_TIME_LIMIT_S,
@@ -52,6 +53,7 @@ from coral.allocator.problem import (
 )
 from coral.allocator.scenario import AUTO_MODES, Scenario
 from coral.catalog.loader import Catalog
+from coral.sim.slowdown import SlowedPerf
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
 from coral.templates.build import BuildReport, Template, build_library, build_template
 from coral.templates.engine import DEFAULT_ENGINE, check_engine, engine_topology, engine_violations
@@ -328,6 +330,9 @@ class PlanResult:
     slos: Mapping[str, SloSpec] = field(default_factory=dict)
     #: model -> its priority (the weight of its req/s in goodput under scarcity)
     priorities: Mapping[str, float] = field(default_factory=dict)
+    #: top-level entries of the plan file that a planning option adds (`robust`: R, the GPU
+    #: types it covers, the nominal plan's cost beside this one)
+    extras: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def cost_per_hour(self) -> float:
@@ -410,6 +415,7 @@ class PlanResult:
             "baselines": {name: baseline_summary(b) for name, b in self.baselines.items()},
             "notes": list(self.notes),
             "solver_notes": list(self.plan.notes),
+            **self.extras,
         }
 
 
@@ -429,6 +435,7 @@ def plan_scenario(
     baselines: bool = True,
     on_message: Callable[[str], None] | None = None,
     engine: str = DEFAULT_ENGINE,
+    robust: float | None = None,
 ) -> PlanResult:
     """Plan `scenario`: templates (built or reused unless given), allocation, baselines.
 
@@ -437,7 +444,9 @@ def plan_scenario(
     template building (and the baselines), and the result says so. `engine`: every instance
     of the plan is deployable on it (templates built for it; given `ScenarioTemplates` must
     have been built for it, and given templates it cannot run are left out). The baselines
-    are not engine-restricted.
+    are not engine-restricted. `robust`: R of a plan that keeps every demand covered with any
+    one GPU type `1 + R` times slower than modelled (`coral.allocator.robust`); the plan file
+    then says so (`robust`), with the nominal plan's cost beside it.
     """
     engine = check_engine(engine)
     if perf is None:
@@ -484,6 +493,9 @@ def plan_scenario(
                          "engine-restricted (they solve their own templates as Coral's runtime "
                          "runs them; Helix's candidate clusters are the homogeneous ones only)")
     given = [start for start in (baseline_start(b) for b in results.values()) if start]
+    robust_planner = None if robust is None else RobustPlanner(
+        robust, perf=perf, catalog=catalog, slowed_perf=SlowedPerf,
+        library_dirs=getattr(templates, "library_dirs", None))
     modes = AUTO_MODES if scenario.mode == "auto" else (scenario.mode,)
     tried = []
     for mode in modes:
@@ -492,8 +504,15 @@ def plan_scenario(
         prob = sub.problem(cols, current=current, time_limit_s=time_limit_s, mip_gap=mip_gap)
         # mode auto plans mixed last: it holds every plan of the other modes, which start it
         starts = given + [dict(t[4].instances) for t in tried]
-        tried.append((mode, cols, chosen, prob, solve_allocation(prob, starts=starts)))
+        plan = (solve_allocation(prob, starts=starts) if robust_planner is None
+                else robust_planner.solve(sub, prob, chosen, starts=starts))
+        tried.append((mode, cols, chosen, prob, plan))
     mode, columns, chosen, problem, plan = min(tried, key=lambda t: _plan_rank(t[4]))
+    extras: dict[str, Any] = {}
+    if robust_planner is not None:
+        robust_planner.check(mode, plan)
+        extras["robust"] = robust_planner.summary(mode)
+        notes.append(robust_planner.note(mode))
     if len(tried) > 1:
         notes.append("mode auto: " + "; ".join(
             f"{m} ${p.cost_usd_per_hour:,.2f}/hour serving {_served_share(p):.1%}"
@@ -515,6 +534,7 @@ def plan_scenario(
         engine=engine,
         slos={m.name: scenario_slo(scenario, m.name) for m in scenario.models},
         priorities={m.name: float(m.priority) for m in scenario.models},
+        extras=extras,
     )
 
 

@@ -110,12 +110,17 @@ def _busy(message: str, enabled: bool) -> Iterator[None]:
 def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: int | None,
           templates_dir: Path, time_limit: float, progress: bool | None, baselines: bool,
           catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None,
-          gap: float = DEFAULT_MIP_GAP, engine: str = "coral") -> Any:
+          gap: float = DEFAULT_MIP_GAP, engine: str = "coral",
+          robust: float | None = None) -> Any:
     from coral.allocator.planning import plan_scenario, templates_for_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import MissingDependencyError, default_perf_factory
 
     _check_common(nmax, workers, time_limit, gap)
+    if robust is not None:
+        from coral.allocator.robust import check_robust_r
+
+        check_robust_r(robust)  # before the templates are built
     cat = open_catalog(catalog)
     scenario = load_scenario(scenario_ref, level=level, catalog=cat)
     if mode is not None:
@@ -141,7 +146,7 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
         with _busy(f"{what}...", show):
             return plan_scenario(scenario, catalog=cat, perf=perf, templates=templates,
                                  time_limit_s=time_limit, mip_gap=gap, baselines=baselines,
-                                 engine=engine)
+                                 engine=engine, robust=robust)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,6 +185,14 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
         f"{p.total_instances} instances on {sum(p.nodes_used.values())} nodes, solved in "
         f"{result.solve_seconds:.2f} s (gap {gap}); {result.columns} template columns from "
         f"{result.templates} templates, n_max {result.nmax}", highlight=False)
+    robust = getattr(result, "extras", {}).get("robust")
+    if robust:
+        nominal = robust["nominal_cost_per_hour"]
+        console.print(
+            f"robust: every demand covered with any one of {len(robust['gpu_types'])} GPU types "
+            f"{robust['factor']:g}x slower than modelled; the nominal plan "
+            + (f"${nominal:,.2f}/hour (robustness {100 * robust['cost_of_robustness']:+.1f}%)"
+               if nominal is not None else "does not meet demand"), highlight=False)
     if result.reduced:
         console.print(f"[yellow]note:[/] templates built with n_max {result.nmax} (the scenario "
                       f"asks for {result.scenario_nmax}); larger combinations were not "
@@ -342,6 +355,10 @@ def plan(
         "(each model may run both side by side) or auto (plan each, keep the best: never "
         "dearer than any of them), the default.")] = PLAN_MODE,
     engine: EngineOpt = EngineChoice.coral,
+    robust: Annotated[Optional[float], typer.Option(
+        "--robust", help="Plan so that every model's demand stays covered if any one GPU type "
+        "is 1 + R times slower than modelled (e.g. 0.2); shows the nominal plan's cost "
+        "beside it.")] = None,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:
@@ -357,7 +374,7 @@ def plan(
         result = _plan(scenario, level=level, nmax=nmax, workers=workers,
                        templates_dir=templates_dir, time_limit=time_limit, progress=progress,
                        baselines=baselines, catalog=catalog, quiet_stdout=json, mode=mode,
-                       gap=gap, engine=EngineChoice(engine).value)
+                       gap=gap, engine=EngineChoice(engine).value, robust=robust)
         payload = result.to_dict()
         if out is not None:
             _write_json(payload, out)

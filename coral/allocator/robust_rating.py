@@ -1,0 +1,283 @@
+"""What a template column delivers when one GPU type is slower than modelled (`--robust R`).
+
+Scenario "g slow": every iteration on a node of GPU type `g` takes `F = 1 + R` times what the
+perf model says (`coral.sim.slowdown.SlowedPerf`, the wrapper `coral simulate --slowdown`
+runs). A column is re-rated on the **same placement** — same stages, layer ranges and batches,
+as the plan deploys it and the simulator runs it — with the rating the planner gives it
+nominally (`Scenario.planned_capacity`: `coral.allocator.headroom.planned_capacity` fed with
+the step model's figures at full occupancy, `coral.perf.step.saturation`):
+
+- the step model is run twice on the placement, with the perf model as it is and slowed:
+  full-occupancy rate, step (the TPOT every sequence sees) and the step a prompt rides in
+  (its TTFT: the step of most prompts for an aggregated instance, the prefill step for a
+  prefill half, none for a decode half);
+- the template's own figures (throughput, TPOT, TTFT) are scaled by the ratio of the two, and
+  the slowed saturation is handed to the same `planned_capacity`. At `F = 1` this is the
+  nominal planned capacity exactly, whatever version of the search produced the template's
+  figures; slowed, every comparison the rating makes (template against step model) stays as
+  it was, and only the slowdown moves the result.
+
+What the slowed instance delivers within the SLO: a TTFT that grows eats into the queueing
+slack, so the rating's utilisation drops (to 0 once the prompt's step alone exceeds the TTFT
+target). A busy step beyond the TPOT target would rate it at 0 (the rating's own rule), but
+the instance still serves within TPOT while fewer sequences are in flight: an aggregated or
+decode instance is then re-rated at the largest micro-batch (sequences per stage, every
+stage's node batch cut to it) whose slowed busy step meets TPOT, found by bisection (the step
+grows with the batch), and planned by the same queueing rule on that many slots, so that the
+rate it is planned for keeps it below that occupancy at the SLO's percentile. The plan still
+deploys the template's own batch; the lower planned rate is what keeps it within TPOT. Only
+when one sequence per stage already misses TPOT is it rated 0. Prefill halves are not
+re-rated at a smaller chunk: their step only sets TTFT, which the queueing slack already
+prices.
+
+The ratings depend only on the template and the perf model, so they are stored beside each
+template library (`robust.json`, keyed by the library's digest, which covers the catalog and
+the perf model's version) and in memory: a re-plan, or another `R`, recomputes nothing it has
+already rated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from coral.allocator.headroom import planned_capacity
+from coral.allocator.scenario import Scenario
+from coral.perf.pipeline import PipelineShape
+from coral.perf.step import Saturation, build_step_model, busy_steps, saturation, stages_from_shape
+from coral.templates.store import MANIFEST, TemplateLibrary
+from coral.templates.template import Template
+
+log = logging.getLogger(__name__)
+
+#: The ratings of a library's templates, stored beside it.
+RATINGS_FILE = "robust.json"
+#: 2: per template key, per slowdown ("nominal" or "GPU=F"), the `StepRating` fields.
+RATINGS_FORMAT = 2
+
+#: perf, catalog, {GPU type: factor} -> the perf model with those GPU types slowed
+#: (`coral.sim.slowdown.SlowedPerf`; passed in, as the simulator sits above the allocator).
+SlowedPerfFactory = Callable[[Any, Any, Mapping[str, float]], Any]
+
+
+@dataclass(frozen=True)
+class StepRating:
+    """One instance of a template at full occupancy under the step model, as rated."""
+
+    rps: float  # requests/s of the workload mix
+    step_s: float  # one busy step: the TPOT every sequence sees
+    ttft_step_s: float  # the step a prompt rides in (0 for a decode half)
+    sequences: int
+    kv_transfer_s: float
+    micro_batch: int = 0  # sequences per stage it was rated at (0: the template's own)
+
+    def saturation(self) -> Saturation:
+        return Saturation(rps=self.rps, step_s=self.step_s, sequences=self.sequences,
+                          kv_transfer_s=self.kv_transfer_s)
+
+
+def with_micro_batch(shape: PipelineShape, micro_batch: int) -> PipelineShape:
+    """`shape` with every stage's node batch cut so that a stage holds at most about
+    `micro_batch` sequences (`ceil(micro_batch / nodes)` a node)."""
+    return PipelineShape(tuple(
+        replace(st, batch=max(1, min(st.batch, -(-micro_batch // st.count))))
+        for st in shape.stages))
+
+
+def own_micro_batch(shape: PipelineShape) -> int:
+    """Sequences per stage of `shape` busy: its smallest stage batch."""
+    return min(st.count * st.batch for st in shape.stages)
+
+
+def step_rating(template: Template, perf: Any, catalog: Any, *, micro_batch: int = 0
+                ) -> StepRating:
+    """`coral.perf.step.saturation` of one instance of `template` on `perf` (at
+    `micro_batch` sequences per stage when given), and the step its prompts ride in (the last
+    of `busy_steps`, the one of most prompts)."""
+    slo = template.slo
+    shape = template.shape if not micro_batch else with_micro_batch(template.shape,
+                                                                      micro_batch)
+    sat = saturation(template.model, template.mode, shape,
+                     input_tokens=slo.input_tokens, output_tokens=slo.output_tokens,
+                     perf=perf, catalog=catalog)
+    if template.mode == "aggregated":
+        layout = build_step_model(template.model, stages_from_shape(shape), perf, catalog)
+        steps = busy_steps("aggregated", layout.n_stages, layout.max_seqs, slo.input_tokens,
+                           slo.output_tokens)
+        ttft = layout.step_cost(*steps[-1][1])[0]
+    elif template.mode == "prefill":
+        ttft = sat.step_s
+    else:
+        ttft = 0.0
+    return StepRating(rps=sat.rps, step_s=sat.step_s, ttft_step_s=ttft,
+                      sequences=sat.sequences, kv_transfer_s=sat.kv_transfer_s,
+                      micro_batch=micro_batch)
+
+
+def within_tpot(template: Template, perf: Any, catalog: Any) -> StepRating:
+    """The rating of `template` on `perf`; where its busy step misses TPOT (aggregated and
+    decode), at the largest micro-batch whose busy step meets it (the full-batch rating when
+    none does)."""
+    full = step_rating(template, perf, catalog)
+    target = template.slo.tpot_s * (1.0 + 1e-9)
+    if template.mode == "prefill" or full.step_s <= target:
+        return full
+    lo, hi = 0, own_micro_batch(template.shape)  # meets at lo (0: none yet), misses at hi
+    best = None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        r = step_rating(template, perf, catalog, micro_batch=mid)
+        if r.step_s <= target:
+            lo, best = mid, r
+        else:
+            hi = mid
+    if best is None and lo == 0:
+        r = step_rating(template, perf, catalog, micro_batch=1)
+        best = r if r.step_s <= target else None
+    return full if best is None else best
+
+
+def _ratio(slowed: float, nominal: float) -> float:
+    return slowed / nominal if nominal > 0 else 1.0
+
+
+def rerated_capacity(template: Template, scenario: Scenario, nominal: StepRating,
+                     slowed: StepRating) -> float:
+    """Planned capacity (the template's unit) of one instance whose step-model figures are
+    `slowed` where they were `nominal`: the template's own figures scaled by the ratios, the
+    slowed saturation handed to `planned_capacity` (see the module docstring)."""
+    q_rps = _ratio(slowed.rps, nominal.rps)
+    q_step = _ratio(slowed.step_s, nominal.step_s)
+    q_ttft = _ratio(slowed.ttft_step_s, nominal.ttft_step_s)
+    scaled = replace(
+        template,
+        throughput=template.throughput * q_rps,
+        throughput_rps=template.throughput_rps * q_rps,
+        throughput_tokens_per_s=template.throughput_tokens_per_s * q_rps,
+        ttft_s=None if template.ttft_s is None else template.ttft_s * q_ttft,
+        tpot_s=None if template.tpot_s is None else template.tpot_s * q_step,
+    )
+    spec = scenario.model_spec(template.model)
+    return planned_capacity(scaled, arrival_cv=spec.arrival_cv, output_cv=spec.output_tokens_cv,
+                            saturation=slowed.saturation())
+
+
+def gpu_types_of(template: Template, catalog: Any) -> tuple[str, ...]:
+    """The GPU types of a template's nodes, sorted."""
+    return tuple(sorted({catalog.gpu_of(n).name for n in template.combo}))
+
+
+def slowdown_key(gpu: str, factor: float) -> str:
+    return f"{gpu}={factor:.12g}"
+
+
+def template_key(template: Template) -> str:
+    """A template's identity in a ratings file: model, mode and its deployed stages."""
+    stages = [s.to_dict() for s in template.shape.stages]
+    return json.dumps([template.model, template.mode, stages], sort_keys=True,
+                      separators=(",", ":"))
+
+
+class RatingStore:
+    """`StepRating`s of templates, nominal and under single-GPU slowdowns, kept in memory and
+    in each library's `robust.json` (written by `save`)."""
+
+    def __init__(self, perf: Any, catalog: Any, slowed_perf: SlowedPerfFactory,
+                 library_dirs: Mapping[str, str] | None = None) -> None:
+        self.perf, self.catalog, self.slowed_perf = perf, catalog, slowed_perf
+        self.library_dirs = dict(library_dirs or {})
+        self._perfs: dict[str, Any] = {}
+        self._tables: dict[str, dict[str, dict[str, list[float]]]] = {}  # dir -> key -> ...
+        self._keys: dict[str, str] = {}  # dir -> library digest
+        self._dirty: set[str] = set()
+        self.computed = 0  # ratings computed (not read back) since this store was made
+
+    def _perf_for(self, slowdown: str) -> Any:
+        p = self._perfs.get(slowdown)
+        if p is None:
+            if slowdown == "nominal":
+                p = self.perf
+            else:
+                gpu, _, factor = slowdown.partition("=")
+                p = self.slowed_perf(self.perf, self.catalog, {gpu: float(factor)})
+            self._perfs[slowdown] = p
+        return p
+
+    def _table(self, template: Template) -> dict[str, dict[str, list[float]]]:
+        folder = self.library_dirs.get(f"{template.model}/{template.mode}", "")
+        table = self._tables.get(folder)
+        if table is None:
+            table = self._tables[folder] = self._read(folder)
+        return table
+
+    def _read(self, folder: str) -> dict[str, dict[str, list[float]]]:
+        if not folder or not (Path(folder) / MANIFEST).exists():
+            return {}
+        digest = TemplateLibrary.open(folder).digest
+        self._keys[folder] = digest
+        path = Path(folder) / RATINGS_FILE
+        if not path.exists():
+            return {}
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("format") == RATINGS_FORMAT and doc.get("library_digest") == digest:
+                return {k: dict(v) for k, v in doc["ratings"].items()}
+            log.info("%s: written for another library; rating again", path)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("%s: unreadable (%s); rating again", path, exc)
+        return {}
+
+    def rating(self, template: Template, slowdown: str) -> StepRating:
+        """The template's rating under `slowdown` ("nominal" or `slowdown_key(gpu, F)`)."""
+        table = self._table(template)
+        per = table.setdefault(template_key(template), {})
+        hit = per.get(slowdown)
+        if hit is not None:
+            rps, step, ttft, seqs, kv, micro = hit
+            return StepRating(rps, step, ttft, int(seqs), kv, int(micro))
+        perf = self._perf_for(slowdown)
+        r = (step_rating(template, perf, self.catalog) if slowdown == "nominal"
+             else within_tpot(template, perf, self.catalog))
+        per[slowdown] = [r.rps, r.step_s, r.ttft_step_s, r.sequences, r.kv_transfer_s,
+                         r.micro_batch]
+        self.computed += 1
+        self._dirty.add(self.library_dirs.get(f"{template.model}/{template.mode}", ""))
+        return r
+
+    def save(self) -> None:
+        """Write every library's ratings that grew since it was read."""
+        for folder in sorted(self._dirty):
+            digest = self._keys.get(folder)
+            if not folder or digest is None or not Path(folder).is_dir():
+                continue
+            path = Path(folder) / RATINGS_FILE
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({"format": RATINGS_FORMAT, "library_digest": digest,
+                                       "ratings": self._tables[folder]}))
+            os.replace(tmp, path)
+        self._dirty.clear()
+
+
+def scenario_capacities(scenario: Scenario, chosen: Mapping[str, Template], factor: float,
+                        store: RatingStore) -> dict[str, dict[str, float]]:
+    """GPU type `g` -> column id -> planned capacity of that column when `g` is `factor`
+    times slower, for every column whose nodes include a `g` GPU (the others keep their
+    nominal capacity). `chosen`: the template behind each column id."""
+    if not (math.isfinite(factor) and factor >= 1.0):
+        raise ValueError(f"slowdown factor must be a finite number >= 1, got {factor!r}")
+    out: dict[str, dict[str, float]] = {}
+    for cid, template in sorted(chosen.items()):
+        nominal = store.rating(template, "nominal")
+        as_planned = rerated_capacity(template, scenario, nominal, nominal)
+        for gpu in gpu_types_of(template, store.catalog):
+            slowed = store.rating(template, slowdown_key(gpu, factor))
+            rated = rerated_capacity(template, scenario, nominal, slowed)
+            # never above nominal: the rating rounds its slot count down, so a longer service
+            # time can add a slot and rate a slower instance higher; a slower GPU serves no more
+            out.setdefault(gpu, {})[cid] = min(rated, as_planned)
+    return out

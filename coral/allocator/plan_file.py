@@ -41,6 +41,7 @@ class PlannedInstances:
     usd_per_hour: float  # one instance, in this region
     started: int  # of `count`, started against the current deployment
     utilisation: float = 1.0  # planned capacity / full throughput (queueing headroom)
+    market: str = "on_demand"  # or `spot` (`coral plan --spot`); a reader takes missing as on_demand
 
     @property
     def node_mix(self) -> str:
@@ -62,6 +63,7 @@ class PlannedInstances:
             "usd_per_hour_total": self.usd_per_hour * self.count,
             "started": self.started,
             "utilisation": self.utilisation,
+            "market": self.market,
         }
 
 
@@ -105,8 +107,10 @@ def plan_slos(payload: Mapping[str, Any], path: str | Path = "the plan"
 
 
 def decode_instances(plan: AllocationPlan, columns: Sequence[TemplateColumn],
-                     templates: Mapping[str, Template]) -> tuple[PlannedInstances, ...]:
-    """The plan's instance counts with each template's nodes and layer placement."""
+                     templates: Mapping[str, Template], markets: Mapping[str, str] | None = None
+                     ) -> tuple[PlannedInstances, ...]:
+    """The plan's instance counts with each template's nodes and layer placement; `markets`
+    names the spot columns (column id -> `spot`), every other column is on demand."""
     col_by_id = {c.id: c for c in columns}
     out: list[PlannedInstances] = []
     for (tid, region), count in sorted(plan.instances.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -125,6 +129,7 @@ def decode_instances(plan: AllocationPlan, columns: Sequence[TemplateColumn],
             unit=tpl.unit if tpl is not None else "req/s", capacity_rps=rps,
             usd_per_hour=col.price_usd_per_hour[region],
             started=int(plan.started.get((tid, region), 0)), utilisation=utilisation,
+            market=(markets or {}).get(tid, "on_demand"),
         ))
     return tuple(out)
 

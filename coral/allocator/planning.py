@@ -436,6 +436,7 @@ def plan_scenario(
     on_message: Callable[[str], None] | None = None,
     engine: str = DEFAULT_ENGINE,
     robust: float | None = None,
+    spot: Any = None,
 ) -> PlanResult:
     """Plan `scenario`: templates (built or reused unless given), allocation, baselines.
 
@@ -446,7 +447,9 @@ def plan_scenario(
     have been built for it, and given templates it cannot run are left out). The baselines
     are not engine-restricted. `robust`: R of a plan that keeps every demand covered with any
     one GPU type `1 + R` times slower than modelled (`coral.allocator.robust`); the plan file
-    then says so (`robust`), with the nominal plan's cost beside it.
+    then says so (`robust`), with the nominal plan's cost beside it. `spot`: a
+    `coral.allocator.spot.SpotOptions`, plan aggregated serving on spot and on-demand
+    instances under a chance constraint (the plan file's `spot` object says what it risks).
     """
     engine = check_engine(engine)
     if perf is None:
@@ -496,7 +499,15 @@ def plan_scenario(
     robust_planner = None if robust is None else RobustPlanner(
         robust, perf=perf, catalog=catalog, slowed_perf=SlowedPerf,
         library_dirs=getattr(templates, "library_dirs", None))
-    modes = AUTO_MODES if scenario.mode == "auto" else (scenario.mode,)
+    spot_planner = None
+    if spot is not None:
+        from coral.allocator.spot import SpotPlanError, SpotPlanner
+
+        if robust is not None:
+            raise SpotPlanError("--spot and --robust cannot be combined (yet)")
+        spot_planner = SpotPlanner(spot, catalog)
+    modes = (("aggregated",) if spot_planner is not None
+             else AUTO_MODES if scenario.mode == "auto" else (scenario.mode,))
     tried = []
     for mode in modes:
         sub = scenario.in_mode(mode)
@@ -504,7 +515,8 @@ def plan_scenario(
         prob = sub.problem(cols, current=current, time_limit_s=time_limit_s, mip_gap=mip_gap)
         # mode auto plans mixed last: it holds every plan of the other modes, which start it
         starts = given + [dict(t[4].instances) for t in tried]
-        plan = (solve_allocation(prob, starts=starts) if robust_planner is None
+        plan = (spot_planner.solve(prob, starts) if spot_planner is not None
+                else solve_allocation(prob, starts=starts) if robust_planner is None
                 else robust_planner.solve(sub, prob, chosen, starts=starts))
         tried.append((mode, cols, chosen, prob, plan))
     mode, columns, chosen, problem, plan = min(tried, key=lambda t: _plan_rank(t[4]))
@@ -513,6 +525,12 @@ def plan_scenario(
         robust_planner.check(mode, plan)
         extras["robust"] = robust_planner.summary(mode)
         notes.append(robust_planner.note(mode))
+    markets = None
+    if spot_planner is not None:
+        columns, chosen = spot_planner.columns(columns, chosen)
+        markets = spot_planner.markets()
+        extras["spot"] = spot_planner.summary()
+        notes.append(spot_planner.note())
     if len(tried) > 1:
         notes.append("mode auto: " + "; ".join(
             f"{m} ${p.cost_usd_per_hour:,.2f}/hour serving {_served_share(p):.1%}"
@@ -523,7 +541,7 @@ def plan_scenario(
         scenario=scenario.name,
         level=scenario.level,
         plan=plan,
-        instances=decode_instances(plan, columns, chosen),
+        instances=decode_instances(plan, columns, chosen, markets),
         nmax=n_used,
         scenario_nmax=n_scenario,
         templates=sum(len(t) for t in templates.values()),

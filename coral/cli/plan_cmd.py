@@ -111,7 +111,7 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
           templates_dir: Path, time_limit: float, progress: bool | None, baselines: bool,
           catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None,
           gap: float = DEFAULT_MIP_GAP, engine: str = "coral",
-          robust: float | None = None) -> Any:
+          robust: float | None = None, spot: Any = None) -> Any:
     from coral.allocator.planning import plan_scenario, templates_for_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import MissingDependencyError, default_perf_factory
@@ -123,6 +123,11 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
         check_robust_r(robust)  # before the templates are built
     cat = open_catalog(catalog)
     scenario = load_scenario(scenario_ref, level=level, catalog=cat)
+    if spot is not None:
+        if mode not in (None, "auto", "aggregated"):
+            raise UserError(f"--spot plans aggregated serving; --mode {mode} is not supported "
+                            "with it")
+        mode = "aggregated"  # the spot plan's only mode: build no PD libraries for it
     if mode is not None:
         if mode not in MODES:
             raise UserError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -146,7 +151,7 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
         with _busy(f"{what}...", show):
             return plan_scenario(scenario, catalog=cat, perf=perf, templates=templates,
                                  time_limit_s=time_limit, mip_gap=gap, baselines=baselines,
-                                 engine=engine, robust=robust)
+                                 engine=engine, robust=robust, spot=spot)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,6 +198,9 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
             f"{robust['factor']:g}x slower than modelled; the nominal plan "
             + (f"${nominal:,.2f}/hour (robustness {100 * robust['cost_of_robustness']:+.1f}%)"
                if nominal is not None else "does not meet demand"), highlight=False)
+    spot = getattr(result, "extras", {}).get("spot")
+    if spot:
+        print_spot(spot)
     if result.reduced:
         console.print(f"[yellow]note:[/] templates built with n_max {result.nmax} (the scenario "
                       f"asks for {result.scenario_nmax}); larger combinations were not "
@@ -215,7 +223,8 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
         for col in ("req/s each", "load", "$/hour each", "$/hour"):
             table.add_column(col, justify="right")
         for i in insts:
-            table.add_row(escape(label(i)), str(i.count), escape(_stages(i)),
+            table.add_row(escape(label(i) + (" (spot)" if i.market == "spot" else "")),
+                          str(i.count), escape(_stages(i)),
                           f"{i.capacity_rps:.2f}", _pct(i.utilisation), f"{i.usd_per_hour:.2f}",
                           f"{i.usd_per_hour * i.count:,.2f}")
         console.print(table)
@@ -333,6 +342,23 @@ def _write_json(payload: Any, path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+def print_spot(spot: dict[str, Any]) -> None:
+    """The spot plan's share, expected cost and risk per model."""
+    od = spot.get("on_demand_usd_per_hour")
+    console.print(
+        f"spot: {spot['spot_share']:.1%} of $/hour on spot; expected "
+        f"${spot['expected_usd_per_hour']:,.2f}/hour with replacements"
+        + (f" (on demand only: ${od:,.2f}/hour)" if od is not None else "")
+        + f"; every model covered with probability >= {spot['risk_target']:g} over "
+        f"{spot['window_s']:g} s", highlight=False)
+    table = Table(title="Risk per model", title_justify="left")
+    for col in ("model", "spot share", "P(short in window)"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for m, r in spot["per_model"].items():
+        table.add_row(escape(m), _pct(r["spot_share"]), f"{r['p_short']:.2e}")
+    console.print(table)
+
+
 # Commands
 # ---------------------------------------------------------------------------------------------
 
@@ -359,6 +385,16 @@ def plan(
         "--robust", help="Plan so that every model's demand stays covered if any one GPU type "
         "is 1 + R times slower than modelled (e.g. 0.2); shows the nominal plan's cost "
         "beside it.")] = None,
+    spot: Annotated[bool, typer.Option(
+        "--spot", help="Mix spot and on-demand instances (aggregated serving): every model's "
+        "demand stays covered with probability >= --risk-target over --risk-window, pools "
+        "(node type x region) preempted at the catalog's rates; --risk-target 0 gives the "
+        "naive spot plan (no risk model).")] = False,
+    risk_target: Annotated[float, typer.Option(
+        "--risk-target", help="With --spot: probability each model's demand stays covered "
+        "over the window.")] = 0.99,
+    risk_window: Annotated[float, typer.Option(
+        "--risk-window", help="With --spot: the window, s.")] = 3600.0,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:
@@ -371,10 +407,16 @@ def plan(
     serve all demand are compared on cost.
     """
     with user_errors():
+        spot_options = None
+        if spot:
+            from coral.allocator.spot import SpotOptions
+
+            spot_options = SpotOptions(risk_target=risk_target, window_s=risk_window)
         result = _plan(scenario, level=level, nmax=nmax, workers=workers,
                        templates_dir=templates_dir, time_limit=time_limit, progress=progress,
                        baselines=baselines, catalog=catalog, quiet_stdout=json, mode=mode,
-                       gap=gap, engine=EngineChoice(engine).value, robust=robust)
+                       gap=gap, engine=EngineChoice(engine).value, robust=robust,
+                       spot=spot_options)
         payload = result.to_dict()
         if out is not None:
             _write_json(payload, out)

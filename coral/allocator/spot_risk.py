@@ -1,0 +1,128 @@
+"""The risk model of spot capacity: how likely each pool is down over a window, the failure
+scenarios a plan is judged on, and the exact shortfall probability of a given plan.
+
+Model
+-----
+A *pool* is one node type in one region. Preemptions come as pool events, a Poisson process
+at the catalog's rate `lambda` (events per node-hour, `Catalog.preemption_rate_per_hour`), and
+an event reclaims every spot node of the pool at once: correlation inside a pool is total,
+pools are independent. A spot instance is lost when any of its pools has an event.
+
+A reclaimed instance is replaced by the re-plan: the replacement is started at the notice
+(`notice_s` before the kill) and serves `startup_s` after it was started, so the capacity is
+missing for `max(startup_s - notice_s, 0)` seconds after the kill. Over a window of `W`
+seconds a pool leaves the plan short at some moment if it has an event inside the window, or
+within that replacement time before the window starts (the replacement is still loading when
+the window opens). So the pool is *down* in the window with probability::
+
+    p = 1 - exp(-lambda * (W + max(startup_s - notice_s, 0)) / 3600)
+
+A model is short in a scenario (a set of pools down) when the capacity of its on-demand
+instances plus its spot instances outside the down pools is below its demand; its shortfall
+probability is the total probability of the scenarios in which it is short.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+Pool = tuple[str, str]
+"""(node type, region)."""
+
+#: Most failure sets `shortfall_probability` enumerates exactly (2^16 scenarios of 16 pools).
+EXACT_POOLS = 16
+
+
+def pool_down_probability(rate_per_hour: float, window_s: float, startup_s: float,
+                          notice_s: float) -> float:
+    """Probability that a pool is short at some moment of a `window_s`-second window (see the
+    module): an event inside the window, or one that close before it whose replacement is
+    still starting."""
+    exposure_s = window_s + max(startup_s - notice_s, 0.0)
+    return -math.expm1(-rate_per_hour * exposure_s / 3600.0)
+
+
+def scenarios(probs: Sequence[float], max_down: int) -> list[tuple[tuple[int, ...], float]]:
+    """Every set of at most `max_down` pools down (indices into `probs`), with its
+    probability (the pools outside the set up)."""
+    up = math.prod(1.0 - p for p in probs)
+    out: list[tuple[tuple[int, ...], float]] = []
+    for k in range(0, min(max_down, len(probs)) + 1):
+        for down in itertools.combinations(range(len(probs)), k):
+            prob = up
+            for i in down:
+                prob *= probs[i] / (1.0 - probs[i]) if probs[i] < 1.0 else math.inf
+            out.append((down, prob if math.isfinite(prob) else _direct(probs, down)))
+    return out
+
+
+def _direct(probs: Sequence[float], down: Sequence[int]) -> float:
+    s = set(down)
+    return math.prod(p if i in s else 1.0 - p for i, p in enumerate(probs))
+
+
+def mass_beyond(probs: Sequence[float], max_down: int) -> float:
+    """Probability that more than `max_down` pools are down (the Poisson-binomial tail)."""
+    dist = [1.0]  # dist[k]: probability that exactly k pools are down so far
+    for p in probs:
+        nxt = [0.0] * (len(dist) + 1)
+        for k, q in enumerate(dist):
+            nxt[k] += q * (1.0 - p)
+            nxt[k + 1] += q * p
+        dist = nxt
+    return max(0.0, 1.0 - sum(dist[: max_down + 1]))
+
+
+def scenario_depth(probs: Sequence[float], tolerance: float, max_scenarios: int
+                   ) -> tuple[int, float]:
+    """The fewest pools down to enumerate so that the scenarios left out weigh at most
+    `tolerance` (every set when the pools are few enough), capped at `max_scenarios`
+    scenarios; returns (depth, probability of the scenarios left out)."""
+    n = len(probs)
+    count = 0
+    for depth in range(0, n + 1):
+        count += math.comb(n, depth)
+        beyond = mass_beyond(probs, depth) if depth < n else 0.0
+        if beyond <= tolerance or depth == n:
+            return depth, beyond
+        if count + math.comb(n, depth + 1) > max_scenarios:
+            return depth, beyond
+    return n, 0.0
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Capacity of one model held by a plan's instances of one kind: `pools` empty for
+    on-demand instances, the pools of its nodes for spot ones."""
+
+    capacity: float  # requests/s of all these instances together
+    pools: frozenset[Pool]
+
+
+def shortfall_probability(holdings: Sequence[Holding], demand: float,
+                          pool_prob: Mapping[Pool, float], *, rel_tol: float = 1e-9
+                          ) -> tuple[float, float]:
+    """(probability that `holdings` serve less than `demand`, probability left unjudged).
+
+    Every failure set of the pools the holdings use is enumerated when they are at most
+    `EXACT_POOLS` (the second figure is then 0 and the first exact); beyond that, sets of at
+    most two pools down are judged and the rest (the second figure) counted as short, so the
+    first figure is an upper bound within the second.
+    """
+    pools = sorted({p for h in holdings for p in h.pools})
+    index = {p: i for i, p in enumerate(pools)}
+    masks = [sum(1 << index[p] for p in h.pools) for h in holdings]
+    probs = [pool_prob[p] for p in pools]
+    need = demand * (1.0 - rel_tol)
+    depth = len(pools) if len(pools) <= EXACT_POOLS else 2
+    short = 0.0
+    for down, prob in scenarios(probs, depth):
+        dmask = sum(1 << i for i in down)
+        cap = sum(h.capacity for h, m in zip(holdings, masks) if not m & dmask)
+        if cap < need:
+            short += prob
+    left = mass_beyond(probs, depth) if depth < len(pools) else 0.0
+    return min(1.0, short + left), left

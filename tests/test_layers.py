@@ -40,6 +40,7 @@ MODULE_LAYER = {
     "coral.solvers.highs": "base",
     "coral.allocator.planning": "planning",
     "coral.allocator.adapt": "planning",
+    "coral.sim.preemption_replan": "planning",
     "coral.sim.evaluate": "evaluation",
     "coral.sim.eval_common": "evaluation",
     "coral.sim.eval_sections": "evaluation",

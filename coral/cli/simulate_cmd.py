@@ -32,9 +32,10 @@ DEFAULT_DURATION_S = 300.0
 
 
 def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, level: str | None,
-                     quiet_stdout: bool, show: bool) -> tuple[str, list, dict, dict]:
-    """(name, instances, slos per model, demand req/s per model) of a plan JSON or a
-    scenario (planned here)."""
+                     quiet_stdout: bool, show: bool) -> tuple[str, list, dict, dict, dict]:
+    """(name, instances, slos per model, demand req/s per model, plan payload) of a plan
+    JSON or a scenario (planned here; its payload then holds what a re-plan reads: scenario,
+    level, mode, engine, nmax and the instance rows)."""
     from coral.allocator.planning import (
         PlanFileError,
         plan_scenario,
@@ -58,7 +59,7 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
                                      catalog=cat)
             slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
         return (path.stem, instances_from_plan(payload, slos), slos,
-                dict(payload.get("demand_rps") or {}))
+                dict(payload.get("demand_rps") or {}), payload)
     scenario = load_scenario(ref, level=level, catalog=cat)
     perf = default_perf_factory(cat)
     with native_stdout_to_stderr(quiet_stdout):
@@ -70,8 +71,11 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
             result = plan_scenario(scenario, catalog=cat, perf=perf, out_root=templates_dir,
                                    workers=os.cpu_count() or 1, nmax=nmax, baselines=False)
     slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
+    payload = {"scenario": ref, "level": result.level, "mode": result.mode,
+               "engine": result.engine, "nmax": result.nmax,
+               "instances": [i.to_dict() for i in result.instances]}
     return (scenario.name, instances_from_plan(result, slos), slos,
-            dict(result.plan.demand_rps))
+            dict(result.plan.demand_rps), payload)
 
 
 def _workload(models: dict[str, float], slos: dict, *, trace: Path | None, rate: float | None,
@@ -157,6 +161,39 @@ def print_summary(name: str, s: dict) -> None:
                       f"mean node utilisation by role: {roles}", highlight=False)
 
 
+def _preemptions(sim: Any, payload: dict, slos: dict, *, cat: Any, perf: Any,
+                 templates_dir: Path, seed: int, horizon_s: float, quiet: bool) -> Any:
+    """A `PreemptionRun` on `sim`, re-planning as the adaptation loop does."""
+    from coral.sim.preemption import PreemptionConfig, PreemptionError, PreemptionRun, check_rates
+    from coral.sim.preemption_replan import AllocatorReplanner
+
+    try:
+        rates = check_rates(cat)
+        replanner = AllocatorReplanner(payload, catalog=cat, perf=perf,
+                                       templates_dir=templates_dir)
+        run = PreemptionRun(sim, payload["instances"], slos, rates, replanner,
+                            PreemptionConfig(seed=seed, startup_s=replanner.startup_s),
+                            on_event=None if quiet else
+                            (lambda text: err_console.print(f"preemption: {text}",
+                                                            highlight=False)))
+        run.install(horizon_s, extra_pools=replanner.pools())
+    except PreemptionError as exc:
+        raise UserError(str(exc)) from None
+    return run
+
+
+def print_preemptions(p: dict) -> None:
+    console.print(
+        f"Preemptions over {p['horizon_s']:,.0f} s ({p['spot_instances']} spot instances in "
+        f"the plan, seed {p['seed']}): {p['events']} events reclaimed "
+        f"{p['instances_reclaimed']} instances; {p['replans']} re-plans started "
+        f"{p['replacements_started']} and stopped {p['instances_stopped']}; requests "
+        f"rerouted {p['requests_rerouted']}, retried {p['requests_retried']}, failed "
+        f"{p['requests_failed']}, rejected {p['requests_rejected']}; cost "
+        f"${p['cost_usd']:,.2f} (${p['cost_per_hour']:,.2f}/hour with the replacements, "
+        f"planned ${p['planned_cost_per_hour']:,.2f}/hour)", highlight=False)
+
+
 def simulate(
     plan_or_scenario: Annotated[str, typer.Argument(
         help="A plan JSON from `coral plan --out`, or a scenario (core, advanced, or a YAML "
@@ -192,6 +229,13 @@ def simulate(
     workers: Annotated[Optional[int], typer.Option(
         "--workers", help="Processes; models are split over them and the results do not "
         f"depend on it (default: the CPU count, at most {MAX_DEFAULT_WORKERS}).")] = None,
+    preemptions: Annotated[bool, typer.Option(
+        "--preemptions", help="Preempt the plan's spot instances at the catalog's rates "
+        "(per pool, an event reclaims the pool's spot nodes), fail over their requests and "
+        "re-plan after each event; reports requests retried/failed, preemptions and the cost "
+        "with the replacements. Runs in one process.")] = False,
+    preemption_seed: Annotated[int, typer.Option(
+        "--preemption-seed", help="Seed of the preemption events.")] = 0,
     slowdown: Annotated[Optional[str], typer.Option(
         "--slowdown", help="Run the plan with some GPU types slower than the perf model says: "
         "GPU=FACTOR,... (e.g. l4=1.3,t4=1.3: every iteration on an L4 or T4 node takes 1.3x "
@@ -222,7 +266,7 @@ def simulate(
             from coral.sim.slowdown import parse_slowdown
 
             factors = parse_slowdown(slowdown, cat.gpus)
-        name, instances, slos, demand = _load_deployment(
+        name, instances, slos, demand, payload = _load_deployment(
             plan_or_scenario, cat=cat, nmax=nmax, templates_dir=templates_dir, level=level,
             quiet_stdout=json, show=show)
         if workers is not None and workers < 1:
@@ -237,7 +281,8 @@ def simulate(
         except WorkloadError as exc:
             raise UserError(str(exc)) from None
         cfg = SimConfig(mode=mode, max_batched_tokens=max_batched_tokens,  # type: ignore[arg-type]
-                        workers=workers or min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
+                        workers=1 if preemptions else
+                        workers or min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
         perf = default_perf_factory(cat)
         if factors:
             from coral.sim.slowdown import SlowedPerf
@@ -245,6 +290,11 @@ def simulate(
             perf = SlowedPerf(perf, cat, factors)
         sim = Simulator(instances, perf=perf, catalog=cat, config=cfg)
         horizon = reqs[-1].arrival_s if reqs else 0.0
+        pre = None
+        if preemptions:
+            pre = _preemptions(sim, payload, slos, cat=cat, perf=perf,
+                               templates_dir=templates_dir, seed=preemption_seed,
+                               horizon_s=duration or horizon, quiet=json)
         if show:
             with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                           TimeElapsedColumn(), console=err_console, transient=True) as bar:
@@ -253,6 +303,11 @@ def simulate(
         else:
             result = sim.run(reqs)
         summary = _clean(summarize(result, slos))
+        if pre is not None:
+            report = _clean(pre.report(result))
+            summary["preemptions"] = report
+            # what was held over the horizon, replacements included, not the plan's sum
+            summary["cost_per_hour"] = report["cost_per_hour"]
         summary["source"] = plan_or_scenario
         summary["mode"] = mode
         summary["seed"] = seed
@@ -264,6 +319,8 @@ def simulate(
         print_json(summary)
         return
     print_summary(name, summary)
+    if summary.get("preemptions"):
+        print_preemptions(summary["preemptions"])
     if factors:
         console.print("slowdown: " + ", ".join(f"{g} x{f:g}" for g, f in factors.items())
                       + " (every iteration on a node of that GPU type)", highlight=False)

@@ -3,11 +3,11 @@
 that starts replacements.
 
 The preemption model
-    A spot node belongs to the pool (node type, region). Each pool has preemption events as a
-    Poisson process at the catalog's rate, `preemption_rate_per_hour(node_type, region)`
-    (events per node-hour): with `share` 1 (the default) an event reclaims *every* spot node
-    of the pool, so each node is reclaimed at the catalog's rate and the nodes of a pool go
-    together. This is the planner's model (a pool is lost as a whole or not at all; see
+    A spot node belongs to the pool (node type, region). The catalog's
+    `preemption_rate_per_hour(node_type, region)` is a node's hazard (preemptions per
+    node-hour). Each pool has events as a Poisson process at that rate: with `share` 1 (the
+    default) an event reclaims *every* spot node of the pool, so each node is reclaimed at
+    the catalog's rate and the nodes of a pool go together. This is the planner's model (a pool is lost as a whole or not at all; see
     `coral.allocator.spot*`), so a plan's chance constraint and this simulation judge the same
     risk. `share` f < 1 weakens the correlation at the same per-node rate: events come at
     rate / f and each reclaims each spot node of the pool with probability f. A spot
@@ -25,8 +25,9 @@ What an event does (the runtime's controller does the same, `coral.runtime.contr
        starting instances, by (template id, region)) and returns the plan to move to, as the
        adaptation loop re-plans (`coral.sim.preemption_replan`: the allocator with the
        start-up penalty, keeping survivors free). Rows it adds are started and serve after
-       `startup_s`, costing from when they are asked for; rows it drops are drained (out of
-       routing, they finish what they run, and cost until then).
+       `startup_s`, costing from when they are asked for; instances it drops go on serving
+       until then (make before break, as the controller reconfigures), and then drain (out
+       of routing, they finish what they run, and cost until they have).
     3. Kill (`preemption_notice_s(region)` later): a request whose text has not started is
        run again from its prompt on another instance of its model (`retried`); one whose
        first token was sent fails (`failed`, status "failed": the client got a broken
@@ -171,8 +172,8 @@ class _Sink(deque):
 
 @dataclass
 class Life:
-    """One instance over its life: serving, starting, doomed (noticed), draining, dead,
-    cancelled or stopped."""
+    """One instance over its life: starting, serving, retiring (a re-plan dropped it: it
+    serves until the replacements do), draining, doomed (noticed), dead or cancelled."""
 
     inst: SimInstance
     key: Key
@@ -239,7 +240,7 @@ class PreemptionRun:
         """Rebuild every router over the serving instances (a prefill instance only while
         its region has a serving decode instance of its model, a decode instance only while
         its model has a prefill instance), keeping their load counts."""
-        live = [lf.inst for lf in self.lives if lf.state == "serving"]
+        live = [lf.inst for lf in self.lives if lf.state in ("serving", "retiring")]
         decode_at = {(i.spec.model, i.spec.region) for i in live if i.spec.role == "decode"}
         live = [i for i in live if i.spec.role != "prefill"
                 or (i.spec.model, i.spec.region) in decode_at]
@@ -307,7 +308,8 @@ class PreemptionRun:
         self.counts["events_drawn"] += 1
         hit = []
         for lf in self.lives:
-            if pool not in lf.pools or lf.state not in ("serving", "starting", "draining"):
+            if pool not in lf.pools or lf.state not in ("serving", "starting", "retiring",
+                                                        "draining"):
                 continue
             if self.cfg.share < 1:
                 nodes = sum(g == pool[0] for g in lf.inst.spec.node_types)
@@ -323,9 +325,9 @@ class PreemptionRun:
             if lf.state == "starting":
                 lf.state, lf.end_s = "cancelled", t
                 continue
-            was_draining = lf.state == "draining"
+            was_routed = lf.state in ("serving", "retiring")
             lf.state = "doomed"
-            if not was_draining:
+            if was_routed:
                 self.reroute()
                 self._move_queue(lf.inst, t)
             self.sim.at(t + notice_s, lambda now, lf=lf: self._kill(now, lf))
@@ -376,29 +378,31 @@ class PreemptionRun:
             for _ in range(want - running.get(key, 0)):
                 self._start(row_of[key], t)
                 started += 1
-        changed = False
         for key, have in sorted(running.items()):
             extra = have - target.get(key, 0)
-            # cancel starting instances first, then drain the newest serving ones
+            # cancel starting instances first, then retire the newest serving ones
             for lf in sorted((lf for lf in alive if lf.key == key),
                              key=lambda lf: (lf.state != "starting", -lf.start_s))[:extra]:
                 stopped += 1
                 if lf.state == "starting":
                     lf.state, lf.end_s = "cancelled", t
-                else:
-                    lf.state = "draining"
-                    changed = True
-                    self._move_queue(lf.inst, t)
-        if changed:
-            self.reroute()
-            for lf in self.lives:
-                if lf.state == "draining" and lf.end_s is None and not lf.held:
-                    lf.held = [s for s in (*lf.inst.waiting, *lf.inst.running)]
-                    lf.end_s = t
+                else:  # make before break: it serves until the new instances do
+                    lf.state = "retiring"
+                    self.sim.at(t + self.cfg.startup_s, lambda now, lf=lf: self._drain(now, lf))
         self.counts["replacements_started"] += started
         self.counts["instances_stopped"] += stopped
         if started or stopped:
             self._say(f"{t:,.0f} s: re-plan started {started}, stopped {stopped}")
+
+    def _drain(self, t: float, lf: Life) -> None:
+        """A retired instance leaves routing and finishes what it runs."""
+        if lf.state != "retiring":
+            return
+        lf.state = "draining"
+        self.reroute()
+        self._move_queue(lf.inst, t)
+        lf.held = [s for s in (*lf.inst.waiting, *lf.inst.running)]
+        lf.end_s = t
 
     def _start(self, row: PlanRow, t: float) -> None:
         self._serial += 1

@@ -1,0 +1,60 @@
+"""The re-plan after a preemption, as the adaptation loop re-plans (`coral adapt`): the plan's
+own scenario, mode and engine, its template libraries (reused from `out/templates`), and the
+deployment that survives the event as the current one, so that keeping an instance is free and
+every new one pays the start-up penalty (`coral.allocator.adapt`). It sits in the planning
+layer (it runs the planner); `coral.sim.preemption` sees only its `Replanner` protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from coral.allocator.planning import DEFAULT_TEMPLATES_DIR, plan_scenario, templates_for_scenario
+from coral.allocator.problem import DEFAULT_TIME_LIMIT_S
+from coral.allocator.scenario import AUTO_MODES, ScenarioError, load_scenario
+from coral.sim.preemption import Key, PlanRow, PreemptionError
+
+log = logging.getLogger(__name__)
+
+
+class AllocatorReplanner:
+    """Re-plans a plan file's scenario from a surviving deployment (see the module)."""
+
+    def __init__(self, plan: Mapping[str, Any], *, catalog: Any, perf: Any,
+                 templates_dir: str | Path = DEFAULT_TEMPLATES_DIR,
+                 time_limit_s: float = DEFAULT_TIME_LIMIT_S, workers: int | None = 1):
+        """`plan`: the plan file's payload (its `scenario`, `level`, `mode`, `engine`,
+        `nmax`)."""
+        try:
+            scenario = load_scenario(plan["scenario"], level=plan.get("level"), catalog=catalog)
+        except (ScenarioError, KeyError) as exc:
+            raise PreemptionError(f"cannot re-plan: the plan's scenario "
+                                  f"{plan.get('scenario')!r} does not load ({exc})") from None
+        mode = plan.get("mode")
+        if mode in AUTO_MODES:  # the mode the plan was made in, not `auto` again
+            scenario = scenario.in_mode(mode)
+        self.catalog, self.perf, self.time_limit_s = catalog, perf, time_limit_s
+        self.engine = str(plan.get("engine") or "coral")
+        self.scenario = scenario.with_perf(perf, catalog)
+        self.templates = templates_for_scenario(self.scenario, catalog, perf,
+                                                out_root=templates_dir, workers=workers,
+                                                nmax=plan.get("nmax"), engine=self.engine)
+
+    @property
+    def startup_s(self) -> float:
+        """Seconds a new instance loads before it serves (the scenario's)."""
+        return float(self.scenario.spec.startup_s)
+
+    def pools(self) -> list[tuple[str, str]]:
+        """Every pool (node type, region) a re-plan may rent in."""
+        return sorted(self.scenario.node_prices)
+
+    def __call__(self, running: Mapping[Key, int], t: float) -> Sequence[PlanRow]:
+        result = plan_scenario(self.scenario, catalog=self.catalog, perf=self.perf,
+                               templates=self.templates, current=dict(running),
+                               time_limit_s=self.time_limit_s, baselines=False,
+                               engine=self.engine)
+        log.info("re-plan at %.0f s: $%.2f/hour, %s", t, result.cost_per_hour, result.status)
+        return [i.to_dict() for i in result.instances]

@@ -438,8 +438,13 @@ def test_saturation_of_aggregated_templates_is_unchanged(cat, perf):
 
     tpl = build_template(MODEL, ["1x-a10g", "1x-a10g"], SLO, "aggregated", "flow", perf, cat)
     sat = saturation(tpl, perf=perf, catalog=cat)
-    # the figures the aggregated planner consistency tests were written against
-    assert sat.sequences == 64 and sat.rps < tpl.throughput_rps and sat.step_s > tpl.tpot_s
+    # the figures the aggregated planner consistency tests were written against: a saturated
+    # instance runs its KV-full batch at about the template's rated step time and rate (within
+    # 5 %: the matmuls' row tiles make step time a staircase in tokens, so the busy batch can
+    # land on either side of the rated one)
+    assert sat.sequences == 64
+    assert sat.step_s == pytest.approx(tpl.tpot_s, rel=0.05)
+    assert sat.rps == pytest.approx(tpl.throughput_rps, rel=0.05)
 
 
 # ------------------------------------------------------------------ (f) plans with PD rows

@@ -47,7 +47,9 @@ def test_planned_capacity_meets_the_slo_and_130_percent_does_not(cat, perf, node
     assert past["ttft_s_at_percentile"] > SLO.ttft_s
 
 
-@pytest.mark.parametrize("combo", [["1x-l40s", "1x-t4", "1x-t4"], ["1x-a10g", "1x-a10g"]])
+# (two A10Gs no longer qualify: with the matmuls' row tiles their busy rate is 4 % above the
+# flow rating; tests/test_sim_pd.py pins that pair's saturation)
+@pytest.mark.parametrize("combo", [["1x-l40s", "1x-t4", "1x-t4"]])
 def test_pipelines_are_planned_by_the_simulated_rate(cat, perf, combo):
     """A pipeline's flow-model throughput overstates what it delivers run as micro-batches
     with whole prompts per step; planned by the simulator's step model at full occupancy it
@@ -66,13 +68,14 @@ def test_pipelines_are_planned_by_the_simulated_rate(cat, perf, combo):
 
 
 def test_saturation_matches_the_simulator_and_drops_templates_that_miss_tpot(cat, perf):
-    """1x A10G + 1x L4: the flow model predicts TPOT 0.090 s; run as the simulator runs it,
-    busy, every step is 0.109 s on average — over the 0.1 s target — so it is not planned."""
+    """1x A10G + 1x L4: the flow model predicts TPOT 0.085 s; run as the simulator runs it,
+    busy, every step is 0.096 s on average — over a 0.092 s target — so it is not planned."""
     from coral.templates.solve import build_template
 
-    tpl = build_template(MODEL, ["1x-a10g", "1x-l4"], SLO, "aggregated", "flow", perf, cat)
+    slo = SloSpec(tpot_s=0.092, ttft_s=2.0, percentile=0.9, input_tokens=1024, output_tokens=256)
+    tpl = build_template(MODEL, ["1x-a10g", "1x-l4"], slo, "aggregated", "flow", perf, cat)
     sat = saturation(tpl, perf=perf, catalog=cat)
-    assert tpl.tpot_s < SLO.tpot_s < sat.step_s
+    assert tpl.tpot_s < slo.tpot_s < sat.step_s
     saturated = _summary(tpl, 1.5 * tpl.throughput_rps, cat, perf)
     assert saturated["tpot_s_at_percentile"] == pytest.approx(sat.step_s, rel=0.05)
     assert template_headroom(tpl, saturation=sat).utilisation == 0.0

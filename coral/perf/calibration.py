@@ -40,7 +40,7 @@ from coral.perf.efficiencies import (
     default_efficiencies,
     efficiencies_file,
 )
-from coral.perf.layer_costs import layer_coefficients
+from coral.perf.layer_costs import layer_coefficients, tile_padded_tokens_array
 from coral.perf.model import PROFILED_KERNELS_PER_LAYER, ROOFLINE_P
 from coral.perf.vidur_profiles import (
     VIDUR_GPUS,
@@ -105,7 +105,7 @@ class _Points:
     tokens: np.ndarray
     peak_flops: np.ndarray
     peak_bw: np.ndarray
-    mm_flops: np.ndarray  # (4, n): qkv, o, up, down FLOPs
+    mm_flops: np.ndarray  # (4, n): qkv, o, up, down FLOPs the kernels do (whole row tiles)
     mm_bytes: np.ndarray  # (4, n): weights + activations bytes
     ew_bytes: np.ndarray  # (n,)
     measured_s: np.ndarray
@@ -129,11 +129,12 @@ def _points(profiles: VidurProfiles, catalog: Catalog) -> _Points:
         for tp in np.unique(profiles.tp[in_group]):
             rows = in_group & (profiles.tp == tp)
             t = tokens[rows]
+            tq = tile_padded_tokens_array(t)
             coef = layer_coefficients(arch, int(tp))
             peak_flops[rows] = gpu.bf16_tflops * 1e12
             peak_bw[rows] = gpu.mem_bandwidth_gb_per_s * 1e9
             for i, mm in enumerate((coef.qkv, coef.o, coef.up, coef.down)):
-                mm_flops[i, rows] = mm.flops_per_token * t
+                mm_flops[i, rows] = mm.flops_per_token * tq
                 mm_bytes[i, rows] = mm.weight_bytes + mm.bytes_per_token * t
             ew_bytes[rows] = coef.profiled_elementwise_bytes_per_token * t
     return _Points(

@@ -6,7 +6,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from coral.catalog.schema import ModelArch
+
+#: Rows (tokens) of the output tile a dense matmul kernel computes at a time: cuBLAS/CUTLASS
+#: bf16 GEMMs on Ampere and Hopper tile the token dimension by 128 (64 for skinny problems),
+#: so a matmul of T tokens does the tensor-core work of T rounded up to whole tiles. The
+#: measured operator times step at these multiples (Vidur's A100/H100/A40 profiles: +35 to
+#: +55 % from 256 to 264 tokens).
+GEMM_ROW_TILE = 128
+#: Row tile of skinny matmuls (at most this many tokens).
+GEMM_SMALL_ROW_TILE = 64
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,18 @@ def layer_coefficients(model: ModelArch, tp: int) -> LayerCoefficients:
         fixed_up_bytes=(nu * h * fs + h * e) * dt,
         fixed_down_bytes=h * fs * dt,
     )
+
+
+def tile_padded_tokens(tokens: int) -> int:
+    """Tokens a dense matmul's kernel computes for `tokens` rows: whole row tiles."""
+    tile = GEMM_SMALL_ROW_TILE if tokens <= GEMM_SMALL_ROW_TILE else GEMM_ROW_TILE
+    return -(-tokens // tile) * tile
+
+
+def tile_padded_tokens_array(tokens: np.ndarray) -> np.ndarray:
+    """`tile_padded_tokens` of every entry (calibration's design matrix)."""
+    tile = np.where(tokens <= GEMM_SMALL_ROW_TILE, GEMM_SMALL_ROW_TILE, GEMM_ROW_TILE)
+    return np.ceil(tokens / tile) * tile
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, tokens: float) -> float:

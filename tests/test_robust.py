@@ -23,8 +23,10 @@ from coral.allocator.robust import (
     RobustError,
     RobustPlanner,
     RobustProblem,
+    greedy_cover,
     robust_bruteforce,
     robust_shortfall,
+    robust_start,
     scenario_capacity_rps,
     solve_robust,
 )
@@ -351,3 +353,31 @@ def test_planner_summary_names_each_scenario(tiny):
     assert s["factor"] == pytest.approx(1.35)
     assert set(s["capacity_rps"]) == set(s["gpu_types"])
     assert s["cost_of_robustness"] >= 0
+
+
+def test_a_given_robust_plan_stands_when_nothing_cheaper_is_found():
+    """A start that covers every scenario bounds the search: with almost no time the plan
+    returned is no dearer than it; a start that does not cover them is ignored."""
+    rp = _random_problem(0, False)
+    oracle = robust_bruteforce(rp)
+    assert oracle is not None
+    hurried = RobustProblem(replace(rp.problem, time_limit_s=1e-3), rp.scenario_capacity)
+    plan = solve_robust(hurried, starts=[dict(oracle.instances)])
+    assert plan.meets_demand and not robust_shortfall(rp, plan.instances)
+    assert plan.cost_usd_per_hour <= oracle.cost_usd_per_hour + 1e-9
+    short = {key: n for key, n in oracle.instances.items() if key != min(oracle.instances)}
+    assert robust_shortfall(rp, short)
+    assert robust_start(rp, [short]) is None
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_greedy_cover_covers_every_scenario_or_says_it_cannot(seed):
+    rp = _random_problem(seed, False)
+    got = greedy_cover(rp, {})
+    oracle = robust_bruteforce(rp)
+    if got is None:
+        return
+    assert oracle is not None  # a cover exists, so the oracle finds one
+    assert not robust_shortfall(rp, got)
+    plan = robust_start(rp, [got])
+    assert plan is not None and plan.cost_usd_per_hour >= oracle.cost_usd_per_hour - 1e-9

@@ -223,14 +223,88 @@ def _bounding_problem(rp: RobustProblem) -> AllocationProblem:
     return replace(rp.problem, templates=tuple(templates))
 
 
-def solve_robust(rp: RobustProblem, *, threads: int | None = None) -> AllocationPlan:
+def robust_start(rp: RobustProblem, starts: Sequence[Mapping[TemplateRegion, int]]
+                 ) -> AllocationPlan | None:
+    """The cheapest of `starts` (instances per (column id, region); ids the problem lacks are
+    dropped) that covers every scenario within availability, as a plan; None when none does."""
+    ids = {t.id for t in rp.problem.templates}
+    best = None
+    for start in starts:
+        kept = {(tid, r): int(n) for (tid, r), n in start.items()
+                if tid in ids and r in rp.problem.regions and int(n) > 0}
+        if not kept:
+            continue
+        plan = make_plan(rp.problem, kept, status=PlanStatus.TIME_LIMIT, gap=math.inf,
+                         solve_s=0.0)
+        fits = all(n <= rp.problem.availability.get(key, 0)
+                   for key, n in plan.nodes_used.items())
+        if fits and plan.meets_demand and not robust_shortfall(rp, plan.instances) \
+                and (best is None or plan.objective < best.objective):
+            best = plan
+    return best
+
+
+def greedy_cover(rp: RobustProblem, base: Mapping[TemplateRegion, int], *,
+                 max_added: int = 2_000) -> dict[TemplateRegion, int] | None:
+    """`base` (e.g. the nominal plan) with aggregated instances added one at a time until
+    every scenario is covered: each time the (column, region) with room for one more instance
+    that covers the most of the shortfalls of its model (each scenario's capped at what is
+    short) per $/hour. A start for `solve_robust`, not an optimum; None when it gets stuck
+    (no room left, or a short model without aggregated columns)."""
+    p = rp.problem
+    counts = {k: int(n) for k, n in base.items() if int(n) > 0}
+    scenario_caps = [{}] + [rp.scenario_capacity[s] for s in rp.scenarios]
+    used: dict[tuple[str, str], int] = {}
+    for (tid, region), n in counts.items():
+        for g, k in p.template(tid).node_counts.items():
+            used[(g, region)] = used.get((g, region), 0) + n * k
+    if any(n > p.availability.get(key, 0) for key, n in used.items()):
+        return None
+    candidates = [(t, r) for t in p.templates if t.mode == "aggregated"
+                  for r in p.regions if r in t.price_usd_per_hour]
+    for _ in range(max_added):
+        short = [[max(0.0, d.requests_per_s - got[d.model]) for d in p.demands]
+                 for got in (capacity_rps_under(p, caps, counts) for caps in scenario_caps)]
+        need = {d.model: [row[j] for row in short] for j, d in enumerate(p.demands)}
+        if not any(v > DEMAND_REL_TOL * max(1.0, d.requests_per_s)
+                   for d in p.demands for v in need[d.model]):
+            return counts
+        best, best_score = None, 0.0
+        for t, r in candidates:
+            gaps = need.get(t.model)
+            if not gaps or not any(gaps):
+                continue
+            if any(used.get((g, r), 0) + k > p.availability.get((g, r), 0)
+                   for g, k in t.node_counts.items()):
+                continue
+            gain = sum(min(caps.get(t.id, t.capacity), gap)
+                       for caps, gap in zip(scenario_caps, gaps))
+            score = gain / t.price_usd_per_hour[r]
+            if score > best_score:
+                best, best_score = (t, r), score
+        if best is None:
+            return None
+        t, r = best
+        counts[(t.id, r)] = counts.get((t.id, r), 0) + 1
+        for g, k in t.node_counts.items():
+            used[(g, r)] = used.get((g, r), 0) + k
+    return None
+
+
+def solve_robust(rp: RobustProblem, *, threads: int | None = None,
+                 starts: Sequence[Mapping[TemplateRegion, int]] = ()) -> AllocationPlan:
     """The cheapest plan covering every model's demand nominally and in every scenario, by
     HiGHS on the whole ILP within `problem.time_limit_s` and `problem.mip_gap`.
+
+    `starts`: plans known beforehand (e.g. another serving mode's robust plan); the best that
+    covers every scenario (`robust_start`) bounds HiGHS's search from above (it looks only for
+    cheaper plans) and is returned when HiGHS finds none.
 
     Status: `OPTIMAL` (within the gap), `TIME_LIMIT` (the best plan found and its gap, or no
     plan), `INFEASIBLE` (HiGHS proves that no plan covers every scenario; the plan is empty)."""
     t0 = time.perf_counter()
     problem = rp.problem
+    start = robust_start(rp, starts)
     ix = Index.build(problem)
     bounding = _bounding_problem(rp)
     cols = run_presolve(bounding, Index.build(bounding), dominance=False)
@@ -252,10 +326,23 @@ def solve_robust(rp: RobustProblem, *, threads: int | None = None) -> Allocation
                  + f"; {len(rp.scenarios)} scenarios")
     arr = lp.arrays()
     left = problem.time_limit_s - (time.perf_counter() - t0)
+    cutoff = math.inf if start is None else start.objective * (1.0 + 1e-9)
     run = run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
-                    time_limit_s=max(left, 1e-3), mip_gap=problem.mip_gap, threads=threads)
+                    time_limit_s=max(left, 1e-3), mip_gap=problem.mip_gap, threads=threads,
+                    cutoff=cutoff)
     notes.append(f"HiGHS: {run.detail}")
     counts = plan_of_run(run, v)
+    if counts is None and start is not None:
+        # nothing cheaper found: the start stands, optimal when HiGHS proves nothing cheaper
+        bound = start.objective if run.infeasible else run.bound
+        gap = (0.0 if run.infeasible else
+               max(0.0, 1.0 - bound / start.objective) if math.isfinite(bound)
+               and start.objective > 0 else math.inf)
+        notes.append(f"the best given plan stands ({start.objective:.6g})")
+        return make_plan(problem, start.instances,
+                         status=PlanStatus.OPTIMAL if gap <= problem.mip_gap
+                         else PlanStatus.TIME_LIMIT, gap=gap,
+                         solve_s=time.perf_counter() - t0, notes=notes)
     if run.infeasible or counts is None:
         status = PlanStatus.INFEASIBLE if run.infeasible else PlanStatus.TIME_LIMIT
         return make_plan(problem, {}, status=status, gap=math.inf,
@@ -350,8 +437,14 @@ class RobustPlanner:
         caps = scenario_capacities(scenario, chosen, self.factor, self.store)
         self.store.save()
         rp = RobustProblem(problem, caps)
-        plan = solve_robust(rp, threads=self.threads)
+        # the robust plans of the modes planned before (mode auto plans mixed last, whose
+        # columns hold theirs) start this one
+        # ... and so does the nominal plan with instances added until it covers every scenario
+        earlier = [dict(p.instances) for _, p, _ in self.solved.values()]
         nominal = solve_allocation(problem, starts=starts, threads=self.threads)
+        greedy = greedy_cover(rp, nominal.instances)
+        plan = solve_robust(rp, threads=self.threads,
+                            starts=earlier + ([greedy] if greedy is not None else []))
         self.solved[scenario.mode] = (rp, plan, nominal)
         return plan
 

@@ -2,7 +2,9 @@
 
 Simulates PLAN as it is, then once per GPU type in it with that type `--factor` times slower
 than modelled (`coral simulate --slowdown GPU=F`), and prints per GPU type: its nodes and
-share of the plan's $/hour, SLO attainment, and the models that miss their SLO.
+share of the plan's $/hour, SLO attainment, and the models that miss their SLO; then every
+model's SLO attainment per slowed GPU type. A plan from `coral plan --robust R` says so
+first (R, its cost beside the nominal plan's).
 
     python benchmarks/slowdown_sensitivity.py PLAN.json [--factor 1.3] [--duration 300]
 """
@@ -50,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     plan = json.loads(args.plan.read_text())
     nodes, usd = gpu_mix(plan, default_catalog())
     total = sum(usd.values()) or 1.0
+    robust = plan.get("robust")
+    if robust:
+        nominal = robust.get("nominal_cost_per_hour")
+        print(f"plan {args.plan.name}: robust to any one GPU type {robust['factor']:g}x slower "
+              f"(R = {robust['R']:g}); nominal plan "
+              + (f"${nominal:,.2f}/hour, robustness {100 * robust['cost_of_robustness']:+.1f}%"
+                 if nominal is not None else "none meeting demand"))
     base = simulate(args.plan, args.duration, None)
     print(f"plan {args.plan.name}: ${base['cost_per_hour']:,.2f}/hour; as modelled: SLO "
           f"attainment {100 * base['slo_attainment']:.1f}%, models missing their SLO: "
@@ -57,12 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| GPU type x{args.factor:g} | nodes | share of $/hour | SLO attainment | "
           "models missing their SLO (attainment) |")
     print("|---|---|---|---|---|")
+    runs = {}
     for gpu in sorted(nodes, key=lambda g: -usd[g]):
-        s = simulate(args.plan, args.duration, f"{gpu}={args.factor:g}")
+        s = runs[gpu] = simulate(args.plan, args.duration, f"{gpu}={args.factor:g}")
         miss = [f"{m} ({100 * v['slo_attainment']:.1f}%)" for m, v in s["models"].items()
                 if not v["slo_met"]]
         print(f"| {gpu} | {nodes[gpu]} | {100 * usd[gpu] / total:.1f}% | "
-              f"{100 * s['slo_attainment']:.1f}% | {', '.join(miss) or 'none'} |")
+              f"{100 * s['slo_attainment']:.1f}% | {', '.join(miss) or 'none'} |", flush=True)
+    models = list(base["models"])
+    print()
+    print("SLO attainment per model (%), as modelled and with one GPU type "
+          f"x{args.factor:g} (* : SLO missed)")
+    print("| slowed | " + " | ".join(models) + " |")
+    print("|---|" + "---|" * len(models))
+    for name, s in [("none", base)] + list(runs.items()):
+        cells = [f"{100 * s['models'][m]['slo_attainment']:.1f}"
+                 + ("" if s["models"][m]["slo_met"] else "*") for m in models]
+        print(f"| {name} | " + " | ".join(cells) + " |")
     return 0
 
 

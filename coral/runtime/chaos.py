@@ -14,6 +14,10 @@ random worker process of a ready instance is SIGKILLed every `kill_every_s` (jit
 
 A failure-tolerant deployment gives only the first two. After the last kill, requests go on
 until one is answered correctly: `recovery_s` is the time from the last kill to that answer.
+
+`run_preemptions` loads the gateway the same way while, instead of killing a worker, it has a
+ready instance preempted every `kill_every_s`: a notice first, then its workers killed after
+the notice (`LocalProvisioner.preempt`), as a cloud reclaims a spot node.
 """
 
 from __future__ import annotations
@@ -61,8 +65,9 @@ class ChaosConfig:
 @dataclass
 class ChaosReport:
     outcomes: Counter = field(default_factory=Counter)
-    kills: list[tuple[float, int]] = field(default_factory=list)
-    """(seconds since the start, pid) of every kill."""
+    kills: list[tuple[float, int | str]] = field(default_factory=list)
+    """(seconds since the start, victim) of every kill: a worker's pid, or the name of an
+    instance preempted."""
     recovery_s: float | None = None
     """From the last kill to the first correct answer to a request sent after it."""
     duration_s: float = 0.0
@@ -139,6 +144,35 @@ def run_chaos(url: str, model: str, expected: Mapping[str, str],
               ) -> ChaosReport:
     """Load `url`'s gateway with `expected`'s prompts while killing one of `worker_pids()`
     (workers of ready instances) every few seconds; see the module docstring."""
+
+    def kill(rng: random.Random) -> int | None:
+        pids = [p for p in worker_pids() if p]
+        if not pids:
+            return None
+        victim = rng.choice(pids)
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            return None
+        return victim
+
+    return _under_load(url, model, expected, kill, config)
+
+
+def run_preemptions(url: str, model: str, expected: Mapping[str, str],
+                    preempt: Callable[[random.Random], str | None],
+                    config: ChaosConfig = ChaosConfig()) -> ChaosReport:
+    """Load `url`'s gateway with `expected`'s prompts while `preempt(rng)` preempts a ready
+    instance every few seconds (e.g. `LocalProvisioner.preempt`: a notice, then the kill),
+    returning its name (None: none is ready to preempt now)."""
+    return _under_load(url, model, expected, preempt, config)
+
+
+def _under_load(url: str, model: str, expected: Mapping[str, str],
+                strike: Callable[[random.Random], int | str | None], config: ChaosConfig
+                ) -> ChaosReport:
+    """Clients judge every answer while `strike(rng)` hits the deployment every
+    `kill_every_s` (jittered) for `chaos_s`; then requests go on until one is correct."""
     import openai
 
     rng = random.Random(config.seed)
@@ -186,19 +220,15 @@ def run_chaos(url: str, model: str, expected: Mapping[str, str],
             if time.monotonic() + wait > end:
                 break
             time.sleep(wait)
-            pids: Sequence[int] = ()
-            while time.monotonic() < end and not (pids := [p for p in worker_pids() if p]):
-                time.sleep(0.05)  # nothing ready to kill: wait for the replacement
-            if not pids:
+            victim = strike(rng)
+            while victim is None and time.monotonic() < end:
+                time.sleep(0.05)  # nothing ready to hit: wait for the replacement
+                victim = strike(rng)
+            if victim is None:
                 break
-            victim = rng.choice(list(pids))
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
             killed_at = time.monotonic()
             report.kills.append((killed_at - t0, victim))
-            log.info("chaos: killed worker %d at %.1f s", victim, killed_at - t0)
+            log.info("chaos: hit %s at %.1f s", victim, killed_at - t0)
         with lock:
             last_kill.append(killed_at)
         recovered.wait(config.recovery_timeout_s)

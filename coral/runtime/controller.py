@@ -13,6 +13,16 @@ and lets a request wait for a replacement rather than fail.
 
 Moving from one plan to another drops no request: start the new instances, wait until they are
 ready, shift traffic to them, drain the old ones (they finish what they accepted) and stop them.
+
+A preemption notice (`notice(name, notice_s)`: a spot node of the instance is reclaimed in
+`notice_s` seconds; the provisioner delivers it, see `LocalProvisioner.preempt`) is acted on at
+once: the instance leaves routing, so its model's other instances take the new requests; its
+slot starts a replacement (the same plan row, under the same name) as a lost instance's does,
+without counting a failure; the noticed instance finishes what it runs and is stopped as soon
+as it is idle, or when its nodes go (the kill) or the notice runs out, whichever comes first.
+Requests it still holds then fail over as a lost instance's do: run again from the prompt on
+another instance when none of their text has reached the client, else ended with a retriable
+error.
 """
 
 from __future__ import annotations
@@ -63,6 +73,21 @@ class ReconfigureReport:
     drain_s: float = 0.0
     drained_requests: int = 0
     """Requests in flight on the old instances when traffic moved off them."""
+
+
+@dataclass
+class PreemptionRecord:
+    """One preemption notice the controller acted on."""
+
+    instance: str
+    notice_s: float
+    in_flight: int
+    """Requests in flight on the instance when the notice came."""
+    noticed_at: float = field(default_factory=time.monotonic)
+    stopped_at: float | None = None
+    how: str = ""
+    """`drained` (idle before its nodes went), `killed` (its nodes went first) or `deadline`
+    (the notice ran out)."""
 
 
 class _Slot:
@@ -137,8 +162,12 @@ class Controller:
         self._lock = threading.RLock()  # one reconfiguration at a time
         self._state = threading.RLock()  # instances, slots and routers' membership
         self.dead: list[str] = []  # names of instances found dead, in order
+        self.preemptions: list[PreemptionRecord] = []
+        self._noticed: list[tuple[Instance, PreemptionRecord]] = []  # not stopped yet
         self._disposing: list[threading.Thread] = []  # killing what is left of dead ones
         self._closing = threading.Event()
+        if hasattr(provisioner, "on_notice"):  # the provisioner delivers notices here
+            provisioner.on_notice = self.notice
         self._monitor = threading.Thread(target=self._watch, args=(monitor_s,),
                                          name="coral-controller", daemon=True)
         self._monitor.start()
@@ -266,6 +295,54 @@ class Controller:
         for router in list(self.models.values()):
             router.remove(inst)
 
+    # ---- preemption ----
+    def notice(self, name: str, notice_s: float) -> PreemptionRecord:
+        """A preemption notice for instance `name`: its nodes go in `notice_s` seconds (see
+        the module). Raises KeyError for a name that is not a ready planned instance."""
+        with self._state:
+            slot = self._slots.get(name)
+            inst = slot.instance if slot is not None else None
+            if inst is None or inst.state != "active":
+                raise KeyError(f"no ready instance named {name!r} to take a notice")
+            inst.state = "draining"
+            record = PreemptionRecord(name, float(notice_s), inst.in_flight)
+            self.preemptions.append(record)
+            self._noticed.append((inst, record))
+            # the slot starts its replacement at the next reconciliation (not a failure)
+            slot.instance, slot.next_start_s = None, 0.0
+            self._instances.pop(name, None)
+            router = self.models.get(inst.spec.served_name)
+        if router is not None:
+            router.remove(inst)
+        log.warning("instance %s: preemption notice, its nodes go in %.1f s; draining it and "
+                    "starting its replacement", name, notice_s)
+        return record
+
+    def _reap_noticed(self) -> None:
+        """Stop noticed instances that are idle, whose nodes went, or whose notice ran out."""
+        now = time.monotonic()
+        with self._state:
+            noticed = list(self._noticed)
+        for inst, record in noticed:
+            try:
+                gone = bool(inst.failed_nodes(self.heartbeat_timeout_s))
+            except Exception:  # noqa: BLE001 - a failing check counts as gone
+                gone = True
+            how = ("killed" if gone else "drained" if inst.in_flight == 0
+                   else "deadline" if now >= record.noticed_at + record.notice_s else "")
+            if not how:
+                continue
+            with self._state:
+                self._noticed = [(i, r) for i, r in self._noticed if i is not inst]
+            record.how, record.stopped_at = how, now
+            inst.state = "stopped"
+            if gone:
+                inst.kill()
+            # ends what it still holds: the router reruns or fails those requests over
+            threading.Thread(target=inst.stop_once, args=(self.provisioner,),
+                             name=f"coral-reap-{inst.name}", daemon=True).start()
+            log.warning("instance %s: preempted instance stopped (%s)", inst.name, how)
+
     # ---- reconciliation ----
     def _watch(self, period_s: float) -> None:
         while not self._closing.wait(period_s):
@@ -275,8 +352,9 @@ class Controller:
                 log.exception("reconciliation failed")
 
     def _reconcile(self) -> None:
-        """One pass: find failed instances, forget old failures of stable ones, start the
-        replacements that are due."""
+        """One pass: find failed instances, stop noticed ones that are done, forget old
+        failures of stable ones, start the replacements that are due."""
+        self._reap_noticed()
         for inst in list(self.instances.values()):
             if inst.state != "active":
                 continue
@@ -394,7 +472,8 @@ class Controller:
         self._closing.set()
         self._monitor.join(timeout=5)
         with self._lock, self._state:
-            instances = list(self._instances.values())
+            instances = list(self._instances.values()) + [i for i, _ in self._noticed]
+            self._noticed = []
             threads = [s.thread for s in self._slots.values() if s.thread is not None]
             threads += self._disposing
             self._instances = {}

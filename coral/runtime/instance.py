@@ -6,10 +6,12 @@ worker processes on this machine) and how a planned instance stands (`InstanceSt
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from coral.errors import CoralError
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
@@ -152,6 +154,32 @@ class LocalProvisioner:
         self.device = device
         self.in_process = in_process
         self.start_timeout_s = start_timeout_s
+        self.on_notice: Callable[[str, float], Any] | None = None
+        """Where preemption notices go (a `Controller` sets its `notice`)."""
+
+    def preempt(self, instance: Instance, notice_s: float) -> threading.Timer:
+        """Play a cloud reclaiming a spot node: deliver a preemption notice for `instance`
+        now (to `on_notice`), then kill its workers (SIGKILL) `notice_s` seconds later; an
+        in-process instance, which has no process to kill, has its engine stopped then. The
+        returned timer is started (cancel it to call the kill off)."""
+        if self.on_notice is not None:
+            self.on_notice(instance.name, notice_s)
+        timer = threading.Timer(notice_s, self._reclaim, args=(instance,))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _reclaim(self, instance: Instance) -> None:
+        pids = [p for p in instance.pids if p]
+        if not pids:
+            instance.stop_once(self)
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        log.info("instance %s: reclaimed (workers %s killed)", instance.name, pids)
 
     def start(self, spec: RuntimeInstanceSpec) -> Instance:
         from coral.runtime.engine import Engine

@@ -40,23 +40,14 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_right
-import weakref
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch
-from coral.perf.step import (
-    DEFAULT_MAX_BATCHED_TOKENS,
-    busy_rps,
-    busy_steps,
-    micro_batch,
-    node_costs,
-    node_seconds,
-)
+from coral.perf.step import DEFAULT_MAX_BATCHED_TOKENS
 from coral.templates.operating_points import DEFAULT_BATCHES, prefill_chunks
 from coral.templates.slo import SloSpec
 from coral.templates.stage_groups import (
@@ -70,10 +61,12 @@ from coral.templates.stage_groups import (
     MERGE,
     MID,
     ONLY,
-    partitions,
-    role_choices,
 )
+from coral.templates.step_rows import TypeRows, step_rows
 from coral.templates.types import Mode, NodePlacement, Placement, SolveStatus
+
+__all__ = ["STEP_SEARCH_VERSION", "BELOW_FLOOR_NOTE", "StepPipeline", "StepSearch",
+           "solve_step"]
 
 #: Version of the search's model; part of a template library's identity.
 STEP_SEARCH_VERSION = "2"
@@ -86,23 +79,6 @@ METHOD = "step-dp"
 
 _RTOL = 1e-9
 _SOURCE, _SINK = -1, -2
-
-@dataclass(frozen=True)
-class _Row:
-    """(node type, group size, role) at one (S, B): per layer count, the node's time in a
-    step of `k` prompts (`a`) and of `k + 1` (`c`), nondecreasing, inf past what fits."""
-
-    batch: int  # sequences (prefill: prompt tokens) each node runs per iteration
-    a: np.ndarray  # (L,)
-    c: np.ndarray  # (L,)
-    a_list: tuple[float, ...] = ()  # the finite prefix of `a` (for bisection)
-    c_list: tuple[float, ...] = ()
-    h_list: tuple[float, ...] = ()  # (1 - f) a + f c: a step's mean time, were it the slowest
-
-    def layers_within(self, A: float, C: float, H: float = math.inf) -> int:
-        """Most layers with both times within (A, C) (and the mean within H)."""
-        m = min(bisect_right(self.a_list, A), bisect_right(self.c_list, C))
-        return m if H == math.inf else min(m, bisect_right(self.h_list, H))
 
 
 @dataclass(frozen=True)
@@ -118,23 +94,46 @@ class StepPipeline:
     stages: tuple[tuple[str, int, int, int, int, float, float], ...]
 
 
-# ---------------------------------------------------------------------------------------------
-# Per-model node costs, memoised per catalog (a library's combinations share a few node types)
-# ---------------------------------------------------------------------------------------------
+class _Pair:
+    """One (stage count S, micro-batch B) of a combination: its node types' rows, the share
+    `f` of steps with one prompt more, the rate at a unit period, and what each type covers
+    at a set of layer caps (memoised: the bisections revisit caps)."""
 
-_COSTS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+    __slots__ = ("S", "B", "types", "choices", "f", "eff", "own")
+
+    def __init__(self, S: int, B: int, types: list[TypeRows], choices: list[list],
+                 f: float, eff: float) -> None:
+        self.S, self.B, self.types, self.choices, self.f, self.eff = S, B, types, choices, f, eff
+        self.own: list[dict[tuple[int, ...], dict]] = [{} for _ in types]
 
 
-def node_cost_memo(perf: Any, catalog: Catalog, model: str) -> dict:
-    """The node costs of `model` (`coral.perf.step.node_costs`) and what the search derives from
-    them, memoised per perf model and catalog."""
-    per_perf = _COSTS.setdefault(perf, {})
-    hit = per_perf.get((id(catalog), model))
-    if hit is None:
-        iteration, kv_tokens, send = node_costs(model, perf, catalog)
-        hit = per_perf[(id(catalog), model)] = {"fns": (iteration, kv_tokens, send),
-                                                "rows": {}, "kv": {}, "bounds": {}}
-    return hit
+def _first(lo: int, hi: int, test: Callable[[int], bool], known: bool = False) -> int | None:
+    """Smallest i in [lo, hi] with test(i), for a test false then true (None: false at hi;
+    `known`: test(hi) is already known true)."""
+    if lo > hi or not (known or test(hi)):
+        return None
+    lo -= 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if test(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _last(lo: int, hi: int, test: Callable[[int], bool]) -> int | None:
+    """Largest i in [lo, hi] with test(i), for a test true then false (None: false at lo)."""
+    if lo > hi or not test(lo):
+        return None
+    hi += 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if test(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class StepSearch:
@@ -155,14 +154,9 @@ class StepSearch:
         self.per_request = {"decode": slo.output_tokens, "prefill": slo.input_tokens}.get(
             mode, 1)
         self.budget = int(max_batched_tokens)
-        memo = node_cost_memo(perf, catalog, arch.name)
-        self.iteration, self.kv_tokens, self.send = memo["fns"]
-        # rows by (node type, group size, role, S, B), one table per workload (hashing the
-        # SLO once per search, not once per lookup)
-        self._rows = memo["rows"].setdefault((slo, mode, self.grid[-1]), {})
-        self._kv = memo["kv"]
-        self._choice_memo: dict[tuple, list] = {}
-        self._own_memo: dict[tuple, dict] = {}
+        # rows by (node type, group size, role, S, B), one table per workload, shared by
+        # every combination of a library
+        self.rows = step_rows(perf, catalog, self.L, arch.name, slo, mode, self.grid[-1])
 
     # ---- stage counts, micro-batches, what a step carries ----
 
@@ -179,146 +173,44 @@ class StepSearch:
 
     def steps(self, S: int, B: int) -> tuple[tuple[int, int, int], tuple[int, int, int] | None,
                                               float]:
-        """A busy step as `coral.perf.step.busy_steps` has it, per micro-batch: (the step of
-        `k` prompts, the step of `k + 1` or None, the share `f` of the latter)."""
-        steps = busy_steps(self.mode, S, S * B, self.slo.input_tokens, self.slo.output_tokens)
-        shapes = []
-        for _, (p, b, c, m) in steps:
-            assert m == S  # micro-batches hold a prompt's tokens (prefill) or a sequence
-            shapes.append(micro_batch(p, b, c, m))
-        if len(steps) == 1:
-            return shapes[0], None, 0.0
-        return shapes[0], shapes[1], steps[1][0]
+        """A busy step per micro-batch (`StepRows.steps`)."""
+        return self.rows.steps(S, B)
 
     def rate_at_unit_period(self, S: int, B: int) -> float:
-        """The template's rate (in its unit) when the slowest node's mean time is 1 s: the
-        rate is this over that time (`coral.perf.step.busy_rps`, a step being S of them)."""
-        return busy_rps(self.mode, S * B, float(S), self.slo.input_tokens,
-                        self.slo.output_tokens, self.budget) * self.per_request
+        """The template's rate (in its unit) when the slowest node's mean time is 1 s."""
+        return self.rows.rate_at_unit_period(S, B, self.per_request, self.budget)
 
     def _resident_tokens(self, S: int, B: int) -> int:
-        """KV tokens the instance holds busy: `S B` sequences of up to `I + O` tokens (a
-        prefill instance: its `S B` prompt tokens)."""
-        if self.mode == "prefill":
-            return S * B
-        return S * B * (self.slo.input_tokens + self.slo.output_tokens)
+        return self.rows.resident_tokens(S, B)
 
-    # ---- rows ----
-
-    def row(self, t: int, j: int, role: int, S: int, B: int) -> _Row | None:
-        name = self.types[t]
-        bn = -(-B // j)
-        if bn > self.grid[-1]:
-            return None
-        key = (name, j, role, S, B)
-        if key in self._rows:
-            return self._rows[key]
-        sa, sc, f = self.steps(S, B)
-        first, last = role in (FIRST, ONLY), role in (END, ONLY)
-        share = 1.0 / j
-        need = self._resident_tokens(S, B) * share
-        tpot = self.slo.tpot_s / S * (1 + _RTOL)
-        ttft = self.slo.ttft_s / S * (1 + _RTOL)
-        # the most layers whose KV room holds the node's share (the room shrinks as layers grow)
-        top = 0
-        while top < self.L and self._kv_room(name, top + 1, first, last) >= need:
-            top += 1
-        a = self._times(name, share, first, last, sa, top)
-        c = self._times(name, share, first, last, sc, top) if sc is not None else a
-        # A <= TPOT / S always (TPOT >= S A); C <= TTFT / S (a prompt's step), and for
-        # decode and prefill A is the only time
-        ok = a <= (ttft if self.mode == "prefill" else tpot)
-        if self.mode == "aggregated":
-            ok &= c <= ttft
-        ok = np.cumprod(ok).astype(bool)  # usable counts are a prefix
-        a = np.where(ok, a, math.inf)
-        c = np.where(ok, c, math.inf)
-        out = None
-        if math.isfinite(a[0]):
-            a = np.maximum.accumulate(a)  # usable counts are a prefix; keep it monotone
-            c = np.maximum.accumulate(c)
-            fin = int(np.isfinite(a).sum())
-            h = (1 - f) * a[:fin] + f * c[:fin]
-            out = _Row(bn, a, c, tuple(a[:fin].tolist()), tuple(c[:fin].tolist()),
-                       tuple(np.maximum.accumulate(h).tolist()))
-        self._rows[key] = out
-        return out
-
-    def _times(self, name: str, share: float, first: bool, last: bool,
-               shape: tuple[int, int, int], top: int) -> np.ndarray:
-        """(L,): the node's time in a step of micro-batch `shape` for 1..L layers (inf past
-        `top`). `node_seconds` is affine in the layers for the perf model (each layer the
-        same, extras and the send apart), so three calls give the row; a perf model that is
-        not affine (checked at `top`) gets every count computed."""
-        out = np.full(self.L, math.inf)
-        if top < 1:
-            return out
-
-        def t(layers: int) -> float:
-            return node_seconds(self.iteration, self.send, name, layers, share, first, last,
-                                *shape)[0]
-
-        t1 = t(1)
-        if top == 1:
-            out[0] = t1
-            return out
-        slope = t(2) - t1
-        line = t1 + slope * np.arange(top)
-        end = t(top)
-        if abs(line[-1] - end) <= 1e-12 * max(abs(end), 1e-30):
-            out[:top] = line
-            out[top - 1] = end
-        else:
-            out[:top] = [t(x) for x in range(1, top + 1)]
-        return out
-
-    def _kv_room(self, name: str, layers: int, first: bool, last: bool) -> int:
-        key = (name, layers, first, last)
-        hit = self._kv.get(key)
-        if hit is None:
-            hit = self._kv[key] = int(self.kv_tokens(name, layers, first, last))
-        return hit
-
-    def _type_rows(self, S: int, B: int) -> list[dict[tuple[int, int], _Row]]:
-        out = []
-        for t, cnt in enumerate(self.counts):
-            rows = {}
-            for j in range(1, min(cnt, self.max_group) + 1):
-                for role in ((ONLY,) if S == 1 else (MID, FIRST, END)):
-                    r = self.row(t, j, role, S, B)
-                    if r is not None:
-                        rows[j, role] = r
-            out.append(rows)
-        return out
+    def _pair(self, S: int, B: int) -> tuple[_Pair, float, float] | None:
+        """(S, B) with this combination's rows, and the least slowest-node times (A, C) a
+        pipeline there can have: some stage holds `ceil(L / S)` layers (the bound the pairs
+        are ordered by) and every type holds a stage (a tighter one, to skip by); None when
+        some type has no row."""
+        types = []
+        for name, cnt in zip(self.types, self.counts):
+            tr = self.rows.type_rows(name, min(cnt, self.max_group), S, B)
+            if tr is None:
+                return None
+            types.append(tr)
+        choices = [self.rows.choices(cnt, self.max_group, tr.keys, S, B)
+                   for cnt, tr in zip(self.counts, types)]
+        f = self.steps(S, B)[2]
+        pair = _Pair(S, B, types, choices, f, self.rate_at_unit_period(S, B))
+        lo_a = min(tr.lo_a for tr in types)
+        lo_c = min(tr.lo_c for tr in types)
+        return pair, lo_a, lo_c
 
     # ---- feasibility at thresholds ----
 
-    def _choices(self, t: int, keys: tuple, S: int, B: int) -> list[tuple[int, int, tuple]]:
-        """Ways to split type `t`'s nodes into at most `S` groups with roles, as (groups,
-        flags, indices into `keys` of each group's row; -1: no such row)."""
-        ck = (t, keys, S, B)
-        hit = self._choice_memo.get(ck)
-        if hit is None:
-            where = {k: i for i, k in enumerate(keys)}
-            hit = []
-            for parts in partitions(self.counts[t], self.max_group):
-                if len(parts) > S:
-                    continue
-                tight = F_TIGHT if any(B % j == 0 for j in parts) else 0
-                for flags, roles in role_choices(parts):
-                    idx = tuple(where.get((j, role), -1) for j, role in zip(parts, roles))
-                    if -1 not in idx:
-                        hit.append((len(parts), flags | tight, idx, (parts, roles)))
-            self._choice_memo[ck] = hit
-        return hit
-
-    def _own(self, t: int, keys: tuple, caps: tuple, S: int, B: int) -> dict:
+    def _own(self, P: _Pair, t: int, caps: tuple[int, ...]) -> dict:
         """Best layers per (groups, flags) type `t`'s nodes cover at layer caps `caps`."""
-        ok = (t, keys, caps, S, B)
-        own = self._own_memo.get(ok)
+        memo = P.own[t]
+        own = memo.get(caps)
         if own is None:
             own = {}
-            for g, flags, idx, tr in self._choices(t, keys, S, B):
+            for g, flags, idx, tr in P.choices[t]:
                 total = 0
                 for i in idx:
                     m = caps[i]
@@ -328,23 +220,22 @@ class StepSearch:
                     total += m
                 if total > 0 and total > own.get((g, flags), (-1, None))[0]:
                     own[g, flags] = (total, tr)
-            if len(self._own_memo) > 200_000:
-                self._own_memo.clear()
-            self._own_memo[ok] = own
+            if len(memo) > 50_000:
+                memo.clear()
+            memo[caps] = own
         return own
 
-    def _cover(self, rows, S: int, B: int, A: float, C: float, trace: bool = False,
+    def _cover(self, P: _Pair, A: float, C: float, trace: bool = False,
                H: float = math.inf):
         """Most layers `S` groups of all the nodes cover with every time within (A, C) (and
         every node's mean step time within H)."""
+        S = P.S
         want = (F_ONLY if S == 1 else F_FIRST | F_END) | F_TIGHT
         F: dict[tuple[int, int], tuple[int, Any]] = {(0, 0): (0, None)}
-        n_types = len(self.counts)
+        n_types = len(P.types)
         for t in range(n_types):
-            items = rows[t]
-            keys = tuple(items)
-            caps = tuple(r.layers_within(A, C, H) for r in items.values())
-            own = self._own(t, keys, caps, S, B)
+            caps = tuple([r.layers_within(A, C, H) for r in P.types[t].rows])
+            own = self._own(P, t, caps)
             if t == n_types - 1:  # the last type completes the pipeline: look its part up
                 best: tuple[int, Any] = (-1, None)
                 for (g1, f1), (v1, tr1) in F.items():
@@ -370,8 +261,8 @@ class StepSearch:
                 return -1, None
         return -1, None
 
-    def _feasible(self, rows, S, B, A, C) -> bool:
-        return self._cover(rows, S, B, A, C)[0] >= self.L
+    def _feasible(self, P: _Pair, A: float, C: float) -> bool:
+        return self._cover(P, A, C)[0] >= self.L
 
     # ---- the search ----
 
@@ -380,127 +271,152 @@ class StepSearch:
         pairs = []
         for S in self.stage_counts():
             for B in self.micro_batches():
-                rows = self._type_rows(S, B)
-                if any(not r for r in rows):
+                got = self._pair(S, B)
+                if got is None:
                     continue
-                k = -(-self.L // S) - 1  # some stage holds at least ceil(L / S) layers
-                lo_a = min(r.a[k] for tr in rows for r in tr.values())
-                lo_c = min(r.c[k] for tr in rows for r in tr.values())
+                P, lo_a, lo_c = got
                 if not math.isfinite(lo_a):
                     continue
-                f = self.steps(S, B)[2]
-                g_lo = (1 - f) * lo_a + f * lo_c
-                pairs.append((self.rate_at_unit_period(S, B) / g_lo, S, B, rows))
+                g_lo = (1 - P.f) * lo_a + P.f * lo_c
+                pairs.append((P.eff / g_lo, S, B, P))
         pairs.sort(key=lambda p: (-p[0], p[1], p[2]))
         best: StepPipeline | None = None
         floor = at_least
-        for ub, S, B, rows in pairs:
+        for ub, S, B, P in pairs:
             if ub <= floor * (1 + _RTOL):
                 break
-            found = self._best_at(rows, S, B, floor)
+            if floor > 0 and self._tight_bound(P) <= floor * (1 + _RTOL):
+                continue  # every type holds a stage: this pair cannot beat the floor
+            found = self._best_at(P, floor)
             if found is not None and (best is None or found.rate > best.rate * (1 + _RTOL)):
                 best, floor = found, max(floor, found.rate)
         return best
 
-    def _best_at(self, rows, S: int, B: int, floor: float) -> StepPipeline | None:
-        """The best pipeline at (S, B) above `floor`: the staircase of (A, C)."""
-        f = self.steps(S, B)[2]
-        eff = self.rate_at_unit_period(S, B)
+    def _tight_bound(self, P: _Pair) -> float:
+        """A bound on the rate at (S, B) that counts every type's stage: the slowest node
+        is at least as slow as each type's fastest one-layer row and as the fastest row
+        holding `ceil(L / S)` layers."""
+        A = max(max(tr.one_a for tr in P.types), min(tr.lo_a for tr in P.types))
+        C = max(max(tr.one_c for tr in P.types), min(tr.lo_c for tr in P.types))
+        return P.eff / ((1 - P.f) * A + P.f * C)
+
+    def _best_at(self, P: _Pair, floor: float) -> StepPipeline | None:
+        """The best pipeline at (S, B) above `floor`: the staircase of (A, C).
+
+        Feasibility grows with both thresholds, so the slowest-node times worth having are
+        the corners of a staircase: for each `C`, the least feasible `A`. The walk visits
+        the corners in increasing `C` and keeps the first of least mean period `g`; it only
+        visits a corner that could still improve on the best so far and beat the floor
+        (`useful`), jumping over the others by the least `A` that could."""
+        S, f, eff = P.S, P.f, P.eff
         two = self.mode == "aggregated"
-        A_vals = np.unique(np.concatenate([r.a[np.isfinite(r.a)] for tr in rows
-                                           for r in tr.values()]))
-        C_vals = (np.unique(np.concatenate([r.c[np.isfinite(r.c)] for tr in rows
-                                            for r in tr.values()])) if two
-                  else np.array([math.inf]))
+        L = self.L
+        thr = floor * (1 + _RTOL)
         tpot_cap = self.slo.tpot_s / S * (1 + _RTOL)
-        if floor > 0:
-            # a rate above the floor needs g < G, so A < G and (C >= A) f C < G
-            G = eff / floor
-            A_vals = A_vals[A_vals < G]
-            if two and f > 0:
-                C_vals = C_vals[C_vals < G / f]
-            if A_vals.size == 0 or C_vals.size == 0:
-                return None
-
-        def g(A: float, C: float) -> float:
-            return (1 - f) * A + f * C if two else A
-
-        def first_true(vals: np.ndarray, lo: int, test) -> int | None:
-            """Smallest index i >= lo with test(vals[i]) (monotone), or None."""
-            hi = len(vals) - 1
-            if lo > hi or not test(vals[hi]):
-                return None
-            lo -= 1
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if test(vals[mid]):
-                    hi = mid
-                else:
-                    lo = mid
-            return hi
-
-        feas = lambda A, C: self._feasible(rows, S, B, A, C)  # noqa: E731
-        A_top = float(A_vals[-1])
-        if two and floor > 0 and self._cover(rows, S, B, A_top, float(C_vals[-1]),
-                                             H=eff / floor)[0] < self.L:
-            # a step lasts at least the slowest node's mean, so none beats the floor
+        G = eff / floor if floor > 0 else math.inf  # a rate above the floor needs g < G
+        # the first test: every time below G (C below G / f), every node's mean below G
+        a_top = math.nextafter(G, -math.inf)
+        c_top = math.nextafter(G / f, -math.inf) if two and floor > 0 and f > 0 else math.inf
+        if self._cover(P, a_top, c_top, H=G if two and floor > 0 else math.inf)[0] < L:
+            # no pipeline fits below the floor's period (a step lasts at least the slowest
+            # node's mean)
             return None
-        ci = first_true(C_vals, 0, lambda C: feas(A_top, C))
-        best_g, best_ac = math.inf, None
-        while ci is not None:
-            C = float(C_vals[ci])
-            g_lo = f * C + (1 - f) * float(A_vals[0]) if two else float(A_vals[0])
-            if g_lo >= best_g or (floor > 0 and eff / g_lo <= floor * (1 + _RTOL)):
-                break  # C only grows along the staircase
-            ai = first_true(A_vals, 0, lambda A: feas(A, C))
+        rows = [r for tr in P.types for r in tr.rows]
+        A_vals = np.unique(np.concatenate([r.a[np.isfinite(r.a)] for r in rows]))
+        if floor > 0:
+            A_vals = A_vals[A_vals < G]
+        Av = A_vals.tolist()
+        nA = len(Av)
+        if not two:
+            ai = _first(0, nA - 1, lambda i: self._feasible(P, Av[i], math.inf), known=True)
             assert ai is not None
-            A = float(A_vals[ai])
-            if g(A, C) < best_g:
-                best_g, best_ac = g(A, C), (A, C)
-            if not two or ai == 0:
-                break
-            A_next = float(A_vals[ai - 1])
-            ci = first_true(C_vals, ci + 1, lambda C: feas(A_next, C))
+            best_g, best_ac = Av[ai], (Av[ai], math.inf)
+        else:
+            C_vals = np.unique(np.concatenate([r.c[np.isfinite(r.c)] for r in rows]))
+            if floor > 0 and f > 0:
+                C_vals = C_vals[C_vals < G / f]
+            Cv = C_vals.tolist()
+            best_g, best_ac = self._staircase(P, Av, Cv, thr, tpot_cap)
         if best_ac is None or best_g > tpot_cap and self.mode != "prefill":
             return None
         rate = eff / best_g
-        if rate <= floor * (1 + _RTOL):
+        if rate <= thr:
             return None
-        return self._rebuild(rows, S, B, *best_ac, rate=rate, period=best_g)
+        return self._rebuild(P, *best_ac, rate=rate, period=best_g)
 
-    def _rebuild(self, rows, S: int, B: int, A: float, C: float, *, rate: float,
+    def _staircase(self, P: _Pair, Av: list[float], Cv: list[float], thr: float,
+                   tpot_cap: float) -> tuple[float, tuple[float, float] | None]:
+        """(least g, its (A, C)) over the corners that are useful (see `_best_at`)."""
+        f, eff = P.f, P.eff
+        best_g, best_ac = math.inf, None
+
+        def useful(g: float) -> bool:
+            return g < best_g and g <= tpot_cap and eff / g > thr
+
+        def feas(A: float, C: float) -> bool:
+            return self._feasible(P, A, C)
+
+        cap, ci = len(Av) - 1, -1  # corners left have A <= Av[cap] and C > Cv[ci]
+        while True:
+            # C up to the last where the least A is useful; A up to the last useful there
+            chi = _last(ci + 1, len(Cv) - 1, lambda i: useful((1 - f) * Av[0] + f * Cv[i]))
+            if chi is None:
+                break
+            C0 = Cv[ci + 1]
+            cap = _last(0, cap, lambda i: useful((1 - f) * Av[i] + f * C0))
+            assert cap is not None
+            A_cap = Av[cap]
+            ci = _first(ci + 1, chi, lambda i: feas(A_cap, Cv[i]))
+            if ci is None:
+                break
+            C = Cv[ci]
+            hi = _last(0, cap, lambda i: useful((1 - f) * Av[i] + f * C))
+            assert hi is not None
+            if hi == cap or feas(Av[hi], C):
+                ai = _first(0, hi, lambda i: feas(Av[i], C), known=True)
+                assert ai is not None
+                best_g, best_ac = (1 - f) * Av[ai] + f * C, (Av[ai], C)
+                if ai == 0:
+                    break
+                cap = ai - 1
+            else:
+                cap = hi
+        return best_g, best_ac
+
+    def _rebuild(self, P: _Pair, A: float, C: float, *, rate: float,
                  period: float) -> StepPipeline:
-        total, tr = self._cover(rows, S, B, A, C, trace=True)
+        S, B = P.S, P.B
+        total, tr = self._cover(P, A, C, trace=True)
         assert total >= self.L
         groups = []  # (type, j, role, most layers)
         while tr is not None:
             tr, (t, (parts, roles)) = tr
+            rows = dict(zip(P.types[t].keys, P.types[t].rows))
             for j, role in zip(parts, roles):
-                r = rows[t][j, role]
-                groups.append((t, j, role, r.layers_within(A, C)))
+                r = rows[j, role]
+                groups.append((t, j, role, r.layers_within(A, C), r))
         order = {FIRST: 0, ONLY: 0, MID: 1, END: 2}
         groups.sort(key=lambda x: (order[x[2]], x[0], x[1]))
         spare = sum(x[3] for x in groups) - self.L
         stages = []
         start = 0
         worst_c = 0.0
-        for t, j, role, m in groups:
+        for t, j, role, m, r in groups:
             cut = min(spare, m - 1)
             spare -= cut
             k = m - cut
-            r = rows[t][j, role]
             stages.append((self.types[t], j, start, k, r.batch, float(r.a[k - 1]),
                            float(r.c[k - 1])))
             worst_c = max(worst_c, float(r.c[k - 1]))
             start += k
         assert start == self.L
-        f = self.steps(S, B)[2]
+        f = P.f
         worst_a = max(st[5] for st in stages)
         if self.mode == "aggregated":
             period = (1 - f) * worst_a + f * worst_c
         else:
             period = worst_a
-        rate = self.rate_at_unit_period(S, B) / period
+        rate = P.eff / period
         tpot = S * period if self.mode != "prefill" else None
         if self.mode == "decode":
             ttft = None

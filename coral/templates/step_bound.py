@@ -9,7 +9,7 @@ from typing import Any, Sequence
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch
 from coral.templates.operating_points import DEFAULT_BATCHES, prefill_chunks
-from coral.templates.placement_step import node_cost_memo
+from coral.templates.step_rows import node_cost_memo
 from coral.templates.slo import SloSpec
 from coral.templates.types import Mode
 

@@ -1,0 +1,268 @@
+"""The rows of the step-model search (`placement_step`), shared by a library's combinations.
+
+A row is one (node type, group size `j`, role) at one (stage count `S`, micro-batch `B`): the
+node's time by layer count in a step of `k` prompts (`a`) and of `k + 1` (`c`), through
+`coral.perf.step.node_seconds`, infinite past what its KV room holds or what meets the SLO.
+A row depends on the workload (SLO, mode, the batch grid's top), never on the rest of the
+combination, and a library's tens of thousands of combinations draw their stages from a few
+node types; so the rows, each type's rows at `(S, B)` with the least time they allow at a
+layer count (`TypeRows`, what the search orders its `(S, B)` pairs by), and the ways a
+type's nodes split into groups (`choices`) are built once per workload (`StepRows`) and kept
+with the model's node costs (`node_cost_memo`).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coral.catalog.loader import Catalog
+from coral.perf.step import busy_rps, busy_steps, micro_batch, node_costs, node_seconds
+from coral.templates.slo import SloSpec
+from coral.templates.stage_groups import (
+    END,
+    F_TIGHT,
+    FIRST,
+    MID,
+    ONLY,
+    partitions,
+    role_choices,
+)
+from coral.templates.types import Mode
+
+_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """(node type, group size, role) at one (S, B): per layer count, the node's time in a
+    step of `k` prompts (`a`) and of `k + 1` (`c`), nondecreasing, inf past what fits."""
+
+    batch: int  # sequences (prefill: prompt tokens) each node runs per iteration
+    a: np.ndarray  # (L,)
+    c: np.ndarray  # (L,)
+    a_list: tuple[float, ...] = ()  # the finite prefix of `a` (for bisection)
+    c_list: tuple[float, ...] = ()
+    h_list: tuple[float, ...] = ()  # (1 - f) a + f c: a step's mean time, were it the slowest
+
+    def layers_within(self, A: float, C: float, H: float = math.inf) -> int:
+        """Most layers with both times within (A, C) (and the mean within H)."""
+        m = min(bisect_right(self.a_list, A), bisect_right(self.c_list, C))
+        return m if H == math.inf else min(m, bisect_right(self.h_list, H))
+
+
+@dataclass(frozen=True)
+class TypeRows:
+    """One node type's rows at (S, B) for groups of up to `jcap` nodes, and the least time a
+    node of them takes in a stage of `k + 1` layers (`k = ceil(L / S) - 1`: some stage of
+    the pipeline holds that many) and in a stage of one layer (every type holds a stage)."""
+
+    keys: tuple[tuple[int, int], ...]  # (group size, role) of each row
+    rows: tuple[StepRow, ...]
+    lo_a: float  # least a[k] over the rows
+    lo_c: float  # least c[k]
+    one_a: float  # least a[0]
+    one_c: float  # least c[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-model node costs, memoised per perf model and catalog
+# ---------------------------------------------------------------------------------------------
+
+_COSTS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def node_cost_memo(perf: Any, catalog: Catalog, model: str) -> dict:
+    """The node costs of `model` (`coral.perf.step.node_costs`) and what the search derives from
+    them, memoised per perf model and catalog."""
+    per_perf = _COSTS.setdefault(perf, {})
+    hit = per_perf.get((id(catalog), model))
+    if hit is None:
+        iteration, kv_tokens, send = node_costs(model, perf, catalog)
+        hit = per_perf[(id(catalog), model)] = {"fns": (iteration, kv_tokens, send),
+                                                "workloads": {}, "kv": {}, "bounds": {}}
+    return hit
+
+
+def step_rows(perf: Any, catalog: Catalog, num_layers: int, model: str, slo: SloSpec,
+              mode: Mode, top_batch: int) -> "StepRows":
+    """The rows of `model` for one workload, memoised with its node costs."""
+    memo = node_cost_memo(perf, catalog, model)
+    key = (slo, mode, top_batch)
+    hit = memo["workloads"].get(key)
+    if hit is None:
+        hit = memo["workloads"][key] = StepRows(memo, num_layers, slo, mode, top_batch)
+    return hit
+
+
+class StepRows:
+    """Rows, per-type summaries and group choices of one (model, SLO, mode, batch top)."""
+
+    def __init__(self, memo: dict, num_layers: int, slo: SloSpec, mode: Mode,
+                 top_batch: int) -> None:
+        self.iteration, self.kv_tokens, self.send = memo["fns"]
+        self._kv: dict[tuple, int] = memo["kv"]
+        self.L, self.slo, self.mode, self.top_batch = num_layers, slo, mode, top_batch
+        self._rows: dict[tuple, StepRow | None] = {}
+        self._types: dict[tuple, TypeRows | None] = {}
+        self._choices: dict[tuple, list] = {}
+        self._steps: dict[tuple[int, int], tuple] = {}
+
+    # ---- what a busy step carries ----
+
+    def steps(self, S: int, B: int) -> tuple[tuple[int, int, int], tuple[int, int, int] | None,
+                                              float]:
+        """A busy step as `coral.perf.step.busy_steps` has it, per micro-batch: (the step of
+        `k` prompts, the step of `k + 1` or None, the share `f` of the latter)."""
+        hit = self._steps.get((S, B))
+        if hit is not None:
+            return hit
+        steps = busy_steps(self.mode, S, S * B, self.slo.input_tokens, self.slo.output_tokens)
+        shapes = []
+        for _, (p, b, c, m) in steps:
+            assert m == S  # micro-batches hold a prompt's tokens (prefill) or a sequence
+            shapes.append(micro_batch(p, b, c, m))
+        if len(steps) == 1:
+            hit = (shapes[0], None, 0.0)
+        else:
+            hit = (shapes[0], shapes[1], steps[1][0])
+        self._steps[S, B] = hit
+        return hit
+
+    def rate_at_unit_period(self, S: int, B: int, per_request: float, budget: int) -> float:
+        """The template's rate (in its unit) when the slowest node's mean time is 1 s: the
+        rate is this over that time (`coral.perf.step.busy_rps`, a step being S of them)."""
+        return busy_rps(self.mode, S * B, float(S), self.slo.input_tokens,
+                        self.slo.output_tokens, budget) * per_request
+
+    def resident_tokens(self, S: int, B: int) -> int:
+        """KV tokens the instance holds busy: `S B` sequences of up to `I + O` tokens (a
+        prefill instance: its `S B` prompt tokens)."""
+        if self.mode == "prefill":
+            return S * B
+        return S * B * (self.slo.input_tokens + self.slo.output_tokens)
+
+    # ---- rows ----
+
+    def row(self, name: str, j: int, role: int, S: int, B: int) -> StepRow | None:
+        bn = -(-B // j)
+        if bn > self.top_batch:
+            return None
+        key = (name, j, role, S, B)
+        if key in self._rows:
+            return self._rows[key]
+        sa, sc, f = self.steps(S, B)
+        first, last = role in (FIRST, ONLY), role in (END, ONLY)
+        share = 1.0 / j
+        need = self.resident_tokens(S, B) * share
+        tpot = self.slo.tpot_s / S * (1 + _RTOL)
+        ttft = self.slo.ttft_s / S * (1 + _RTOL)
+        # the most layers whose KV room holds the node's share (the room shrinks as layers grow)
+        top = 0
+        while top < self.L and self._kv_room(name, top + 1, first, last) >= need:
+            top += 1
+        a = self._times(name, share, first, last, sa, top)
+        c = self._times(name, share, first, last, sc, top) if sc is not None else a
+        # A <= TPOT / S always (TPOT >= S A); C <= TTFT / S (a prompt's step), and for
+        # decode and prefill A is the only time
+        ok = a <= (ttft if self.mode == "prefill" else tpot)
+        if self.mode == "aggregated":
+            ok &= c <= ttft
+        ok = np.cumprod(ok).astype(bool)  # usable counts are a prefix
+        a = np.where(ok, a, math.inf)
+        c = np.where(ok, c, math.inf)
+        out = None
+        if math.isfinite(a[0]):
+            a = np.maximum.accumulate(a)  # usable counts are a prefix; keep it monotone
+            c = np.maximum.accumulate(c)
+            fin = int(np.isfinite(a).sum())
+            h = (1 - f) * a[:fin] + f * c[:fin]
+            out = StepRow(bn, a, c, tuple(a[:fin].tolist()), tuple(c[:fin].tolist()),
+                          tuple(np.maximum.accumulate(h).tolist()))
+        self._rows[key] = out
+        return out
+
+    def _times(self, name: str, share: float, first: bool, last: bool,
+               shape: tuple[int, int, int], top: int) -> np.ndarray:
+        """(L,): the node's time in a step of micro-batch `shape` for 1..L layers (inf past
+        `top`). `node_seconds` is affine in the layers for the perf model (each layer the
+        same, extras and the send apart), so three calls give the row; a perf model that is
+        not affine (checked at `top`) gets every count computed."""
+        out = np.full(self.L, math.inf)
+        if top < 1:
+            return out
+
+        def t(layers: int) -> float:
+            return node_seconds(self.iteration, self.send, name, layers, share, first, last,
+                                *shape)[0]
+
+        t1 = t(1)
+        if top == 1:
+            out[0] = t1
+            return out
+        slope = t(2) - t1
+        line = t1 + slope * np.arange(top)
+        end = t(top)
+        if abs(line[-1] - end) <= 1e-12 * max(abs(end), 1e-30):
+            out[:top] = line
+            out[top - 1] = end
+        else:
+            out[:top] = [t(x) for x in range(1, top + 1)]
+        return out
+
+    def _kv_room(self, name: str, layers: int, first: bool, last: bool) -> int:
+        key = (name, layers, first, last)
+        hit = self._kv.get(key)
+        if hit is None:
+            hit = self._kv[key] = int(self.kv_tokens(name, layers, first, last))
+        return hit
+
+    def type_rows(self, name: str, jcap: int, S: int, B: int) -> TypeRows | None:
+        """`name`'s rows at (S, B) for groups of 1..`jcap` nodes (None: it has none, so no
+        pipeline at (S, B) holds that type)."""
+        key = (name, jcap, S, B)
+        if key in self._types:
+            return self._types[key]
+        keys, rows = [], []
+        for j in range(1, jcap + 1):
+            for role in ((ONLY,) if S == 1 else (MID, FIRST, END)):
+                r = self.row(name, j, role, S, B)
+                if r is not None:
+                    keys.append((j, role))
+                    rows.append(r)
+        out = None
+        if rows:
+            k = -(-self.L // S) - 1
+            out = TypeRows(tuple(keys), tuple(rows),
+                           lo_a=min(float(r.a[k]) for r in rows),
+                           lo_c=min(float(r.c[k]) for r in rows),
+                           one_a=min(float(r.a[0]) for r in rows),
+                           one_c=min(float(r.c[0]) for r in rows))
+        self._types[key] = out
+        return out
+
+    def choices(self, count: int, max_group: int, keys: tuple, S: int, B: int
+                ) -> list[tuple[int, int, tuple, tuple]]:
+        """Ways to split a type's `count` nodes into at most `S` groups with roles, as
+        (groups, flags, index into `keys` of each group's row, (group sizes, roles)); a way
+        needing a row that `keys` lacks is left out."""
+        ck = (count, max_group, keys, S, B)
+        hit = self._choices.get(ck)
+        if hit is None:
+            where = {k: i for i, k in enumerate(keys)}
+            hit = []
+            for parts in partitions(count, max_group):
+                if len(parts) > S:
+                    continue
+                tight = F_TIGHT if any(B % j == 0 for j in parts) else 0
+                for flags, roles in role_choices(parts):
+                    idx = tuple(where.get((j, role), -1) for j, role in zip(parts, roles))
+                    if -1 not in idx:
+                        hit.append((len(parts), flags | tight, idx, (parts, roles)))
+            self._choices[ck] = hit
+        return hit

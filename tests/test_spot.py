@@ -1,0 +1,236 @@
+"""Spot plans: the scenario ILP against brute force over every plan and every failure set of
+the pools, the risk model's formulas, and `coral plan --spot` end to end."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from coral.allocator.problem import AllocationProblem, ModelDemand, TemplateColumn
+from coral.allocator.spot import (
+    SPOT_SUFFIX,
+    SpotMarket,
+    SpotOptions,
+    SpotPlanError,
+    plan_spot,
+    spot_columns,
+)
+from coral.allocator.spot_risk import mass_beyond, pool_down_probability, scenario_depth
+from coral.cli.main import app
+
+STARTUP_S = 300.0
+
+
+def _instance(seed: int) -> tuple[AllocationProblem, SpotMarket]:
+    """1-2 models, 2 templates each (one region each), 2 regions, 3 node types, at most 2
+    nodes of a type per region: at most 4 spot pools and 3^8 plans."""
+    rng = random.Random(seed)
+    regions = ("r1", "r2")
+    node_types = ("g1", "g2", "g3")
+    spot_pools = rng.sample([(g, r) for g in node_types for r in regions], 4)
+    models = [f"m{i}" for i in range(rng.choice((1, 2)))]
+    cols: list[TemplateColumn] = []
+    for m in models:
+        for k in range(2):
+            nodes = {rng.choice(node_types): 1}
+            if rng.random() < 0.3:
+                nodes[rng.choice(node_types)] = 1
+            price = {rng.choice(regions): round(rng.uniform(0.5, 2.0) * sum(nodes.values()), 3)}
+            cols.append(TemplateColumn(f"{m}-t{k}", m, "aggregated", nodes,
+                                       round(rng.uniform(0.5, 2.0), 2), price))
+    demands = tuple(ModelDemand(m, round(rng.uniform(1.0, 3.0), 2)) for m in models)
+    avail = {(g, r): 2 for g in node_types for r in regions}
+    problem = AllocationProblem(demands=demands, templates=tuple(cols), regions=regions,
+                                availability=avail, startup_s=STARTUP_S, mip_gap=0.0,
+                                time_limit_s=30.0)
+    price = {p: round(rng.uniform(0.2, 0.6), 3) for p in spot_pools}
+    rate = {p: rng.uniform(0.01, 0.2) for p in spot_pools}
+    prob = {p: pool_down_probability(rate[p], 3600.0, STARTUP_S, 120.0) for p in spot_pools}
+    return problem, SpotMarket(price, rate, prob)
+
+
+def _brute_force(problem: AllocationProblem, market: SpotMarket, target: float
+                 ) -> tuple[float, dict]:
+    """The cheapest plan meeting the target, by trying every plan and every failure set."""
+    full = spot_columns(problem, market).problem
+    entries = [(t, r) for t in full.templates for r in t.price_usd_per_hour]
+    ubs = [min(problem.availability.get((g, r), 0) // n for g, n in t.node_counts.items())
+           for t, r in entries]
+    pools_of = [frozenset((g, r) for g in t.node_counts) if t.id.endswith(SPOT_SUFFIX)
+                else frozenset() for t, r in entries]
+    all_pools = sorted(market.prob_down)
+    failure_sets = []
+    for k in range(len(all_pools) + 1):
+        for down in itertools.combinations(all_pools, k):
+            prob = math.prod(market.prob_down[p] if p in down else 1 - market.prob_down[p]
+                             for p in all_pools)
+            failure_sets.append((set(down), prob))
+    best, best_x = math.inf, {}
+    for x in itertools.product(*(range(u + 1) for u in ubs)):
+        used: dict = {}
+        for (t, r), n in zip(entries, x):
+            for g, k in t.node_counts.items():
+                used[(g, r)] = used.get((g, r), 0) + k * n
+        if any(v > problem.availability.get(key, 0) for key, v in used.items()):
+            continue
+        cost = 0.0
+        for (t, r), n, ps in zip(entries, x, pools_of):
+            price = t.price_usd_per_hour[r]
+            penalty = price * STARTUP_S / 3600.0
+            cost += n * (price + penalty + sum(market.rate_per_hour[p] for p in ps) * penalty)
+        if cost >= best - 1e-12:
+            continue
+        ok = True
+        for d in problem.demands:
+            def cap(down: set) -> float:
+                return sum(n * t.capacity for (t, _), n, ps in zip(entries, x, pools_of)
+                           if t.model == d.model and not (ps & down))
+            if cap(set()) < d.requests_per_s * (1 - 1e-9):
+                ok = False
+                break
+            covered = sum(p for down, p in failure_sets if cap(down) >= d.requests_per_s * (1 - 1e-9))
+            if covered < target - 1e-12:
+                ok = False
+                break
+        if ok:
+            best, best_x = cost, {(t.id, r): n for (t, r), n in zip(entries, x) if n}
+    return best, best_x
+
+
+def _objective(sp) -> float:
+    by_id = {t.id: t for t in sp.columns.problem.templates}
+    total = 0.0
+    for (tid, r), n in sp.plan.instances.items():
+        t = by_id[tid]
+        price = t.price_usd_per_hour[r]
+        penalty = price * STARTUP_S / 3600.0
+        rate = (sum(sp.market.rate_per_hour[(g, r)] for g in t.node_counts)
+                if tid in sp.columns.base else 0.0)
+        total += n * (price + penalty + rate * penalty)
+    return total
+
+
+def _exact_p_short(sp, model: str) -> float:
+    by_id = {t.id: t for t in sp.columns.problem.templates}
+    pools = sorted(sp.market.prob_down)
+    demand = sp.plan.demand_rps[model]
+    short = 0.0
+    for k in range(len(pools) + 1):
+        for down in itertools.combinations(pools, k):
+            prob = math.prod(sp.market.prob_down[p] if p in down else 1 - sp.market.prob_down[p]
+                             for p in pools)
+            cap = sum(n * by_id[tid].capacity for (tid, r), n in sp.plan.instances.items()
+                      if by_id[tid].model == model and not (
+                          tid in sp.columns.base
+                          and any((g, r) in down for g in by_id[tid].node_counts)))
+            if cap < demand * (1 - 1e-9):
+                short += prob
+    return short
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("target", [0.0, 0.9, 0.99])
+def test_scenario_ilp_matches_brute_force(seed: int, target: float) -> None:
+    problem, market = _instance(seed)
+    best, best_x = _brute_force(problem, market, target)
+    if not math.isfinite(best):
+        with pytest.raises(SpotPlanError):
+            plan_spot(problem, market, SpotOptions(risk_target=target))
+        return
+    sp = plan_spot(problem, market, SpotOptions(risk_target=target))
+    assert _objective(sp) == pytest.approx(best, rel=1e-9, abs=1e-9), (sp.plan.instances, best_x)
+    for d in problem.demands:
+        exact = _exact_p_short(sp, d.model)
+        assert sp.p_short[d.model] == pytest.approx(exact, rel=1e-9, abs=1e-15)
+        assert sp.p_unjudged[d.model] == 0.0
+        assert 1.0 - exact >= target - 1e-9
+        assert sp.plan.capacity_rps[d.model] >= d.requests_per_s * (1 - 1e-9)
+
+
+def test_risk_target_changes_the_plan_somewhere() -> None:
+    """The brute-force instances are not all trivial: on some, the risk model makes the
+    cheapest plan dearer than the naive one (so the comparison above can fail)."""
+    dearer = 0
+    for seed in range(12):
+        problem, market = _instance(seed)
+        naive, _ = _brute_force(problem, market, 0.0)
+        safe, _ = _brute_force(problem, market, 0.99)
+        dearer += math.isfinite(naive) and safe > naive + 1e-9
+    assert dearer >= 1
+
+
+def test_pool_down_probability_counts_the_replacement_time() -> None:
+    rate = 0.1
+    assert pool_down_probability(rate, 3600, 300, 120) == pytest.approx(
+        1 - math.exp(-rate * (3600 + 180) / 3600))
+    # a notice longer than the start-up leaves no gap after the kill
+    assert pool_down_probability(rate, 3600, 60, 120) == pytest.approx(1 - math.exp(-rate))
+
+
+def test_scenario_depth_bounds_what_it_leaves_out() -> None:
+    probs = [0.01] * 20
+    depth, left = scenario_depth(probs, 1e-5, 10_000)
+    assert left <= 1e-5 and left == pytest.approx(mass_beyond(probs, depth))
+    assert mass_beyond(probs, depth - 1) > 1e-5
+    assert scenario_depth([0.3] * 3, 0.0, 10_000) == (3, 0.0)
+
+
+def test_spot_options_are_checked() -> None:
+    for bad in (1.0, -0.1):
+        with pytest.raises(SpotPlanError, match="risk-target"):
+            SpotOptions(risk_target=bad)
+    with pytest.raises(SpotPlanError, match="risk-window"):
+        SpotOptions(window_s=0)
+
+
+def test_plan_spot_end_to_end(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_planning import _write_scenario
+
+    scenario = _write_scenario(tmp_path)
+    runner = CliRunner(env={"COLUMNS": "200"})
+    plans = {}
+    for target in ("0.99", "0"):
+        out = tmp_path / f"plan-{target}.json"
+        result = runner.invoke(app, [
+            "plan", str(scenario), "--spot", "--risk-target", target, "--no-baselines",
+            "--workers", "1", "--templates-dir", str(tmp_path / "templates"), "--json",
+            "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        plans[target] = payload = json.loads(out.read_text())
+        spot = payload["spot"]
+        assert spot["risk_target"] == float(target) and spot["window_s"] == 3600.0
+        cost = sum(i["usd_per_hour"] * i["count"] for i in payload["instances"])
+        on_spot = sum(i["usd_per_hour"] * i["count"] for i in payload["instances"]
+                      if i["market"] == "spot")
+        assert cost == pytest.approx(payload["cost_per_hour"])
+        assert spot["spot_share"] == pytest.approx(on_spot / cost)
+        assert spot["expected_usd_per_hour"] >= cost
+        assert {i["market"] for i in payload["instances"]} <= {"spot", "on_demand"}
+        risk = spot["per_model"]["llama-3.1-8b"]
+        assert 1 - risk["p_short"] >= float(target)
+        assert spot["on_demand_usd_per_hour"] > cost  # spot is cheaper here
+    # the risk model never makes the plan cheaper than the naive one
+    assert plans["0.99"]["cost_per_hour"] >= plans["0"]["cost_per_hour"] - 1e-9
+    # a plan file's readers take it as it is
+    from coral.allocator.plan_file import read_plan_file
+
+    assert read_plan_file(tmp_path / "plan-0.99.json")["spot"]["risk_target"] == 0.99
+
+
+def test_plan_spot_refuses_pd_modes(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_planning import _write_scenario
+
+    scenario = _write_scenario(tmp_path)
+    result = CliRunner().invoke(app, ["plan", str(scenario), "--spot", "--mode", "pd",
+                                      "--no-baselines", "--templates-dir",
+                                      str(tmp_path / "templates")])
+    assert result.exit_code != 0 and "aggregated" in result.output

@@ -1,7 +1,10 @@
 """The re-plan after a preemption, as the adaptation loop re-plans (`coral adapt`): the plan's
-own scenario, mode and engine, its template libraries (reused from `out/templates`), and the
-deployment that survives the event as the current one, so that keeping an instance is free and
-every new one pays the start-up penalty (`coral.allocator.adapt`). It sits in the planning
+own scenario, mode, engine and spot options (a `coral plan --spot` plan is re-planned under
+its chance constraint, so a replacement may be spot or on demand), its template libraries
+(reused from `out/templates`), and the deployment that survives the event as the current
+one, so that keeping an instance is free and every new one pays the start-up penalty
+(`coral.allocator.adapt`). A pool that was just reclaimed stays in the re-plan's market at
+its catalog rate: the planner's events are memoryless, and so are the simulator's. It sits in the planning
 layer (it runs the planner); `coral.sim.preemption` sees only its `Replanner` protocol.
 """
 
@@ -37,6 +40,16 @@ class AllocatorReplanner:
             scenario = scenario.in_mode(mode)
         self.catalog, self.perf, self.time_limit_s = catalog, perf, time_limit_s
         self.engine = str(plan.get("engine") or "coral")
+        self.spot = None
+        if plan.get("spot"):
+            from coral.allocator.spot import SpotOptions, SpotPlanError
+
+            try:
+                self.spot = SpotOptions(risk_target=plan["spot"]["risk_target"],
+                                        window_s=plan["spot"]["window_s"])
+            except (SpotPlanError, KeyError, TypeError) as exc:
+                raise PreemptionError(f"cannot re-plan: the plan's spot options do not read "
+                                      f"({exc})") from None
         self.scenario = scenario.with_perf(perf, catalog)
         self.templates = templates_for_scenario(self.scenario, catalog, perf,
                                                 out_root=templates_dir, workers=workers,
@@ -55,6 +68,6 @@ class AllocatorReplanner:
         result = plan_scenario(self.scenario, catalog=self.catalog, perf=self.perf,
                                templates=self.templates, current=dict(running),
                                time_limit_s=self.time_limit_s, baselines=False,
-                               engine=self.engine)
+                               engine=self.engine, spot=self.spot)
         log.info("re-plan at %.0f s: $%.2f/hour, %s", t, result.cost_per_hour, result.status)
         return [i.to_dict() for i in result.instances]

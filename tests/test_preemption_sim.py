@@ -143,7 +143,58 @@ def test_no_events_changes_nothing(cat, perf):
 
 
 def test_a_catalog_without_preemption_figures_is_refused(cat):
-    if hasattr(cat, "preemption_rate_per_hour"):
-        pytest.skip("the catalog carries preemption figures")
     with pytest.raises(PreemptionError, match="no preemption figures"):
-        check_rates(cat)
+        check_rates(object())
+    assert check_rates(cat) is cat  # the built-in catalog carries them
+
+
+def pd_row(role: str, market: str, count: int, batch: int) -> dict:
+    return {"region": "r1", "template_id": f"{MODEL}|{role}|1x-l40s", "model": MODEL,
+            "mode": role, "count": count, "nodes": {"1x-l40s": 1}, "market": market,
+            "stages": [{"node_type": "1x-l40s", "count": 1, "first_layer": 0, "layers": 32,
+                        "batch": batch, "tp_degree": 1}],
+            "capacity_rps": 6.0, "usd_per_hour": 1.0}
+
+
+def test_prefill_decode_instances_fail_over_too(cat, perf):
+    """A PD deployment whose spot decode instance is reclaimed with no notice: its requests
+    (all past their first token) fail, the prefill instance hands the rest to the on-demand
+    decode instance, and no request is left unfinished or lost."""
+    rows = [pd_row("prefill", "on_demand", 1, 4096), pd_row("decode", "spot", 1, 64),
+            {**pd_row("decode", "on_demand", 1, 64), "template_id": f"{MODEL}|decode|od"}]
+    sim = Simulator(instances_from_plan({"instances": rows}, SLOS), perf=perf, catalog=cat,
+                    config=SimConfig(workers=1))
+    reqs = synthetic(MODEL, rate_rps=6.0, duration_s=60.0, seed=3,
+                     prompt_tokens=SLO.input_tokens, output_tokens=SLO.output_tokens)
+    pre = PreemptionRun(sim, rows, SLOS, Rates(0.0, 0.0), KeepPlan(rows),
+                        PreemptionConfig(startup_s=10.0))
+    pre.install(reqs[-1].arrival_s)
+    pre.preempt_at(20.0, ("1x-l40s", "r1"))
+    result = sim.run(reqs)
+    rep = pre.report(result)
+    statuses = Counter(r.status for r in result.requests)
+    assert set(statuses) <= {"done", "failed"} and statuses["failed"] > 0, statuses
+    assert rep["instances_reclaimed"] == 1 and rep["replacements_started"] == 1
+    lost = "r1/llama-3.1-8b|decode|1x-l40s#0"
+    assert not [r for r in result.requests if r.decode_instance == lost
+                and r.first_token_s > 20.0]
+
+
+def test_an_unplannable_scenario_is_a_clear_error(tmp_path, cat):
+    """`coral simulate --preemptions` on a plan whose scenario does not load says so."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from coral.cli.main import app
+
+    if not hasattr(cat, "preemption_rate_per_hour"):
+        pytest.skip("the catalog carries no preemption figures")
+    plan = {"scenario": "no-such-scenario", "demand_rps": {MODEL: 2.0},
+            "slos": {MODEL: SLO.model_dump()}, "instances": ROWS}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    res = CliRunner().invoke(app, ["simulate", str(path), "--preemptions", "--duration", "5",
+                                   "--no-progress", "--out", str(tmp_path / "sim")])
+    assert res.exit_code != 0
+    assert "cannot re-plan" in res.output and "Traceback" not in res.output

@@ -1,0 +1,156 @@
+"""Spot plans under preemptions: `core` (n_max 3) planned on demand, with `--spot`, and the
+naive spot plan (`--spot --risk-target 0`), each simulated with preemptions; prints every
+plan's cost (planned, and held over the run with its replacements), its preemption figures and
+each model's SLO attainment.
+
+Two parts, because preemptions at the catalog's rates are rare (about 4e-4 events per pool
+per hour) and the simulator runs core's 840 requests/s at roughly 20,000 requests per CPU
+second:
+
+1. Events over 24 h at the catalog's rates, drawn as the simulator draws them (seeds
+   0..N-1), without simulating requests: how many events hit each plan's spot pools per day.
+2. Each plan simulated for `--horizon` seconds with `coral.sim.preemption` at the catalog's
+   rates times `--rate-scale` (1: the catalog's), re-planning after each event as
+   `coral simulate --preemptions` does.
+
+    python benchmarks/spot.py [--horizon 900] [--rate-scale 1] [--seeds 1] [--days-seeds 1000]
+        [--plans-dir out/bench-spot] [--replan]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from coral.allocator.planning import plan_slos, read_plan_file
+from coral.catalog import default_catalog
+from coral.sim import SimConfig, Simulator, instances_from_plan, summarize
+from coral.sim.preemption import (
+    PreemptionConfig,
+    PreemptionRun,
+    draw_pool_events,
+    pool_rng,
+    row_market,
+    row_pools,
+)
+from coral.sim.preemption_replan import AllocatorReplanner
+from coral.sim.workload import merge, synthetic
+from coral.templates.parallel import default_perf_factory
+
+PLANS = {
+    "on demand": [],
+    "spot (0.99)": ["--spot"],
+    "naive spot": ["--spot", "--risk-target", "0"],
+}
+
+
+class ScaledRates:
+    """The catalog's preemption figures with every rate times `scale`."""
+
+    def __init__(self, catalog, scale: float):
+        self.catalog, self.scale = catalog, scale
+
+    def preemption_rate_per_hour(self, node_type: str, region: str) -> float:
+        return self.scale * self.catalog.preemption_rate_per_hour(node_type, region)
+
+    def preemption_notice_s(self, region: str) -> float:
+        return self.catalog.preemption_notice_s(region)
+
+
+def plan(name: str, flags: list[str], folder: Path, replan: bool) -> Path:
+    out = folder / (name.replace(" ", "-").replace("(", "").replace(")", "") + ".json")
+    if replan or not out.exists():
+        cmd = ["coral", "plan", "core", "--nmax", "3", "--no-baselines", "--out", str(out),
+               *flags]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def events_per_day(payload: dict, catalog, seeds: int) -> tuple[float, float]:
+    """(mean events hitting the plan's spot pools in 24 h, share of seeds with at least one)."""
+    pools = sorted({p for r in payload["instances"] if row_market(r) == "spot"
+                    for p in row_pools(r)})
+    counts = []
+    for seed in range(seeds):
+        counts.append(sum(len(draw_pool_events(catalog.preemption_rate_per_hour(*p),
+                                               86_400.0, pool_rng(seed, p))) for p in pools))
+    return sum(counts) / seeds, sum(c > 0 for c in counts) / seeds
+
+
+def simulate(payload: dict, catalog, perf, *, horizon_s: float, seed: int,
+             rate_scale: float) -> tuple[dict, dict, float]:
+    slos = plan_slos(payload)
+    reqs = merge(*[synthetic(m, rate_rps=d, duration_s=horizon_s, seed=1000 * k,
+                             prompt_tokens=slos[m].input_tokens,
+                             output_tokens=slos[m].output_tokens)
+                   for k, (m, d) in enumerate(sorted(payload["demand_rps"].items())) if d > 0])
+    sim = Simulator(instances_from_plan(payload, slos), perf=perf, catalog=catalog,
+                    config=SimConfig(workers=1))
+    replanner = AllocatorReplanner(payload, catalog=catalog, perf=perf)
+    run = PreemptionRun(sim, payload["instances"], slos, ScaledRates(catalog, rate_scale),
+                        replanner, PreemptionConfig(seed=seed, startup_s=replanner.startup_s))
+    run.install(horizon_s, extra_pools=replanner.pools())
+    t0 = time.process_time()
+    result = sim.run(reqs)
+    cpu = time.process_time() - t0
+    return summarize(result, slos), run.report(result), cpu
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--horizon", type=float, default=900.0, help="simulated seconds")
+    ap.add_argument("--rate-scale", type=float, default=1.0,
+                    help="multiply the catalog's preemption rates (1: as they are)")
+    ap.add_argument("--seeds", type=int, default=1, help="simulated runs per plan")
+    ap.add_argument("--days-seeds", type=int, default=1000, help="24-hour event draws")
+    ap.add_argument("--plans-dir", type=Path, default=Path("out/bench-spot"))
+    ap.add_argument("--replan", action="store_true", help="plan again even if the files exist")
+    ap.add_argument("--json", type=Path, help="write every figure here")
+    args = ap.parse_args()
+    args.plans_dir.mkdir(parents=True, exist_ok=True)
+    catalog = default_catalog()
+    perf = default_perf_factory(catalog)
+    payloads = {name: read_plan_file(plan(name, flags, args.plans_dir, args.replan))
+                for name, flags in PLANS.items()}
+    out: dict = {"horizon_s": args.horizon, "rate_scale": args.rate_scale, "plans": {}}
+    print(f"\n24 h at the catalog's rates ({args.days_seeds} draws): events hitting a plan's "
+          "spot pools")
+    for name, payload in payloads.items():
+        mean, share = events_per_day(payload, catalog, args.days_seeds)
+        spot = payload.get("spot") or {}
+        print(f"  {name:12s} ${payload['cost_per_hour']:>9,.2f}/hour planned, spot share "
+              f"{spot.get('spot_share', 0.0):.1%}: {mean:.3f} events/day, a day with one or "
+              f"more {share:.1%}")
+        out["plans"][name] = {"planned_usd_per_hour": payload["cost_per_hour"],
+                              "spot": spot, "events_per_day": mean,
+                              "days_with_events": share, "runs": []}
+    print(f"\nSimulated {args.horizon:,.0f} s with preemptions at {args.rate_scale:g}x the "
+          "catalog's rates")
+    for name, payload in payloads.items():
+        for seed in range(args.seeds):
+            summary, rep, cpu = simulate(payload, catalog, perf, horizon_s=args.horizon,
+                                         seed=seed, rate_scale=args.rate_scale)
+            models = {m: v["slo_attainment"] for m, v in summary["models"].items()}
+            print(f"  {name:12s} seed {seed}: ${rep['cost_per_hour']:,.2f}/hour held "
+                  f"(${rep['cost_usd']:,.2f}), {rep['events']} events, "
+                  f"{rep['instances_reclaimed']} instances reclaimed, "
+                  f"{rep['replacements_started']} started / {rep['instances_stopped']} "
+                  f"stopped by re-plans, requests retried {rep['requests_retried']} failed "
+                  f"{rep['requests_failed']} rejected {rep['requests_rejected']}; SLO "
+                  f"attainment {summary['slo_attainment']:.2%}, worst model "
+                  f"{min(models.values()):.2%}; {cpu:.0f} s CPU", flush=True)
+            print("      " + ", ".join(f"{m} {a:.2%}" for m, a in models.items()))
+            out["plans"][name]["runs"].append({"seed": seed, "preemptions": rep,
+                                               "slo_attainment": summary["slo_attainment"],
+                                               "models": models, "cpu_s": cpu})
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

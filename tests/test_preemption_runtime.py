@@ -132,3 +132,27 @@ def test_preemptions_under_load_lose_nothing_beyond_retriable(expected, in_proce
     assert report.outcomes["correct"] > 0
     assert report.recovery_s is not None
     assert health["status"] == "ok", health
+
+
+def test_a_notice_over_http_reaches_the_controller():
+    """`POST /admin/preempt` (behind the API key) delivers a notice: unknown names get 404,
+    the instance is drained and replaced, and it is stopped when the notice runs out."""
+    with Controller(LocalProvisioner(in_process=True)) as controller:
+        spec = PipelineSpec.even(TINY, 1)
+        controller.deploy([RuntimeInstanceSpec("a", spec), RuntimeInstanceSpec("b", spec)])
+        app = create_app(controller.models, api_key="k", preempt=controller.notice)
+        auth = {"Authorization": "Bearer k"}
+        with ServerThread(app) as server:
+            url = server.url + "/admin/preempt"
+            assert httpx.post(url, json={"instance": "b", "notice_s": 0.2}).status_code == 401
+            r = httpx.post(url, json={"instance": "zz", "notice_s": 0.2}, headers=auth)
+            assert r.status_code == 404 and "zz" in r.json()["error"]["message"]
+            assert httpx.post(url, json={"instance": "b", "notice_s": -1},
+                              headers=auth).status_code == 400
+            r = httpx.post(url, json={"instance": "b", "notice_s": 0.2}, headers=auth)
+            assert r.status_code == 200, r.text
+            assert r.json()["instance"] == "b"
+            assert _until(lambda: controller.preemptions[0].how != "")
+            assert _until(lambda: "b" in controller.instances
+                          and controller.instances["b"].state == "active")
+    assert [p.instance for p in controller.preemptions] == ["b"]

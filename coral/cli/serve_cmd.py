@@ -361,7 +361,8 @@ def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: in
         controller = Controller(LocalProvisioner(in_process=in_process))
         try:
             controller.deploy(deployment.specs)
-            _run_gateway(controller.models, None, host=host, port=port, api_key=api_key)
+            _run_gateway(controller.models, None, host=host, port=port, api_key=api_key,
+                         preempt=controller.notice)
         finally:
             controller.close()
 
@@ -400,7 +401,8 @@ def _serve_tiny(eng: EngineName, *, stages: int, in_process: bool, random_weight
         controller = Controller(LocalProvisioner(in_process=in_process))
         try:
             controller.deploy([RuntimeInstanceSpec(instance.name, deployment.spec(model))])
-            _run_gateway(controller.models, {model.name: tokenizer_for(model)}, host=host,
+            _run_gateway(controller.models, {model.name: tokenizer_for(model)},
+                         preempt=controller.notice, host=host,
                          port=port, api_key=api_key)
         finally:
             controller.close()
@@ -449,10 +451,10 @@ def _tiny_vllm(model: Any, instance: Any, *, out: Path | None, dry_run: bool, ho
 
 
 def _run_gateway(models: Any, tokenizers: Any, *, host: str, port: int,
-                 api_key: str | None) -> None:
+                 api_key: str | None, preempt: Any = None) -> None:
     from coral.runtime.gateway import create_app, run_gateway
 
-    app = create_app(models, api_key=api_key, tokenizer=tokenizers)
+    app = create_app(models, api_key=api_key, tokenizer=tokenizers, preempt=preempt)
     _human["console"].print(f"gateway on http://{host}:{port}/v1 (models: "
                   f"{escape(', '.join(sorted(models)))})", highlight=False)
     run_gateway(app, host=host, port=port)  # returns on SIGTERM/SIGINT, requests drained

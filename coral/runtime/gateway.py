@@ -22,7 +22,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Literal, Mapping
+from typing import Any, AsyncIterator, Callable, Literal, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -172,13 +172,16 @@ class _Outcome:
 
 def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                tokenizer: Tokenizer | Mapping[str, Tokenizer] | None = None,
-               metrics: GatewayMetrics | None = None) -> FastAPI:
+               metrics: GatewayMetrics | None = None,
+               preempt: Callable[[str, float], Any] | None = None) -> FastAPI:
     """The gateway over `models` (served name -> backend).
 
     `tokenizer`: one for every model, or one per served name (models not in the mapping use
-    the byte tokenizer). `api_key`, when set, is required on /v1/* as
+    the byte tokenizer). `api_key`, when set, is required on /v1/* and /admin/* as
     `Authorization: Bearer <api_key>`; /health and /metrics stay open (bind the gateway to
-    loopback or a private network).
+    loopback or a private network). `preempt` (a controller's `notice`) serves
+    `POST /admin/preempt {"instance": NAME, "notice_s": S}`: a preemption notice for an
+    instance, as a cloud's would be delivered.
     """
     default_tok: Tokenizer = ByteTokenizer()
     per_model: Mapping[str, Tokenizer] = {}
@@ -216,12 +219,26 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1/"):
+        if api_key is not None and request.url.path.startswith(("/v1/", "/admin/")):
             given = request.headers.get("authorization", "")
             if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 return ApiError(401, "Incorrect API key provided.",
                                 type="invalid_request_error", code="invalid_api_key").response()
         return await call_next(request)
+
+    if preempt is not None:
+        @app.post("/admin/preempt")
+        async def admin_preempt(body: dict[str, Any]) -> dict[str, Any]:
+            name, notice_s = body.get("instance"), body.get("notice_s", 0.0)
+            if not isinstance(name, str) or not isinstance(notice_s, (int, float)) \
+                    or not notice_s >= 0:
+                raise ApiError(400, "expected {\"instance\": NAME, \"notice_s\": S >= 0}")
+            try:
+                record = preempt(name, float(notice_s))
+            except KeyError as exc:
+                raise ApiError(404, str(exc).strip("'\""), code="instance_not_found") from None
+            return {"instance": name, "notice_s": float(notice_s),
+                    "in_flight": getattr(record, "in_flight", None)}
 
     def backend_of(name: str) -> Backend:
         if name not in models:

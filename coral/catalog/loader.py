@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -25,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from coral.errors import CoralError
 from coral.messages import did_you_mean, field_problem
 from coral.catalog.schema import (
-    BAND_MIDPOINT,
+    PERIOD_HOURS,
     SCHEMA_VERSION,
     CloudSpotTerms,
     GpuType,
@@ -47,8 +46,8 @@ BUILTIN_FILES = ("gpus.yaml", "regions.yaml", "node_types.yaml", "models.yaml", 
 #: and spot prices never enter a template, so editing them keeps the cached libraries.
 HASHED_SECTIONS = ("gpus", "node_types", "regions", "models")
 _UNHASHED_FIELDS = {"node_types": ("spot_prices",)}
-#: Hours in the month over which the clouds' interruption shares are measured (365 * 24 / 12).
-HOURS_PER_MONTH = 730.0
+#: Hours in the month over which AWS's and Azure's interruption shares are measured.
+HOURS_PER_MONTH = PERIOD_HOURS["month"]
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -124,15 +123,20 @@ class Catalog:
         return self._cloud_terms(region).default_interruption
 
     def preemption_rate_per_hour(self, node_type: str, region: str) -> float:
-        """Expected preemption events per node-hour in the pool (node type, region).
+        """Expected preemptions per node-hour in the pool (node type, region).
 
-        The clouds publish the share `f` of spot instances reclaimed over a month; read as a
-        constant (Poisson) rate over a 730-hour month, `1 - exp(-rate * 730) = f`, so
-        `rate = -ln(1 - f) / 730`. `f` is the band's midpoint (the open top band, `>20%`,
-        counts as 25 %), from the pool's own band or its cloud's stated default.
+        The clouds publish a share `f` of spot instances reclaimed within a period of `T`
+        hours (AWS's Spot Instance Advisor and Azure: per month, T = 730; Google Cloud: per
+        day, T = 24), a share of instances rather than a count of events. Read as a constant
+        (Poisson) hazard per node, an instance survives the period with probability
+        `exp(-rate * T) = 1 - f`, so `rate = -ln(1 - f) / T` (`Interruption.rate_per_hour`).
+        `f` is the band's midpoint (the open top band, `>20%`, counts as 25 %), from the
+        pool's own band or its cloud's stated default. E.g. `>20%` per month gives
+        3.9e-4 per node-hour (not 0.25 / 730 = 3.4e-4: that reads the share as a count of
+        events per instance-month, and reclaims only 1 - exp(-0.25) = 22 % of the instances
+        in a month), and Google Cloud's 5-15 % per day 4.4e-3.
         """
-        share = BAND_MIDPOINT[self.interruption(node_type, region).band]
-        return -math.log1p(-share) / HOURS_PER_MONTH
+        return self.interruption(node_type, region).rate_per_hour()
 
     def preemption_notice_s(self, region: str) -> float:
         """Seconds of notice the cloud of `region` gives before reclaiming a spot node."""

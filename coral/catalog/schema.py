@@ -7,6 +7,7 @@ error that names the field rather than a silently ignored key. Units live in fie
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Literal
 
 from pydantic import (
@@ -93,22 +94,45 @@ class RegionPrice(Sourced):
     spot_usd_per_hour: float | None = Field(default=None, gt=0)
 
 
-InterruptionBand = Literal["<5%", "5-10%", "10-15%", "15-20%", ">20%"]
-"""Share of spot instances reclaimed per month, in the bands AWS's Spot Instance Advisor and
-Azure's eviction rates publish."""
+InterruptionBand = Literal["<5%", "5-10%", "10-15%", "15-20%", ">20%", "5-15%"]
+"""Share of spot instances a cloud reclaims per period: the bands of AWS's Spot Instance Advisor
+and Azure's eviction rates (per month), and Google Cloud's published 5-15 % (per day)."""
 
-#: Monthly reclaim share each band stands for: its midpoint; the open top band is read as
-#: 20-30 %, so its midpoint is 25 %.
+InterruptionPeriod = Literal["month", "day"]
+"""The period a band's share is measured over."""
+
+#: Hours in each period: a month is 365 * 24 / 12 hours.
+PERIOD_HOURS: dict[str, float] = {"month": 730.0, "day": 24.0}
+
+#: Share each band stands for: its midpoint; the open top band is read as 20-30 %, so its
+#: midpoint is 25 %.
 BAND_MIDPOINT: dict[str, float] = {
     "<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25,
+    "5-15%": 0.10,
 }
 
 
 class Interruption(Sourced):
     """How often a cloud reclaims spot capacity of one pool: a published band, or a stated
-    default (`approximate: true`) where the cloud publishes none."""
+    default (`approximate: true`) where the cloud publishes none.
+
+    A band is the share `f` of spot instances reclaimed within one `per` period, not a count
+    of events: read as a constant (Poisson) hazard `rate` per node-hour over a period of
+    `T` hours, `1 - exp(-rate * T) = f`, so `rate = -ln(1 - f) / T` (`rate_per_hour`). The
+    share is the band's midpoint (`BAND_MIDPOINT`).
+    """
 
     band: InterruptionBand
+    per: InterruptionPeriod = "month"
+
+    @property
+    def share(self) -> float:
+        """Share of instances reclaimed within one period (the band's midpoint)."""
+        return BAND_MIDPOINT[self.band]
+
+    def rate_per_hour(self) -> float:
+        """Preemptions per node-hour that reclaim `share` of the nodes within one period."""
+        return -math.log1p(-self.share) / PERIOD_HOURS[self.per]
 
 
 class SpotPrice(Sourced):

@@ -23,7 +23,7 @@ from coral.allocator.ilp import solve_allocation
 ENTRY_POINTS = (
     "coral.allocator.knapsack_kernel.start",
     "coral.allocator.knapsack_kernel.fix",
-    "coral.allocator.knapsack_kernel.programme",
+    "coral.allocator.knapsack_programme.programme",
     "coral.allocator.pd_cover_kernel.frontier",
     "coral.allocator.pd_cover_kernel.combine",
     "coral.allocator.pd_cover_kernel.finish",

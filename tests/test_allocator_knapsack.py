@@ -20,40 +20,35 @@ def _random(seed: int) -> dict:
     cost = np.round(cap * rng.uniform(0.8, 1.2, n) + rng.uniform(0.0, 1.0, n), 2)
     if rng.random() < 0.2:
         cost[rng.integers(n)] = 0.0  # a node priced at nothing (goodput pricing)
-    hard = bool(rng.random() < 0.5)
     return {
         "cost": cost,
         "cap": cap,
         "ub": rng.integers(0, 5, n),
         "demand": float(np.round(rng.uniform(0.5, 30.0), 2)),
-        "hard": hard,
-        "reward": 0.0 if hard else float(rng.uniform(0.0, 2.0)),
         "lo": np.minimum(rng.integers(0, 5, n), rng.integers(0, 2, n))
         if rng.random() < 0.3 else None,
     }
 
 
-def _enumerate(cost, cap, ub, demand, hard, reward, lo) -> float:
+def _enumerate(cost, cap, ub, demand, lo) -> float:
     best = math.inf
     ranges = [range(0 if lo is None else int(lo[i]), int(k) + 1) for i, k in enumerate(ub)]
     for x in itertools.product(*ranges):
         x = np.array(x)
-        if hard and cap @ x < demand - 1e-9:
+        if cap @ x < demand - 1e-9:
             continue
-        best = min(best, float(cost @ x - reward * min(demand, cap @ x)))
+        best = min(best, float(cost @ x))
     return best
 
 
 def _value(case: dict, x: np.ndarray) -> float:
-    return float(case["cost"] @ x - case["reward"] * min(case["demand"], case["cap"] @ x))
+    return float(case["cost"] @ x)
 
 
 def _valid(case: dict, x: np.ndarray) -> bool:
     lo = 0 if case["lo"] is None else case["lo"]
-    ok = bool((x >= lo).all() and (x <= case["ub"]).all())
-    if case["hard"]:
-        ok &= bool(case["cap"] @ x >= case["demand"] - 1e-9)
-    return ok
+    return bool((x >= lo).all() and (x <= case["ub"]).all()
+                and case["cap"] @ x >= case["demand"] - 1e-9)
 
 
 @pytest.mark.parametrize("seed", range(300))

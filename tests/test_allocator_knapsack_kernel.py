@@ -1,6 +1,6 @@
 """The compiled knapsack (`knapsack_dp`) against the array code it replaced
-(`knapsack_reference.py`), on random instances of every kind it is called with: hard covers and
-goodput (reward) pieces, lower bounds, hints, gaps, pools, and state caps small enough to bind.
+(`knapsack_reference.py`), on random instances of every kind it is called with: covers with
+least units, hints, gaps, pools, and state caps small enough to bind.
 
 Both compute the same sums in the same order, so everything must agree exactly: the solution,
 its value, the proven bound and the pool (ties included)."""
@@ -38,10 +38,7 @@ def _instance(seed: int) -> tuple[tuple, dict]:
     demand = float(rng.uniform(0.05, 1.1) * max(total, 1.0))
     if rng.random() < 0.1:
         demand = float(rng.uniform(0.0, 1e-9))  # nothing to cover
-    hard = bool(rng.random() < 0.5)
-    kw: dict = {"hard": hard}
-    if not hard:
-        kw["reward"] = float(rng.choice([0.0, rng.uniform(0.5, 3.5), rng.uniform(1.0, 1.1)]))
+    kw: dict = {}
     if rng.random() < 0.3:
         kw["lo"] = np.minimum(ub, rng.integers(0, 3, n) * (rng.random(n) < 0.2))
     if rng.random() < 0.3:
@@ -86,7 +83,7 @@ def test_state_cap_binds() -> None:
     cost = np.round(cap * rng.uniform(0.40, 0.41, 120), 4)
     ub = rng.integers(1, 60, 120)
     for max_states in (1, 2, 5, 50):
-        for kw in ({}, {"hard": False, "reward": 0.405}, {"pool": 4}):
+        for kw in ({}, {"pool": 4}):
             _check((cost, cap, ub, 413.98), {"max_states": max_states, **kw})
             capped = knapsack_dp(cost, cap, ub, 413.98, max_states=max_states, **kw)
             assert capped.lower_bound <= capped.value

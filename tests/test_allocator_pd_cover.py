@@ -83,25 +83,6 @@ def test_a_region_serves_the_lesser_half() -> None:
     assert list(sol.x) == [1, 1, 1, 0, 0] and sol.value == 8.5
 
 
-@pytest.mark.parametrize("seed", range(90, 150))
-def test_pd_cover_with_a_reward_is_the_best_trade(seed: int) -> None:
-    """Reward mode (the goodput problems' piece): least `cost x - reward min(demand,
-    served)`, nothing has to be served."""
-    cost, cap, lo, hi, half, region, (demand,) = _instance(seed)
-    reward = float(np.random.default_rng(seed).choice([0.0, 0.5, 1.0, 1.3, 3.0]))
-    best = math.inf
-    for units in itertools.product(*[range(a, b + 1) for a, b in zip(lo, hi)]):
-        x = np.array(units, dtype=np.int64)
-        best = min(best, float(cost @ x) - reward * min(demand, served(cap, half, region, x)))
-    sol = pd_cover(cost, cap, lo, hi, half, region, float(demand), reward=reward)
-    assert sol.x is not None
-    assert sol.value == pytest.approx(best, rel=1e-9, abs=1e-9)
-    assert sol.lower_bound == sol.value
-    assert (sol.x >= lo).all() and (sol.x <= hi).all()
-    got = float(cost @ sol.x) - reward * min(demand, served(cap, half, region, sol.x))
-    assert got == pytest.approx(sol.value, abs=1e-9)
-
-
 @pytest.mark.parametrize("seed", range(150, 170))
 def test_a_state_cap_keeps_the_bound_proven(seed: int, monkeypatch) -> None:
     """With frontiers cut to a couple of states the answer may be worse, never infeasible,

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 _warned_no_cache = False
 
 #: The modules of compiled kernels; `warm_up` imports them.
-KERNEL_MODULES = ("coral.allocator.knapsack_kernel", "coral.allocator.pd_cover_kernel")
+KERNEL_MODULES = ("coral.allocator.kernel_arrays", "coral.allocator.knapsack_kernel",
+                  "coral.allocator.knapsack_programme", "coral.allocator.pd_cover_kernel")
 
 
 def jit(signature: Any = None) -> Any:

@@ -1,14 +1,13 @@
 """One model on its own: the bounded covering knapsack, solved exactly.
 
-    minimise   sum_i cost_i x_i - reward * min(demand, sum_i cap_i x_i)
-    subject to sum_i cap_i x_i >= demand        (only when `hard`)
+    minimise   sum_i cost_i x_i
+    subject to sum_i cap_i x_i >= demand
                lo_i <= x_i <= ub_i, integer
 
-With `hard` and no reward it is one model's demand row: the cheapest cover. Without `hard`, a
-`reward` per unit of capacity up to the demand turns it into the goodput problems' per-model
-piece (serve as much as pays, never more than the demand). It is the allocator's workhorse: the
-per-model fast path solves it with true prices, and the Lagrangian bound (`lagrange.py`) solves
-it once per model and round with every node priced at its shadow price.
+It is one model's demand row: the cheapest cover, and the allocator's workhorse: the per-model
+fast path solves it with true prices, branch and price (`branch_price.py`) completes plans
+with it, and the Lagrangian bound (`lagrange.py`) solves it once per model and round with
+every node priced at its shadow price.
 
 Its instances are hard for LP-based branch and bound: a model has a hundred or more templates
 whose cost per request/s differ by a fraction of a percent, so the LP bound is almost met
@@ -31,8 +30,8 @@ value when nothing was pruned below it. A state cap (`max_states`) keeps the sta
 bound and folds the least bound of the dropped ones into the lower bound, so even a capped run
 gives a valid bound.
 
-The loops (the sort by ratio, the quick solutions, the fixing and the programme) are compiled
-(`knapsack_kernel.py`, numba); the dot products stay here, in numpy, so that the answers are
+The loops are compiled (numba): the sort by ratio, the quick solutions and the fixing in
+`knapsack_kernel.py`, the programme in `knapsack_programme.py`; the dot products stay here, in numpy, so that the answers are
 those of the array code it replaced, bit for bit (`tests/knapsack_reference.py` is that code,
 and the tests hold the two to it).
 """
@@ -54,7 +53,7 @@ DEMAND_TOL = 1e-9
 class KnapsackSolution:
     """The best solution found, and what is proven about the optimum."""
 
-    x: np.ndarray | None  # units per item (None: `hard` and the items cannot cover demand)
+    x: np.ndarray | None  # units per item (None: the items cannot cover the demand)
     value: float  # objective of `x` (inf when None)
     lower_bound: float  # proven: no solution has a lower objective (inf when none exists)
     pool: tuple[tuple[float, np.ndarray], ...] = ()  # other good solutions, (value, x)
@@ -74,14 +73,14 @@ def cover_dp(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float, *
              rel_gap: float = 0.0, max_states: int = MAX_STATES, pool: int = 0,
              hints: tuple[np.ndarray, ...] = ()) -> KnapsackSolution:
     """Cheapest cover of `demand` by items of `cost`, `cap` and at most `ub` units each
-    (`knapsack_dp` with `hard` and no reward)."""
+    (`knapsack_dp` without least units)."""
     return knapsack_dp(cost, cap, ub, demand, rel_gap=rel_gap, max_states=max_states,
                        pool=pool, hints=hints)
 
 
 def knapsack_dp(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float, *,
-                reward: float = 0.0, hard: bool = True, lo: np.ndarray | None = None,
-                rel_gap: float = 0.0, max_states: int = MAX_STATES, pool: int = 0,
+                lo: np.ndarray | None = None, rel_gap: float = 0.0,
+                max_states: int = MAX_STATES, pool: int = 0,
                 hints: tuple[np.ndarray, ...] = ()) -> KnapsackSolution:
     """Solve the problem of the module docstring. Costs must be >= 0 and capacities > 0.
 
@@ -99,15 +98,11 @@ def knapsack_dp(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float
     base = np.zeros(n, dtype=np.int64) if lo is None else np.asarray(lo, dtype=np.int64)
     if (base > ub).any():
         return KnapsackSolution(None, math.inf, math.inf)
-    # x = base + y: y's demand is what `base` leaves, and the reward on base's capacity is paid
+    # x = base + y: y's demand is what `base` leaves
     base_cap = float(cap @ base)
-    offset = float(cost @ base) - reward * min(demand, base_cap)
-    if hard:  # every solution meets the demand: the reward is a constant
-        offset = float(cost @ base) - reward * demand
-        reward = 0.0
+    offset = float(cost @ base)
     rest = max(0.0, demand - base_cap)
-    sol = _solve(cost, cap, ub - base, rest, float(reward), bool(hard), float(rel_gap),
-                 int(max_states), int(pool),
+    sol = _solve(cost, cap, ub - base, rest, float(rel_gap), int(max_states), int(pool),
                  tuple(np.asarray(h, dtype=np.int64) - base for h in hints),
                  DEMAND_TOL * max(1.0, demand))
     if sol.x is None:
@@ -116,37 +111,33 @@ def knapsack_dp(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float
                             tuple((v + offset, x + base) for v, x in sol.pool))
 
 
-def _objective(c: np.ndarray, a: np.ndarray, x: np.ndarray, demand: float, reward: float
-               ) -> float:
-    return float(c @ x) - reward * min(demand, float(a @ x))
-
-
-def _solve(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float, reward: float,
-           hard: bool, rel_gap: float, max_states: int, pool: int,
-           hints: tuple[np.ndarray, ...], tol: float) -> KnapsackSolution:
+def _solve(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float, rel_gap: float,
+           max_states: int, pool: int, hints: tuple[np.ndarray, ...], tol: float
+           ) -> KnapsackSolution:
     # imported on first use: numba and the compiled code take a few tenths of a second to load
     from coral.allocator import knapsack_kernel as _kernel
+    from coral.allocator import knapsack_programme as _programme
 
     n = len(cost)
     zero = np.zeros(n, dtype=np.int64)
-    if demand <= tol or (not hard and reward <= 0.0):
+    if demand <= tol:
         return KnapsackSolution(zero, 0.0, 0.0)
     # items by ratio, the LP optimum (dual `lam`, value `z_lp`) and the quick solutions
-    feasible, order, c, a, u, lam, z_lp, taken, q, starts, n_starts = _kernel.start(
-        cost, cap, ub, demand, tol, reward, hard)
+    feasible, order, c, a, u, lam, z_lp, taken, starts, n_starts = _kernel.start(
+        cost, cap, ub, demand, tol)
     if not feasible:
         return KnapsackSolution(None, math.inf, math.inf)
-    best, best_x = (math.inf, zero) if hard else (0.0, zero)
+    best, best_x = math.inf, zero
     for x in starts[:n_starts]:
-        if hard and not a @ x >= demand - tol:
+        if not a @ x >= demand - tol:
             continue
-        v = _objective(c, a, x, demand, reward)
+        v = float(c @ x)
         if v < best:
             best, best_x = v, x
     for hint in hints:
         h = hint[order]
-        if (h >= 0).all() and (h <= u).all() and (not hard or a @ h >= demand - tol):
-            v = _objective(c, a, h, demand, reward)
+        if (h >= 0).all() and (h <= u).all() and a @ h >= demand - tol:
+            v = float(c @ h)
             if v < best:
                 best, best_x = v, h.copy()
 
@@ -157,24 +148,20 @@ def _solve(cost: np.ndarray, cap: np.ndarray, ub: np.ndarray, demand: float, rew
     # fixing is tighter, and what it excludes is worth at least max(z_lp, target).)
     target = best - rel_gap * abs(best) if math.isfinite(best) else best
     slack = target - z_lp + 1e-9 * max(1.0, abs(best))
-    lo, hi, any_free = _kernel.fix(c, a, u, lam, slack, taken, q, hard)
+    lo, hi, any_free = _kernel.fix(c, a, u, lam, slack, taken)
     lower = math.inf
     found_values: np.ndarray = np.empty(0)
     found_xs: np.ndarray = np.empty((0, n), dtype=np.int64)
     pre_cap = float(a @ lo)
     pre_cost = float(c @ lo)
-    pre_value = pre_cost - (0.0 if hard else reward * min(demand, pre_cap))
     if slack < 0:  # nothing beats `best` by more than the gap
         pass
     elif pre_cap >= demand - tol or not any_free:
-        if (not hard or pre_cap >= demand - tol) and pre_value < best:
-            best, best_x = pre_value, lo.copy()
+        if pre_cap >= demand - tol and pre_cost < best:
+            best, best_x = pre_cost, lo.copy()
     else:
-        if not hard and pre_value < best:
-            best, best_x = pre_value, lo.copy()
-        best, improved, x_dp, lower, found_values, found_xs = _kernel.programme(
-            c, a, lo, hi, demand, tol, pre_cap, pre_cost, best, rel_gap, max_states, pool,
-            reward, hard)
+        best, improved, x_dp, lower, found_values, found_xs = _programme.programme(
+            c, a, lo, hi, demand, tol, pre_cap, pre_cost, best, rel_gap, max_states, pool)
         if improved:
             best_x = x_dp
     lower = min(lower, best)

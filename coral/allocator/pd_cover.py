@@ -77,16 +77,10 @@ def served(cap: np.ndarray, half: np.ndarray, region: np.ndarray, x: np.ndarray)
 
 def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
              half: np.ndarray, region: np.ndarray, demand: float, *,
-             hints: tuple[np.ndarray, ...] = (), reward: float | None = None
-             ) -> KnapsackSolution:
+             hints: tuple[np.ndarray, ...] = ()) -> KnapsackSolution:
     """Cheapest units within `lo`..`hi` that serve `demand` (see the module's docstring);
     `cost` >= 0. Exact (the lower bound is the value) unless a frontier outgrew `MAX_STATES`;
-    the lower bound is proven either way. `x` None when nothing serves it.
-
-    With a `reward` per request/s served (up to the demand), the goodput problems' piece as
-    `knapsack_dp` without `hard` solves it: minimise `cost x - reward min(demand, served)`,
-    nothing has to be served. It is the cover with the shortfall bought at `reward` per
-    request/s: a group of unlimited, divisible capacity at that rate."""
+    the lower bound is proven either way. `x` None when nothing serves it."""
     # imported on first use: numba and the compiled code take a while to load
     from coral.allocator import pd_cover_kernel as _kernel
 
@@ -96,23 +90,20 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
         return KnapsackSolution(None, math.inf, math.inf)
     tol = DEMAND_TOL * max(1.0, demand)
     groups = _groups(cost, cap, half, region)
-    slack = math.inf if reward is None else max(float(reward), 0.0)
 
-    def value_of(x: np.ndarray) -> float:  # cost with the shortfall bought at `slack`
+    def value_of(x: np.ndarray) -> float:  # cost of a cover, inf for a shortfall
         short = max(0.0, demand - served(cap, half, region, x))
-        if short <= tol:
-            return float(cost @ x)
-        return float(cost @ x) + slack * short if math.isfinite(slack) else math.inf
+        return float(cost @ x) if short <= tol else math.inf
 
     limit = math.inf
     best_x: np.ndarray | None = None
-    for h in hints + ((lo,) if reward is not None else ()):
+    for h in hints:
         h = np.asarray(h, dtype=np.int64)
         if len(h) == n and (h >= lo).all() and (h <= hi).all():
             value = value_of(h)
             if value < limit:
                 limit, best_x = value, h.copy()
-    quick = [] if best_x is not None and reward is None else _one_group_plans(
+    quick = [] if best_x is not None else _one_group_plans(
         cost, cap, lo, hi, half, region, groups, demand, tol)
     for x in quick:
         value = value_of(x)
@@ -136,7 +127,8 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 
     def rest(skip: set[int]) -> tuple[float, float]:
         others = [g for g in range(len(groups)) if g not in skip]
-        return (min([rates[g] for g in others] + [slack]), sum(frees[g] for g in others))
+        return (min((rates[g] for g in others), default=math.inf),
+                sum(frees[g] for g in others))
 
     # each group's frontier, regions as the sum of their halves
     fronts = []
@@ -167,9 +159,6 @@ def pd_cover(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     # completes each state to the demand at least cost
     if any(not len(q) for q, _, _ in fronts):
         return _fallback(best_x, cost, dropped)
-    if reward is not None:
-        return _best_with_shortfall(fronts, rest, lo, cost, demand, slack, limit_in, best_x,
-                                    value_of, dropped)
     if len(fronts) == 1:  # nothing to pair with: the empty state
         fronts.insert(0, (np.zeros(1), np.zeros(1), []))
     q_all, c_all, trail, cut = _combined(fronts[:-2], rest, demand, limit_in)
@@ -221,24 +210,6 @@ def _combined(fronts: list, rest, demand: float, limit: float
         if not len(q_all):
             break
     return q_all, c_all, trail, dropped
-
-
-def _best_with_shortfall(fronts: list, rest, lo: np.ndarray, cost: np.ndarray,
-                         demand: float, slack: float, limit: float,
-                         best_x: np.ndarray | None, value_of, dropped: float
-                         ) -> KnapsackSolution:
-    """Reward mode: every group combined, then the state of least cost plus shortfall."""
-    assert best_x is not None  # the least units at least
-    q_all, c_all, trail, cut = _combined(fronts, rest, demand, limit)
-    dropped = min(dropped, cut)
-    if len(q_all):  # else every state was cut off: nothing beats `best_x`
-        total = c_all + slack * np.maximum(demand - q_all, 0.0)
-        state = int(np.argmin(total))
-        x = _units(fronts, trail, state, lo)
-        if value_of(x) < value_of(best_x):
-            best_x = x
-    value = value_of(best_x)
-    return KnapsackSolution(best_x, value - slack * demand, min(value, dropped) - slack * demand)
 
 
 def _undominated(cost: np.ndarray, cap: np.ndarray, lo: np.ndarray, hi: np.ndarray,

@@ -12,8 +12,8 @@ import math
 import numpy as np
 
 from coral.allocator.jit import jit
-# the knapsack's stable argsort: numpy's (the same order, stable too) takes seconds to compile
-from coral.allocator.knapsack_kernel import _argsort
+# a stable argsort in loops: numpy's (the same order, stable too) takes seconds to compile
+from coral.allocator.kernel_arrays import argsort
 
 
 @jit("float64(float64, float64, float64, float64, float64, float64)")
@@ -49,7 +49,7 @@ def _pareto(cq: np.ndarray, cc: np.ndarray, t: int, tol: float) -> np.ndarray:
     """Positions among the first `t` candidates (capacity, cost) that no other beats on both
     counts (equal capacity: the cheaper), capacity ascending: a sweep from the most capacity
     down keeps each state cheaper than every state above it."""
-    order = _argsort(cq, t)
+    order = argsort(cq, t)
     keep = np.empty(t, np.int64)
     kept = 0
     best = np.inf
@@ -71,7 +71,7 @@ def _least_keys(ascending: np.ndarray, key: np.ndarray, max_states: int
     """The `max_states` states of least key (their order kept), and the least key of the
     others."""
     n = len(ascending)
-    by_key = _argsort(key, n)
+    by_key = argsort(key, n)
     dropped = np.inf
     for a in range(max_states, n):
         dropped = min(dropped, key[by_key[a]])

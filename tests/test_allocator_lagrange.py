@@ -15,12 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from coral.allocator.branch_price import (
-    best_part_plan,
-    best_pattern_plan,
-    round_and_repair,
-    solve_decomposed,
-)
+from coral.allocator.branch_price import solve_decomposed
 from coral.allocator.lagrange import (
     Bounds,
     Decomposition,
@@ -29,6 +24,7 @@ from coral.allocator.lagrange import (
     Pricer,
     column_generation,
 )
+from coral.allocator.plan_search import best_part_plan, best_pattern_plan, round_and_repair
 
 def _random_decomposition(seed: int) -> Decomposition:
     rng = np.random.default_rng(seed)

@@ -32,7 +32,8 @@ the simulator and the runtime, so that they share it without importing each othe
 
 from __future__ import annotations
 
-from operator import truediv
+from itertools import compress, repeat
+from operator import lt, truediv
 from typing import Collection, Sequence
 
 import numpy as np
@@ -81,27 +82,20 @@ def swrr_picks(weights: Sequence[float], current: list[float], count: int) -> li
 
 def overloaded(in_flight: Sequence[int], weights: Sequence[float], candidates: Sequence[int],
                load_slack: float) -> list[int]:
-    """The candidates rule 3 skips (see the module docstring), in `candidates`' order.
+    """The candidates rule 3 skips (see the module docstring), in `candidates`' order:
+    `k` with `in_flight[k] > fair + max(load_slack, fair)`.
 
-    The least loaded candidate is the first with the fewest in-flight requests per unit
-    weight; candidate `k`'s fair count is that load times `weights[k]` (computed as
-    `least * (w_k / w_least)`, exact for equal weights)."""
-    if not candidates:
+    The least loaded candidate `j` is the first with the fewest in-flight requests per unit
+    weight; `k`'s fair count is `in_flight[j] * (weights[k] / weights[j])` (exact for equal
+    weights). Written out; `SwrrRouter` computes the same in C-level scans."""
+    if not candidates or max(in_flight[k] for k in candidates) <= load_slack:
         return []
-    if len(candidates) == len(in_flight):  # every candidate: scans in C
-        if max(in_flight) <= load_slack:
-            return []
-        loads = list(map(truediv, in_flight, weights))
-        j = loads.index(min(loads))
-    else:
-        if max(in_flight[k] for k in candidates) <= load_slack:
-            return []
-        j = min(candidates, key=lambda k: in_flight[k] / weights[k])
+    j = min(candidates, key=lambda k: in_flight[k] / weights[k])
     least, w_least = in_flight[j], weights[j]
     out = []
     for k in candidates:
         fair = least * (weights[k] / w_least)
-        if in_flight[k] - fair > max(load_slack, fair):
+        if in_flight[k] > fair + max(load_slack, fair):
             out.append(k)
     return out
 
@@ -123,6 +117,8 @@ class SwrrRouter:
             raise ValueError(f"router weights {tuple(weights)} must be positive, at least one")
         if block < 1:
             raise ValueError(f"router block {block} must be at least 1")
+        if load_slack is not None and not load_slack >= 0:
+            raise ValueError(f"router load_slack {load_slack} must be >= 0")
         self.weights = [float(w) for w in weights]
         self.load_slack = load_slack  # None: no overload rule
         self.block = block
@@ -195,8 +191,12 @@ class SwrrRouter:
         cand = [k for k in active if k not in exclude] if exclude else active
         if not cand:
             return None
-        over = (overloaded(self.in_flight, self.weights, cand, self.load_slack)
-                if self.load_slack is not None else [])
+        if self.load_slack is None:
+            over: list[int] = []
+        elif cand is active and len(active) == len(self.weights):
+            over = self._overloaded_all()
+        else:
+            over = overloaded(self.in_flight, self.weights, cand, self.load_slack)
         if not over and cand is active:
             drawn = self._drawn or self._draw()
             self._used += 1
@@ -209,6 +209,30 @@ class SwrrRouter:
         for k, c in zip(eligible, credits):
             self._credits[k] = c
         return eligible[chosen]
+
+    def _overloaded_all(self) -> list[int]:
+        """`overloaded` over every instance, its scans in C (the simulator asks on every
+        arrival): with an idle instance the fair counts are 0, so the instances over the
+        slack; otherwise the exact test runs only on those loaded near twice the least."""
+        in_flight, slack = self.in_flight, self.load_slack
+        if max(in_flight) <= slack:
+            return []
+        if not min(in_flight):  # an idle instance: every fair count is 0
+            return list(compress(range(len(in_flight)), map(lt, repeat(slack), in_flight)))
+        loads = list(map(truediv, in_flight, self.weights))
+        least_load = min(loads)
+        j = loads.index(least_load)
+        least = in_flight[j]
+        near = least_load * (2.0 - 1e-9)  # rule 3 needs more than twice; a rounding margin
+        if max(loads) <= near:
+            return []
+        weights, w_least = self.weights, self.weights[j]
+        out = []
+        for k in compress(range(len(loads)), map(lt, repeat(near), loads)):
+            fair = least * (weights[k] / w_least)
+            if in_flight[k] > fair + max(slack, fair):
+                out.append(k)
+        return out
 
     def _draw(self) -> list[int]:
         """The next block of picks over every routable instance."""

@@ -43,6 +43,16 @@ def test_overload_is_judged_per_unit_weight():
     assert overloaded([5, 0, 3], [1.0, 1.0, 1.0], [0, 2], LOAD_SLACK) == []
 
 
+def test_the_routers_scans_equal_the_written_out_rule():
+    rng = random.Random(7)
+    for _ in range(2000):
+        n = rng.randint(1, 9)
+        weights = [rng.choice((1.0, 2.0, rng.uniform(0.1, 5.0))) for _ in range(n)]
+        rr = SwrrRouter(weights)
+        rr.in_flight[:] = [rng.randint(0, 30) for _ in range(n)]
+        assert rr._overloaded_all() == overloaded(rr.in_flight, weights, range(n), LOAD_SLACK)
+
+
 def test_unroutable_and_excluded_instances_take_nothing():
     rr = SwrrRouter([1.0, 1.0, 1.0])
     rr.set_routable(1, False)

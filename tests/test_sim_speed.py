@@ -215,7 +215,7 @@ class Reference:
         eligible = []
         for k in range(len(insts)):
             fair = load[j] * (weights[k] / weights[j])
-            if load[k] - fair <= max(LOAD_SLACK, fair):
+            if load[k] <= fair + max(LOAD_SLACK, fair):
                 eligible.append(k)
         best = eligible[0]
         for k in eligible:

@@ -25,6 +25,7 @@ class SimRouter:
         self._rr = SwrrRouter([max(i.spec.weight, 1e-12) for i in insts],
                               load_slack=load_slack, block=SWRR_BLOCK)
         self.inflight = self._rr.in_flight
+        self._pick = self._rr.pick
         for k, i in enumerate(insts):
             i.router, i.slot, i.inflight = self, k, self.inflight
 
@@ -44,5 +45,5 @@ class SimRouter:
     def pick(self) -> SimInstance | None:
         """The instance the next request goes to (None: no instance of the model is
         routable)."""
-        k = self._rr.pick()
+        k = self._pick()
         return None if k is None else self.insts[k]

@@ -299,3 +299,23 @@ def test_cli_errors(tiny_yaml: Path, args: list[str], message: str):
     result = runner.invoke(app, ["profile", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+@pytest.mark.parametrize("chunks", [(12,), (5, 1, 6), (1,) * 12], ids=["whole", "mixed", "tokens"])
+def test_runtime_chunks_match_the_profiled_prefill(tiny: ModelArch, chunks):
+    """The runtime's per-request `forward` (chunks after a growing cache) and the profiler's
+    `prefill` are one layer: the same outputs for the same tokens."""
+    from coral.perf.torch_layers import LayerCache
+
+    layer = build_layers(tiny, 1)[0]
+    p = sum(chunks)
+    x = torch.randn(p, tiny.hidden_size)
+    with torch.inference_mode():
+        cos, sin = rope_tables(torch.arange(p), tiny.head_dim, torch.float32)
+        full = layer.prefill(x, cos, sin)
+        cache, outs, start = LayerCache(), [], 0
+        for n in chunks:
+            outs.append(layer(x[start:start + n], torch.arange(start, start + n), cache))
+            start += n
+    assert cache.length == p
+    torch.testing.assert_close(torch.cat(outs), full, rtol=1e-4, atol=1e-4)

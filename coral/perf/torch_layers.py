@@ -1,23 +1,80 @@
-"""The transformer decoder layer the profiler times, built from a catalog `ModelArch` with
-random weights (no download, no `transformers`): RMSNorm, fused QKV projection with
-grouped-query attention, rotary embeddings, causal attention through
-`torch.nn.functional.scaled_dot_product_attention`, output projection, RMSNorm and a gated
-SiLU MLP (GELU MLP when the model's MLP is not gated); a mixture-of-experts model gets a
-softmax router, top-k routed experts and its shared experts as one always-on MLP. Its
-parameter count equals `ModelArch.params_per_layer`. `coral.perf.profiler` times it."""
+"""Coral's one transformer decoder layer: the layer the profiler times is the layer the
+runtime serves with.
+
+Llama-style: RMSNorm, fused QKV projection with grouped-query attention, rotary embeddings,
+attention through `torch.nn.functional.scaled_dot_product_attention`, output projection,
+RMSNorm and a gated SiLU MLP (GELU MLP when the model's MLP is not gated); a mixture-of-experts
+model gets a softmax router, top-k routed experts and its shared experts as one always-on MLP.
+Its parameter count equals `ModelArch.params_per_layer`.
+
+Its weights are random (drawn on the device: no download, no `transformers`) or given as
+tensors (`LAYER_TENSORS`, e.g. a checkpoint's). Three ways to run it, one arithmetic:
+
+- `prefill`: one sequence from position 0 (the profiler's prefill point);
+- `decode`: a batch of sequences, one new token each, over a preallocated dense KV cache
+  (the profiler's decode point);
+- `forward`: one request's chunk of tokens after what its `LayerCache` holds (the runtime's
+  pipeline stages, `coral.runtime.model`).
+
+So `coral profile` measures the layer `coral serve` runs, and a change to one is a change to
+both. The layer sits in `coral.perf` because that is the lowest layer that needs it.
+"""
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coral.catalog.schema import ModelArch
+from coral.catalog.schema import ModelArch, MoeConfig
 
 ROPE_THETA = 10000.0
+NORM_EPS = 1e-5
+
+#: Names of one dense decoder layer's tensors when they are given (linear weights are
+#: (out_features, in_features), as `nn.Linear` stores them).
+LAYER_TENSORS = ("attn_norm", "q_proj", "k_proj", "v_proj", "o_proj", "mlp_norm", "gate_proj",
+                 "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The shape of one decoder layer, whichever model description it comes from."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    gated_mlp: bool = True
+    norm_eps: float = NORM_EPS
+    rope_theta: float = ROPE_THETA
+    moe: MoeConfig | None = None
+
+    @classmethod
+    def of_arch(cls, arch: ModelArch) -> "DecoderShape":
+        return cls(arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
+                   arch.ffn_size, arch.gated_mlp, moe=arch.moe)
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape each of `LAYER_TENSORS` must have (a gated dense layer's)."""
+        h, f = self.hidden_size, self.ffn_size
+        return {"attn_norm": (h,), "mlp_norm": (h,), "q_proj": (self.q_dim, h),
+                "k_proj": (self.kv_dim, h), "v_proj": (self.kv_dim, h),
+                "o_proj": (h, self.q_dim), "gate_proj": (f, h), "up_proj": (f, h),
+                "down_proj": (h, f)}
 
 
 def _param(shape: Sequence[int], fan_in: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
@@ -29,11 +86,17 @@ def _param(shape: Sequence[int], fan_in: int, device: torch.device, dtype: torch
 _HAS_RMS_NORM = hasattr(F, "rms_norm")  # torch >= 2.4
 
 
+def _given(weight: torch.Tensor, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(weight.to(device=device, dtype=dtype), requires_grad=False)
+
+
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, device: torch.device, dtype: torch.dtype, eps: float = 1e-5):
+    def __init__(self, size: int, device: torch.device, dtype: torch.dtype,
+                 eps: float = NORM_EPS, weight: torch.Tensor | None = None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size, device=device, dtype=dtype),
-                                   requires_grad=False)
+        self.weight = (_given(weight, device, dtype) if weight is not None else
+                       nn.Parameter(torch.ones(size, device=device, dtype=dtype),
+                                    requires_grad=False))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -48,11 +111,14 @@ class MLP(nn.Module):
     """Gated SiLU MLP (gate and up fused in one matrix) or a plain GELU MLP."""
 
     def __init__(self, hidden: int, ffn: int, gated: bool, device: torch.device,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, w_in: torch.Tensor | None = None,
+                 w_out: torch.Tensor | None = None):
         super().__init__()
         self.gated = gated
-        self.w_in = _param(((2 if gated else 1) * ffn, hidden), hidden, device, dtype)
-        self.w_out = _param((hidden, ffn), ffn, device, dtype)
+        self.w_in = (_given(w_in, device, dtype) if w_in is not None else
+                     _param(((2 if gated else 1) * ffn, hidden), hidden, device, dtype))
+        self.w_out = (_given(w_out, device, dtype) if w_out is not None else
+                      _param((hidden, ffn), ffn, device, dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.linear(x, self.w_in)
@@ -72,19 +138,20 @@ class MoE(nn.Module):
     sync, so a step can be captured as a CUDA graph. Where grouped matmul is unavailable
     the experts run one by one (a host sync and two matmuls per touched expert)."""
 
-    def __init__(self, arch: ModelArch, device: torch.device, dtype: torch.dtype):
+    def __init__(self, shape: DecoderShape, device: torch.device, dtype: torch.dtype):
         super().__init__()
-        moe = arch.moe
+        moe = shape.moe
         assert moe is not None
-        h, f, e = arch.hidden_size, moe.expert_ffn_size, moe.num_experts
+        h, f, e = shape.hidden_size, moe.expert_ffn_size, moe.num_experts
         self.top_k = moe.experts_per_token
-        self.gated = arch.gated_mlp
+        self.gated = shape.gated_mlp
         self.router = _param((e, h), h, device, dtype)
         # Stored [expert, out, in] like nn.Linear; an expert is `x @ w[e].T`.
         self.w_in = _param((e, (2 if self.gated else 1) * f, h), h, device, dtype)
         self.w_out = _param((e, h, f), f, device, dtype)
         self.shared = (
-            MLP(h, moe.shared_experts * moe.shared_expert_ffn_size, arch.gated_mlp, device, dtype)
+            MLP(h, moe.shared_experts * moe.shared_expert_ffn_size, shape.gated_mlp, device,
+                dtype)
             if moe.shared_experts else None
         )
         self.grouped_mm = _grouped_mm_fn(device, dtype)
@@ -162,35 +229,79 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of shape [len(positions), head_dim] for rotary embeddings."""
+def rope_tables(positions: torch.Tensor, head_dim: int, dtype: torch.dtype,
+                theta: float = ROPE_THETA) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape [len(positions), head_dim] for rotary embeddings (half-split
+    convention: dimension i pairs with i + head_dim / 2)."""
     half = head_dim // 2
-    inv = ROPE_THETA ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
+    inv = theta ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
     ang = positions.float()[:, None] * inv[None, :]
     ang = torch.cat((ang, ang), dim=-1)
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
-class DecoderLayer(nn.Module):
-    """One Llama-style decoder layer (dense or MoE) working on flattened tokens [T, hidden]."""
+class LayerCache:
+    """One request's keys and values in one layer, [kv_heads, tokens, head_dim] each, grown
+    chunk by chunk (the runtime's cache; the profiler's decode uses a dense batch cache)."""
 
-    def __init__(self, arch: ModelArch, device: torch.device, dtype: torch.dtype):
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[1]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=1)
+        self.values = v if self.values is None else torch.cat([self.values, v], dim=1)
+        return self.keys, self.values
+
+
+class DecoderLayer(nn.Module):
+    """One Llama-style decoder layer (dense or MoE) working on flattened tokens [T, hidden].
+
+    `tensors` (keyed by `LAYER_TENSORS`, a gated dense layer's) gives its weights; without
+    them they are drawn at random on the device."""
+
+    def __init__(self, shape: DecoderShape | ModelArch, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32,
+                 tensors: Mapping[str, torch.Tensor] | None = None):
         super().__init__()
-        if arch.head_dim % 2:
-            raise ValueError(f"model {arch.name}: head_dim {arch.head_dim} must be even for RoPE")
-        self.num_heads = arch.num_heads
-        self.num_kv_heads = arch.num_kv_heads
-        self.head_dim = arch.head_dim
-        h = arch.hidden_size
-        self.input_norm = RMSNorm(h, device, dtype)
-        self.w_qkv = _param((arch.q_dim + 2 * arch.kv_dim, h), h, device, dtype)
-        self.w_o = _param((h, arch.q_dim), arch.q_dim, device, dtype)
-        self.post_norm = RMSNorm(h, device, dtype)
-        self.mlp: nn.Module = (
-            MoE(arch, device, dtype) if arch.moe is not None
-            else MLP(h, arch.ffn_size, arch.gated_mlp, device, dtype)
-        )
+        if isinstance(shape, ModelArch):
+            shape = DecoderShape.of_arch(shape)
+        if shape.head_dim % 2:
+            raise ValueError(f"head_dim {shape.head_dim} must be even for RoPE")
+        device = torch.device(device)
+        self.num_heads = shape.num_heads
+        self.num_kv_heads = shape.num_kv_heads
+        self.head_dim = shape.head_dim
+        self.rope_theta = shape.rope_theta
+        h = shape.hidden_size
+        if tensors is None:
+            self.input_norm = RMSNorm(h, device, dtype, shape.norm_eps)
+            self.w_qkv = _param((shape.q_dim + 2 * shape.kv_dim, h), h, device, dtype)
+            self.w_o = _param((h, shape.q_dim), shape.q_dim, device, dtype)
+            self.post_norm = RMSNorm(h, device, dtype, shape.norm_eps)
+            self.mlp: nn.Module = (
+                MoE(shape, device, dtype) if shape.moe is not None
+                else MLP(h, shape.ffn_size, shape.gated_mlp, device, dtype)
+            )
+            return
+        if shape.moe is not None or not shape.gated_mlp:
+            raise ValueError("given tensors build a gated dense layer only")
+        for name, want in shape.tensor_shapes().items():
+            got = tuple(tensors[name].shape)
+            if got != want:
+                raise ValueError(f"tensor {name} has shape {got}, expected {want}")
+        self.input_norm = RMSNorm(h, device, dtype, shape.norm_eps, tensors["attn_norm"])
+        self.w_qkv = _given(torch.cat([tensors["q_proj"], tensors["k_proj"],
+                                       tensors["v_proj"]]), device, dtype)
+        self.w_o = _given(tensors["o_proj"], device, dtype)
+        self.post_norm = RMSNorm(h, device, dtype, shape.norm_eps, tensors["mlp_norm"])
+        self.mlp = MLP(h, shape.ffn_size, True, device, dtype,
+                       w_in=torch.cat([tensors["gate_proj"], tensors["up_proj"]]),
+                       w_out=tensors["down_proj"])
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -243,6 +354,28 @@ class DecoderLayer(nn.Module):
         return self._finish(x, o.reshape(b, -1))
 
 
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache
+                ) -> torch.Tensor:
+        """One request's chunk: T = x.shape[0] tokens at `positions` (consecutive, right after
+        the tokens `cache` holds), each attending causally to the cache and the chunk; the
+        chunk's keys and values are appended to `cache`."""
+        t = x.shape[0]
+        cos, sin = rope_tables(positions, self.head_dim, x.dtype, self.rope_theta)
+        q, k, v = self._qkv(x, cos, sin)
+        keys, values = cache.append(k.transpose(0, 1), v.transpose(0, 1))  # [KV, S, d]
+        # The G query heads that share a KV head act as G x T queries of that head.
+        g = self.num_heads // self.num_kv_heads
+        qg = q.transpose(0, 1).reshape(self.num_kv_heads, g * t, self.head_dim)
+        if t == 1:  # the newest token sees the whole cache
+            o = F.scaled_dot_product_attention(qg, keys, values)
+        else:
+            key_pos = torch.arange(keys.shape[1], device=x.device)
+            mask = (key_pos[None, :] <= positions[:, None]).repeat(g, 1)  # [G x T, S]
+            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
+        o = o.view(self.num_heads, t, self.head_dim).transpose(0, 1).reshape(t, -1)
+        return self._finish(x, o)
+
+
 def build_layers(arch: ModelArch, num_layers: int = 1, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.ModuleList:
     """`num_layers` decoder layers of `arch` with random weights, ready for inference."""
@@ -250,8 +383,9 @@ def build_layers(arch: ModelArch, num_layers: int = 1, device: str | torch.devic
         raise ValueError(f"layers must be >= 1, got {num_layers}")
     torch.manual_seed(seed)
     dev = torch.device(device)
+    shape = DecoderShape.of_arch(arch)
     with torch.no_grad():
-        layers = nn.ModuleList(DecoderLayer(arch, dev, dtype) for _ in range(num_layers))
+        layers = nn.ModuleList(DecoderLayer(shape, dev, dtype) for _ in range(num_layers))
     return layers.eval()
 
 

@@ -1,5 +1,7 @@
 """A Llama-style decoder in torch, split into pipeline stages, with a KV cache per request.
 
+Its layers are `coral.perf.torch_layers.DecoderLayer`, the layer `coral profile` times.
+
 Weights come from a `WeightSource`: random ones drawn from a generator seeded by (model seed,
 layer index), or a real checkpoint (a GGUF file, read tensor by tensor). Either way a stage
 builds exactly its own layers from the same source, so any split holds bit-for-bit the weights
@@ -18,16 +20,19 @@ import numpy as np
 import torch
 from torch import nn
 
+from coral.perf.torch_layers import (
+    LAYER_TENSORS,  # noqa: F401 - the names a WeightSource keys its tensors by
+    DecoderLayer,
+    DecoderShape,
+    LayerCache,
+    RMSNorm,
+)
 from coral.runtime.config import ModelConfig
 from coral.runtime.messages import TokenResult, WorkItem
 
 #: Seed offsets of the non-layer weights, far from any layer index.
 _EMBED_SEED = 1_000_003
 _HEAD_SEED = 2_000_003
-
-#: Names of one decoder layer's tensors (linear weights are (out_features, in_features)).
-LAYER_TENSORS = ("attn_norm", "q_proj", "k_proj", "v_proj", "o_proj", "mlp_norm", "gate_proj",
-                 "up_proj", "down_proj")
 
 
 class WeightSource(Protocol):
@@ -100,102 +105,18 @@ def weight_source(config: ModelConfig) -> WeightSource:
     return GgufWeights(config)
 
 
-class _Linear(nn.Module):
-    """y = x W^T with a given weight (no bias, no initialisation of its own)."""
-
-    def __init__(self, weight: torch.Tensor):
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.weight)
+def decoder_shape(config: ModelConfig) -> DecoderShape:
+    return DecoderShape(config.hidden_size, config.num_heads, config.num_kv_heads,
+                        config.head_dim, config.ffn_size, gated_mlp=True,
+                        norm_eps=config.norm_eps, rope_theta=config.rope_theta)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, weight: torch.Tensor, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate (tokens, heads, head_dim) by each token's position (half-split convention)."""
-    half = x.shape[-1] // 2
-    freqs = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
-    angles = positions.to(torch.float32)[:, None] * freqs[None, :]  # (T, half)
-    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-@dataclass
-class LayerCache:
-    """Keys and values of one request in one layer, (tokens, kv_heads, head_dim)."""
-
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[0]
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys = k if self.keys is None else torch.cat([self.keys, k])
-        self.values = v if self.values is None else torch.cat([self.values, v])
-        return self.keys, self.values
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, tensors: dict[str, torch.Tensor]):
-        super().__init__()
-        c = config
-        expected = {
-            "attn_norm": (c.hidden_size,), "mlp_norm": (c.hidden_size,),
-            "q_proj": (c.num_heads * c.head_dim, c.hidden_size),
-            "k_proj": (c.num_kv_heads * c.head_dim, c.hidden_size),
-            "v_proj": (c.num_kv_heads * c.head_dim, c.hidden_size),
-            "o_proj": (c.hidden_size, c.num_heads * c.head_dim),
-            "gate_proj": (c.ffn_size, c.hidden_size), "up_proj": (c.ffn_size, c.hidden_size),
-            "down_proj": (c.hidden_size, c.ffn_size),
-        }
-        for name, shape in expected.items():
-            if tuple(tensors[name].shape) != shape:
-                raise ValueError(f"{c.name}: tensor {name} has shape "
-                                 f"{tuple(tensors[name].shape)}, expected {shape}")
-        self.config = config
-        self.attn_norm = RMSNorm(tensors["attn_norm"], c.norm_eps)
-        self.q_proj = _Linear(tensors["q_proj"])
-        self.k_proj = _Linear(tensors["k_proj"])
-        self.v_proj = _Linear(tensors["v_proj"])
-        self.o_proj = _Linear(tensors["o_proj"])
-        self.mlp_norm = RMSNorm(tensors["mlp_norm"], c.norm_eps)
-        self.gate_proj = _Linear(tensors["gate_proj"])
-        self.up_proj = _Linear(tensors["up_proj"])
-        self.down_proj = _Linear(tensors["down_proj"])
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache) -> torch.Tensor:
-        c = self.config
-        t = x.shape[0]
-        y = self.attn_norm(x)
-        q = apply_rope(self.q_proj(y).view(t, c.num_heads, c.head_dim), positions, c.rope_theta)
-        k = apply_rope(self.k_proj(y).view(t, c.num_kv_heads, c.head_dim), positions,
-                       c.rope_theta)
-        v = self.v_proj(y).view(t, c.num_kv_heads, c.head_dim)
-        keys, values = cache.append(k, v)  # (S, kv_heads, head_dim)
-        group = c.num_heads // c.num_kv_heads
-        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # (heads, S, d)
-        values = values.repeat_interleave(group, dim=1).transpose(0, 1)
-        scores = q.transpose(0, 1) @ keys.transpose(1, 2) / math.sqrt(c.head_dim)  # (H, T, S)
-        key_pos = torch.arange(keys.shape[1], device=x.device)
-        mask = key_pos[None, :] > positions[:, None]  # causal: no key after the query
-        scores = scores.masked_fill(mask[None], float("-inf"))
-        attn = (scores.softmax(-1) @ values).transpose(0, 1).reshape(t, c.num_heads * c.head_dim)
-        x = x + self.o_proj(attn)
-        y = self.mlp_norm(x)
-        return x + self.down_proj(nn.functional.silu(self.gate_proj(y)) * self.up_proj(y))
+def decoder_layer(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> DecoderLayer:
+    """Decoder layer of `config` holding `tensors` (keyed by `LAYER_TENSORS`)."""
+    try:
+        return DecoderLayer(decoder_shape(config), "cpu", torch.float32, tensors=tensors)
+    except ValueError as exc:
+        raise ValueError(f"{config.name}: {exc}") from None
 
 
 @dataclass
@@ -222,11 +143,12 @@ class Stage:
         self.first_layer, self.end_layer = first_layer, end_layer
         self.is_first, self.is_last = first_layer == 0, end_layer == config.num_layers
         source = weight_source(config)
-        self.layers = nn.ModuleList(DecoderLayer(config, source.layer(i))
+        self.layers = nn.ModuleList(decoder_layer(config, source.layer(i))
                                     for i in range(first_layer, end_layer))
         self.embed = source.embedding() if self.is_first else None
         if self.is_last:
-            self.norm = RMSNorm(source.final_norm(), config.norm_eps)
+            self.norm = RMSNorm(config.hidden_size, torch.device("cpu"), torch.float32,
+                                config.norm_eps, source.final_norm())
             self.lm_head = (self.embed if config.tied_embeddings and self.embed is not None
                             else source.lm_head())
         self.device = torch.device(device)

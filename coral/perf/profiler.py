@@ -1,13 +1,14 @@
 """Measure real per-layer prefill and decode times of a model with torch.
 
-The profiler builds transformer decoder layers (`coral.perf.torch_layers`) from a catalog
-`ModelArch` with random weights (no download, no `transformers`), times them on the chosen device and returns a
-`ProfileTable`. The layer is Llama-style: RMSNorm, fused QKV projection with grouped-query
-attention, rotary embeddings, causal attention through
-`torch.nn.functional.scaled_dot_product_attention`, output projection, RMSNorm and a gated
-SiLU MLP (GELU MLP when the model's MLP is not gated). A mixture-of-experts model gets a
-softmax router, top-k routed experts run by a plain per-expert gather loop, and its shared
-experts as one always-on MLP. Its parameter count equals `ModelArch.params_per_layer`.
+The profiler builds transformer decoder layers (`coral.perf.torch_layers`, the layer the
+runtime's pipeline stages serve with) from a catalog `ModelArch` with random weights (no
+download, no `transformers`), times them on the chosen device and returns a `ProfileTable`.
+The layer is Llama-style: RMSNorm, fused QKV projection with grouped-query attention, rotary
+embeddings, causal attention through `torch.nn.functional.scaled_dot_product_attention`,
+output projection, RMSNorm and a gated SiLU MLP (GELU MLP when the model's MLP is not
+gated). A mixture-of-experts model gets a softmax router, top-k routed experts as one grouped
+matmul (one by one where torch has no grouped matmul for the device), and its shared experts
+as one always-on MLP. Its parameter count equals `ModelArch.params_per_layer`.
 
 What is timed, per layer (K stacked layers are timed together, then divided by K):
 
@@ -18,8 +19,8 @@ What is timed, per layer (K stacked layers are timed together, then divided by K
 
 Approximations: every sequence of a decode batch has the same context and the KV cache is a
 dense tensor (a paged-attention kernel over ragged contexts performs somewhat differently);
-routed experts run one by one (fused MoE kernels are faster, so MoE times are pessimistic,
-especially on GPUs); on CUDA, dense decode is captured in a CUDA graph (as serving engines do)
+without grouped matmul, routed experts run one by one (fused MoE kernels are faster, so MoE
+times are then pessimistic, especially on GPUs); on CUDA, dense decode is captured in a CUDA graph (as serving engines do)
 unless disabled, while prefill and MoE decode run eagerly. Times are medians over repeats.
 """
 

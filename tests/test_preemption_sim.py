@@ -198,3 +198,56 @@ def test_an_unplannable_scenario_is_a_clear_error(tmp_path, cat):
                                    "--no-progress", "--out", str(tmp_path / "sim")])
     assert res.exit_code != 0
     assert "cannot re-plan" in res.output and "Traceback" not in res.output
+
+
+#: One model, three node types with spot prices, one region (as tests/test_planning.py's).
+TINY_SCENARIO = """\
+schema_version: 1
+name: tiny
+mode: aggregated
+n_max: 2
+rho: 12
+startup_s: 10
+node_types: [1x-l4, 1x-a10g, 1x-l40s]
+models:
+  - {name: llama-3.1-8b, demand_rps: 6, input_tokens: 1024, output_tokens: 256, tpot_s: 0.10,
+     ttft_s: 2.0}
+regions:
+  - {name: aws-us-east-1}
+base_availability: {1x-l4: 8, 1x-a10g: 8, 1x-l40s: 4}
+availability: abundant
+levels:
+  abundant: {scale: 1.0}
+"""
+
+
+def test_simulate_preemptions_end_to_end(tmp_path, monkeypatch):
+    """`coral plan tiny.yaml --spot` then `coral simulate --preemptions` with every pool
+    preempted about twice a minute: events reclaim spot instances, each is re-planned by the
+    allocator (the plan's spot options kept), and no request is left unfinished."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from coral.catalog.loader import Catalog
+    from coral.cli.main import app
+
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY_SCENARIO)
+    plan, tpl = tmp_path / "plan.json", tmp_path / "templates"
+    runner = CliRunner()
+    res = runner.invoke(app, ["plan", str(scenario), "--spot", "--no-baselines",
+                              "--templates-dir", str(tpl), "--out", str(plan)])
+    assert res.exit_code == 0, res.output
+    assert any(r["market"] == "spot" for r in json.loads(plan.read_text())["instances"])
+    monkeypatch.setattr(Catalog, "preemption_rate_per_hour", lambda self, g, r: 120.0)
+    res = runner.invoke(app, ["simulate", str(plan), "--preemptions", "--duration", "60",
+                              "--replan-scenario", str(scenario), "--templates-dir", str(tpl),
+                              "--no-progress", "--json", "--out", str(tmp_path / "sim")])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    pre = summary["preemptions"]
+    assert pre["events"] >= 1 and pre["replans"] == pre["events"]
+    assert pre["instances_reclaimed"] >= 1 and pre["replacements_started"] >= 1
+    assert summary["unfinished"] == 0
+    assert summary["cost_per_hour"] == pytest.approx(pre["cost_per_hour"])

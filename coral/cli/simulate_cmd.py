@@ -162,7 +162,8 @@ def print_summary(name: str, s: dict) -> None:
 
 
 def _preemptions(sim: Any, payload: dict, slos: dict, *, cat: Any, perf: Any,
-                 templates_dir: Path, seed: int, horizon_s: float, quiet: bool) -> Any:
+                 templates_dir: Path, seed: int, horizon_s: float, quiet: bool,
+                 scenario: str | None) -> Any:
     """A `PreemptionRun` on `sim`, re-planning as the adaptation loop does."""
     from coral.sim.preemption import PreemptionConfig, PreemptionError, PreemptionRun, check_rates
     from coral.sim.preemption_replan import AllocatorReplanner
@@ -170,7 +171,7 @@ def _preemptions(sim: Any, payload: dict, slos: dict, *, cat: Any, perf: Any,
     try:
         rates = check_rates(cat)
         replanner = AllocatorReplanner(payload, catalog=cat, perf=perf,
-                                       templates_dir=templates_dir)
+                                       templates_dir=templates_dir, scenario=scenario)
         run = PreemptionRun(sim, payload["instances"], slos, rates, replanner,
                             PreemptionConfig(seed=seed, startup_s=replanner.startup_s),
                             on_event=None if quiet else
@@ -236,6 +237,9 @@ def simulate(
         "with the replacements. Runs in one process.")] = False,
     preemption_seed: Annotated[int, typer.Option(
         "--preemption-seed", help="Seed of the preemption events.")] = 0,
+    replan_scenario: Annotated[Optional[str], typer.Option(
+        "--replan-scenario", help="With --preemptions: the scenario file the plan was made "
+        "from, for its re-plans (a plan file names its scenario only).")] = None,
     slowdown: Annotated[Optional[str], typer.Option(
         "--slowdown", help="Run the plan with some GPU types slower than the perf model says: "
         "GPU=FACTOR,... (e.g. l4=1.3,t4=1.3: every iteration on an L4 or T4 node takes 1.3x "
@@ -294,7 +298,8 @@ def simulate(
         if preemptions:
             pre = _preemptions(sim, payload, slos, cat=cat, perf=perf,
                                templates_dir=templates_dir, seed=preemption_seed,
-                               horizon_s=duration or horizon, quiet=json)
+                               horizon_s=duration or horizon, quiet=json,
+                               scenario=replan_scenario)
         if show:
             with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                           TimeElapsedColumn(), console=err_console, transient=True) as bar:

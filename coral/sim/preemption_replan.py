@@ -27,17 +27,21 @@ class AllocatorReplanner:
 
     def __init__(self, plan: Mapping[str, Any], *, catalog: Any, perf: Any,
                  templates_dir: str | Path = DEFAULT_TEMPLATES_DIR,
-                 time_limit_s: float = DEFAULT_TIME_LIMIT_S, workers: int | None = 1):
+                 time_limit_s: float = DEFAULT_TIME_LIMIT_S, workers: int | None = 1,
+                 scenario: str | Path | None = None):
         """`plan`: the plan file's payload (its `scenario`, `level`, `mode`, `engine`,
-        `nmax`)."""
+        `nmax`, `spot`); `scenario`: where its scenario is, when the plan names a scenario
+        file (a plan file holds the scenario's name only)."""
+        ref = scenario if scenario is not None else plan.get("scenario")
         try:
-            scenario = load_scenario(plan["scenario"], level=plan.get("level"), catalog=catalog)
-        except (ScenarioError, KeyError) as exc:
-            raise PreemptionError(f"cannot re-plan: the plan's scenario "
-                                  f"{plan.get('scenario')!r} does not load ({exc})") from None
+            loaded = load_scenario(ref, level=plan.get("level"), catalog=catalog)
+        except (ScenarioError, TypeError) as exc:
+            raise PreemptionError(
+                f"cannot re-plan: the plan's scenario {ref!r} does not load ({exc}); to fix: "
+                "give the scenario file it was planned from (--replan-scenario FILE)") from None
         mode = plan.get("mode")
         if mode in AUTO_MODES:  # the mode the plan was made in, not `auto` again
-            scenario = scenario.in_mode(mode)
+            loaded = loaded.in_mode(mode)
         self.catalog, self.perf, self.time_limit_s = catalog, perf, time_limit_s
         self.engine = str(plan.get("engine") or "coral")
         self.spot = None
@@ -50,7 +54,7 @@ class AllocatorReplanner:
             except (SpotPlanError, KeyError, TypeError) as exc:
                 raise PreemptionError(f"cannot re-plan: the plan's spot options do not read "
                                       f"({exc})") from None
-        self.scenario = scenario.with_perf(perf, catalog)
+        self.scenario = loaded.with_perf(perf, catalog)
         self.templates = templates_for_scenario(self.scenario, catalog, perf,
                                                 out_root=templates_dir, workers=workers,
                                                 nmax=plan.get("nmax"), engine=self.engine)

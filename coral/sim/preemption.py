@@ -40,6 +40,7 @@ kill, the end of its drain, or the horizon), clipped to the simulated horizon.
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
@@ -359,8 +360,6 @@ class PreemptionRun:
 
     def _replan(self, t: float) -> None:
         """Move to the replanner's plan from the surviving deployment (see the module)."""
-        import time
-
         alive = [lf for lf in self.lives if lf.state in ("serving", "starting")]
         running = Counter(lf.key for lf in alive)
         t0 = time.process_time()

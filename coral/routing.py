@@ -13,16 +13,21 @@ router. A request skips an instance that is
    reconfiguration or a preemption notice), stopped or dead. It keeps its credit and its
    in-flight count, and takes requests again once marked routable;
 2. excluded for this request by the caller (the runtime's instances that already failed it);
-3. overloaded: more requests in flight than the least loaded candidate's load per unit weight
-   gives it, by more than `load_slack` requests and by more than that fair count itself
-   (twice its fair share). In-flight counts are what both the gateway and the simulator know
-   (the gateway cannot see a worker's queue), and weighing them by capacity keeps a large
-   instance from being starved for holding proportionally more requests.
+3. overloaded: more requests queued (in flight beyond its `slots`, the sequences it runs at
+   once) than the least queued candidate's queue per unit weight gives it, by more than
+   `load_slack` requests and by more than that fair count itself (twice its fair share).
+   Counting the queue rather than everything in flight matters on heterogeneous instances:
+   an instance holds about its rate times its latency in flight, and a deep pipeline's
+   latency is several times a one-node instance's at the same rate, so an in-flight rule
+   would push the deep pipeline's share onto the fast instances. The gateway cannot see a
+   worker's queue, but it knows the plan's batch slots and its own in-flight counts, and the
+   simulator counts the same, so both skip the same instances.
 
 Skipped instances take no credit on that pick; the pick is the rotation over the rest. There
 is no "full" rule: an instance queues what it cannot batch, and the overload rule moves new
-requests away from a queue that grows. With equal weights rule 3 reads "in flight more than
-`load_slack` above, and more than twice, the least loaded instance's".
+requests away from a queue that grows. With equal weights rule 3 reads "queued more than
+`load_slack` above, and more than twice, the least queued instance's"; an instance with no
+known slots (0) counts everything in flight as queued.
 
 Users: the simulator's model router (`coral.sim.routing`), the gateway's model router
 (`coral.runtime.model_router`) and a pipeline stage's data-parallel nodes
@@ -33,7 +38,7 @@ the simulator and the runtime, so that they share it without importing each othe
 from __future__ import annotations
 
 from itertools import compress, repeat
-from operator import lt, truediv
+from operator import lt, sub, truediv
 from typing import Collection, Sequence
 
 import numpy as np
@@ -80,22 +85,23 @@ def swrr_picks(weights: Sequence[float], current: list[float], count: int) -> li
     return [int(k) for k in out]
 
 
-def overloaded(in_flight: Sequence[int], weights: Sequence[float], candidates: Sequence[int],
+def overloaded(queued: Sequence[int], weights: Sequence[float], candidates: Sequence[int],
                load_slack: float) -> list[int]:
     """The candidates rule 3 skips (see the module docstring), in `candidates`' order:
-    `k` with `in_flight[k] > fair + max(load_slack, fair)`.
+    `k` with `queued[k] > fair + max(load_slack, fair)`, where `queued` is each instance's
+    in-flight count beyond its slots (never negative).
 
-    The least loaded candidate `j` is the first with the fewest in-flight requests per unit
-    weight; `k`'s fair count is `in_flight[j] * (weights[k] / weights[j])` (exact for equal
+    The least queued candidate `j` is the first with the fewest queued requests per unit
+    weight; `k`'s fair count is `queued[j] * (weights[k] / weights[j])` (exact for equal
     weights). Written out; `SwrrRouter` computes the same in C-level scans."""
-    if not candidates or max(in_flight[k] for k in candidates) <= load_slack:
+    if not candidates or max(queued[k] for k in candidates) <= load_slack:
         return []
-    j = min(candidates, key=lambda k: in_flight[k] / weights[k])
-    least, w_least = in_flight[j], weights[j]
+    j = min(candidates, key=lambda k: queued[k] / weights[k])
+    least, w_least = queued[j], weights[j]
     out = []
     for k in candidates:
         fair = least * (weights[k] / w_least)
-        if in_flight[k] > fair + max(load_slack, fair):
+        if queued[k] > fair + max(load_slack, fair):
             out.append(k)
     return out
 
@@ -112,7 +118,8 @@ class SwrrRouter:
     """
 
     def __init__(self, weights: Sequence[float], *, load_slack: float | None = LOAD_SLACK,
-                 block: int = 1, credits: Sequence[float] | None = None):
+                 block: int = 1, credits: Sequence[float] | None = None,
+                 slots: Sequence[int] | None = None):
         if not weights or any(not w > 0 for w in weights):
             raise ValueError(f"router weights {tuple(weights)} must be positive, at least one")
         if block < 1:
@@ -123,6 +130,11 @@ class SwrrRouter:
         self.load_slack = load_slack  # None: no overload rule
         self.block = block
         self.in_flight = [0] * len(self.weights)
+        # sequences each instance runs at once (0: not known); in flight beyond them queues
+        self.slots = [0] * len(self.weights) if slots is None else [int(n) for n in slots]
+        if len(self.slots) != len(self.weights) or any(n < 0 for n in self.slots):
+            raise ValueError(f"router slots {tuple(self.slots)} must be >= 0, one per "
+                             f"instance ({len(self.weights)})")
         self._credits = [0.0] * len(self.weights) if credits is None else list(credits)
         if len(self._credits) != len(self.weights):
             raise ValueError("router credits and weights differ in length")
@@ -196,7 +208,7 @@ class SwrrRouter:
         elif cand is active and len(active) == len(self.weights):
             over = self._overloaded_all()
         else:
-            over = overloaded(self.in_flight, self.weights, cand, self.load_slack)
+            over = overloaded(self.queued(), self.weights, cand, self.load_slack)
         if not over and cand is active:
             drawn = self._drawn or self._draw()
             self._used += 1
@@ -210,19 +222,25 @@ class SwrrRouter:
             self._credits[k] = c
         return eligible[chosen]
 
+    def queued(self) -> list[int]:
+        """Each instance's requests in flight beyond its slots (never negative)."""
+        return [q if q > 0 else 0 for q in map(sub, self.in_flight, self.slots)]
+
     def _overloaded_all(self) -> list[int]:
         """`overloaded` over every instance, its scans in C (the simulator asks on every
-        arrival): with an idle instance the fair counts are 0, so the instances over the
-        slack; otherwise the exact test runs only on those loaded near twice the least."""
-        in_flight, slack = self.in_flight, self.load_slack
-        if max(in_flight) <= slack:
+        arrival): with an instance queueing nothing the fair counts are 0, so the instances
+        queueing over the slack; otherwise the exact test runs only on those queueing near
+        twice the least."""
+        slack = self.load_slack
+        queued = list(map(sub, self.in_flight, self.slots))
+        if max(queued) <= slack:
             return []
-        if not min(in_flight):  # an idle instance: every fair count is 0
-            return list(compress(range(len(in_flight)), map(lt, repeat(slack), in_flight)))
-        loads = list(map(truediv, in_flight, self.weights))
+        if min(queued) <= 0:  # an instance queues nothing: every fair count is 0
+            return list(compress(range(len(queued)), map(lt, repeat(slack), queued)))
+        loads = list(map(truediv, queued, self.weights))
         least_load = min(loads)
         j = loads.index(least_load)
-        least = in_flight[j]
+        least = queued[j]
         near = least_load * (2.0 - 1e-9)  # rule 3 needs more than twice; a rounding margin
         if max(loads) <= near:
             return []
@@ -230,7 +248,7 @@ class SwrrRouter:
         out = []
         for k in compress(range(len(loads)), map(lt, repeat(near), loads)):
             fair = least * (weights[k] / w_least)
-            if in_flight[k] > fair + max(slack, fair):
+            if queued[k] > fair + max(slack, fair):
                 out.append(k)
         return out
 

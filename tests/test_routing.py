@@ -16,13 +16,13 @@ from coral.sim.routing import SWRR_BLOCK, SimRouter
 class _RuntimeInstance:
     """What `ModelRouter` reads of an instance: its name, weight, state and load."""
 
-    def __init__(self, name: str, weight: float):
-        self.spec = SimpleNamespace(weight=weight)
+    def __init__(self, name: str, weight: float, slots: int = 0):
+        self.spec = SimpleNamespace(weight=weight, slots=slots)
         self.name, self.state, self.in_flight, self.served = name, "active", 0, 0
 
 
-def _sim_instance(weight: float) -> SimpleNamespace:
-    return SimpleNamespace(spec=SimpleNamespace(weight=weight))
+def _sim_instance(weight: float, slots: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(spec=SimpleNamespace(weight=weight), max_seqs=slots)
 
 
 def test_equal_weights_and_no_load_is_plain_smooth_round_robin():
@@ -48,9 +48,25 @@ def test_the_routers_scans_equal_the_written_out_rule():
     for _ in range(2000):
         n = rng.randint(1, 9)
         weights = [rng.choice((1.0, 2.0, rng.uniform(0.1, 5.0))) for _ in range(n)]
-        rr = SwrrRouter(weights)
+        slots = [rng.choice((0, rng.randint(1, 20))) for _ in range(n)]
+        rr = SwrrRouter(weights, slots=slots)
         rr.in_flight[:] = [rng.randint(0, 30) for _ in range(n)]
-        assert rr._overloaded_all() == overloaded(rr.in_flight, weights, range(n), LOAD_SLACK)
+        queued = [max(f - s, 0) for f, s in zip(rr.in_flight, slots)]
+        assert rr.queued() == queued
+        assert rr._overloaded_all() == overloaded(queued, weights, range(n), LOAD_SLACK)
+
+
+def test_requests_a_deep_pipeline_runs_at_once_are_not_overload():
+    """A pipeline running 48 sequences at once beside a one-node instance running 8, at
+    equal weights: holding its slots full is its share, not an overload; a queue is."""
+    rr = SwrrRouter([1.0, 1.0], slots=[48, 8])
+    rr.in_flight[:] = [48, 8]
+    assert rr._overloaded_all() == []
+    assert sorted(rr.pick() for _ in range(2)) == [0, 1]
+    rr.in_flight[:] = [48 + LOAD_SLACK + 1, 8]
+    assert rr._overloaded_all() == [0]
+    # without slots the same loads read as the pipeline overloaded
+    assert overloaded([48, 8], [1.0, 1.0], [0, 1], LOAD_SLACK) == [0]
 
 
 def test_unroutable_and_excluded_instances_take_nothing():
@@ -127,9 +143,10 @@ def test_the_simulator_routes_as_the_gateway(seed):
     and the gateway's pick the same instances."""
     rng = random.Random(seed)
     weights = [3.0, 1.0, 2.0, 0.5, 2.0]
-    sim_insts = [_sim_instance(w) for w in weights]
+    slots = [6, 0, 2, 1, 3]
+    sim_insts = [_sim_instance(w, n) for w, n in zip(weights, slots)]
     sim = SimRouter(sim_insts)
-    gw_insts = [_RuntimeInstance(f"i{k}", w) for k, w in enumerate(weights)]
+    gw_insts = [_RuntimeInstance(f"i{k}", w, n) for k, (w, n) in enumerate(zip(weights, slots))]
     gateway = ModelRouter("m")
     gateway.set_active(gw_insts)
     sim_picks, gw_picks = [], []

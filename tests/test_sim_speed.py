@@ -202,15 +202,16 @@ class Reference:
         self.swrr = {m: [0.0] * len(v) for m, v in self.by_model.items()}
 
     def route(self, req):
-        """The runtime's router (`coral.routing`) written out: skip the instances holding
-        more than `LOAD_SLACK` requests above, and more than twice, their fair count at the
-        least loaded instance's load per unit weight; weighted round robin over the rest."""
+        """The runtime's router (`coral.routing`) written out: skip the instances queueing
+        (in flight beyond their slots) more than `LOAD_SLACK` requests above, and more than
+        twice, their fair count at the least queued instance's queue per unit weight;
+        weighted round robin over the rest."""
         insts = self.by_model.get(req.model)
         if not insts:
             return None
         cur = self.swrr[req.model]
         weights = [max(i.spec.weight, 1e-12) for i in insts]
-        load = [len(i.waiting) + len(i.running) for i in insts]
+        load = [max(len(i.waiting) + len(i.running) - i.max_seqs, 0) for i in insts]
         j = min(range(len(insts)), key=lambda k: (load[k] / weights[k], k))
         eligible = []
         for k in range(len(insts)):

@@ -84,6 +84,13 @@ class PlannedInstance:
         return max(n.end_layer for n in self.nodes)
 
     @property
+    def slots(self) -> int:
+        """Sequences one instance runs at once: stages x the smallest stage's batch (its
+        nodes' batches summed), as the simulator's step model has it."""
+        stages = self.stages()
+        return len(stages) * min(sum(n.batch for n in s) for s in stages)
+
+    @property
     def is_chain(self) -> bool:
         """One node per stage (what vLLM's pipeline parallelism runs)."""
         return all(len(s) == 1 for s in self.stages())
@@ -304,7 +311,8 @@ def approximate_specs(instances: Sequence[PlannedInstance], catalog, *,
     for inst, pipeline in servable:
         if inst.name not in running:
             continue
-        specs.append(RuntimeInstanceSpec(inst.name, pipeline, inst.capacity_rps * inst.count))
+        specs.append(RuntimeInstanceSpec(inst.name, pipeline, inst.capacity_rps * inst.count,
+                                         slots=inst.slots * inst.count))
         if inst.count > 1:
             notes.append(f"{inst.name}: the plan's {inst.count} copies run as one local "
                          f"instance with {inst.count}x its weight")

@@ -29,6 +29,9 @@ class RuntimeInstanceSpec:
     """Capacity weight from the plan: the instance's share of the model's new requests."""
     model: str | None = None
     """Served model name (default: the pipeline's model name)."""
+    slots: int = 0
+    """Sequences the instance runs at once (the plan's stages x its smallest stage batch);
+    the router counts requests beyond them as queued (0: not known, all of them)."""
 
     def __post_init__(self) -> None:
         if self.weight <= 0:

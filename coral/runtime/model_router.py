@@ -235,11 +235,13 @@ class ModelRouter:
                 return None
             rr = self._rr
             weights = [i.spec.weight for i in instances]
-            if rr is None or rr.weights != weights:  # members or weights changed
+            slots = [i.spec.slots for i in instances]
+            if rr is None or rr.weights != weights or rr.slots != slots:  # members changed
                 credit = self._credits_now()
                 rr = self._rr = SwrrRouter(weights, load_slack=self.load_slack,
                                            credits=[credit.get(i.name, 0.0)
-                                                    for i in instances])
+                                                    for i in instances],
+                                           slots=slots)
             for k, inst in enumerate(instances):
                 rr.set_routable(k, self.routable(inst))
                 rr.in_flight[k] = inst.in_flight

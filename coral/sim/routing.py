@@ -23,7 +23,8 @@ class SimRouter:
     def __init__(self, insts: list[SimInstance], load_slack: float | None = LOAD_SLACK):
         self.insts = insts
         self._rr = SwrrRouter([max(i.spec.weight, 1e-12) for i in insts],
-                              load_slack=load_slack, block=SWRR_BLOCK)
+                              load_slack=load_slack, block=SWRR_BLOCK,
+                              slots=[i.max_seqs for i in insts])
         self.inflight = self._rr.in_flight
         self._pick = self._rr.pick
         for k, i in enumerate(insts):

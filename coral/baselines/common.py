@@ -30,6 +30,7 @@ from coral.allocator.scenario import Scenario, ScenarioModel
 from coral.catalog.loader import Catalog
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
 from coral.templates.build import Solver, Template, build_template
+from coral.templates.placement_step import METHOD as STEP_METHOD
 from coral.templates.enumerate import Combo
 from coral.templates.homogeneous import homogeneous_combos
 from coral.templates.operating_points import OperatingPointTables, PerfLike, shared_tables
@@ -294,10 +295,12 @@ class TemplateBuilder:
         return (model, mode, slo.key(), tuple(sorted(combo)), one_pipeline)
 
     def seed(self, templates: Iterable[Template]) -> None:
-        """Remember already solved templates (of this builder's topology; the planner's are
-        one pipeline each)."""
+        """Remember already solved templates: those of this builder's topology that the
+        step-model search solved (a library's), which is what `get` solves for one pipeline.
+        A one-pipeline answer of the flow DP (`templates solve`) is rated by another model
+        and is not seeded."""
         for t in templates:
-            if t.topology == self.topology and t.is_pipeline:
+            if t.topology == self.topology and t.is_pipeline and t.method == STEP_METHOD:
                 self._memo.setdefault(self._key(t.model, t.mode, t.slo, t.combo, True), t)
 
     def get(self, model: str, combo: Sequence[str], slo: SloSpec, mode: Mode, *,

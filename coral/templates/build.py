@@ -82,18 +82,18 @@ def split_floor(combo: Combo, best: Mapping[Combo, float]) -> float:
     """The best throughput of `combo`'s nodes as two disjoint parts served side by side."""
     names = sorted(set(combo))
     counts = [combo.count(n) for n in names]
+    # each type's share of a part, as the part's slice of the sorted combination
+    reps = [[(n,) * v for v in range(c + 1)] for n, c in zip(names, counts)]
     out = 0.0
     for vec in itertools.product(*(range(c + 1) for c in counts)):
-        size = sum(vec)
-        if size == 0 or size == len(combo):
-            continue
         rest = tuple(c - v for c, v in zip(counts, vec))
-        if rest < vec:  # each split once
+        if rest < vec:  # each split once (the empty part has no throughput)
             continue
-        part = tuple(n for n, v in zip(names, vec) for _ in range(v))
-        other = tuple(n for n, v in zip(names, rest) for _ in range(v))
-        a, b = best.get(part, 0.0), best.get(other, 0.0)
-        if a > 0 and b > 0:
+        a = best.get(sum([r[v] for r, v in zip(reps, vec)], ()), 0.0)
+        if a <= 0:
+            continue
+        b = best.get(sum([r[v] for r, v in zip(reps, rest)], ()), 0.0)
+        if b > 0:
             out = max(out, a + b)
     return out
 

@@ -50,18 +50,8 @@ from coral.catalog.schema import ModelArch
 from coral.perf.step import DEFAULT_MAX_BATCHED_TOKENS
 from coral.templates.operating_points import DEFAULT_BATCHES, prefill_chunks
 from coral.templates.slo import SloSpec
-from coral.templates.stage_groups import (
-    COMPLETE,
-    END,
-    F_END,
-    F_FIRST,
-    F_ONLY,
-    F_TIGHT,
-    FIRST,
-    MERGE,
-    MID,
-    ONLY,
-)
+from coral.templates.stage_groups import END, FIRST, MID, ONLY
+from coral.templates.step_cover import Pair, cover, feasible
 from coral.templates.step_rows import TypeRows, step_rows
 from coral.templates.types import Mode, NodePlacement, Placement, SolveStatus
 
@@ -92,19 +82,6 @@ class StepPipeline:
     tpot_s: float | None
     ttft_s: float | None
     stages: tuple[tuple[str, int, int, int, int, float, float], ...]
-
-
-class _Pair:
-    """One (stage count S, micro-batch B) of a combination: its node types' rows, the share
-    `f` of steps with one prompt more, the rate at a unit period, and what each type covers
-    at a set of layer caps (memoised: the bisections revisit caps)."""
-
-    __slots__ = ("S", "B", "types", "choices", "f", "eff", "own")
-
-    def __init__(self, S: int, B: int, types: list[TypeRows], choices: list[list],
-                 f: float, eff: float) -> None:
-        self.S, self.B, self.types, self.choices, self.f, self.eff = S, B, types, choices, f, eff
-        self.own: list[dict[tuple[int, ...], dict]] = [{} for _ in types]
 
 
 def _first(lo: int, hi: int, test: Callable[[int], bool], known: bool = False) -> int | None:
@@ -157,6 +134,8 @@ class StepSearch:
         # rows by (node type, group size, role, S, B), one table per workload, shared by
         # every combination of a library
         self.rows = step_rows(perf, catalog, self.L, arch.name, slo, mode, self.grid[-1])
+        self._jcaps = [(name, min(cnt, self.max_group))
+                       for name, cnt in zip(self.types, self.counts)]
 
     # ---- stage counts, micro-batches, what a step carries ----
 
@@ -183,108 +162,66 @@ class StepSearch:
     def _resident_tokens(self, S: int, B: int) -> int:
         return self.rows.resident_tokens(S, B)
 
-    def _pair(self, S: int, B: int) -> tuple[_Pair, float, float] | None:
-        """(S, B) with this combination's rows, and the least slowest-node times (A, C) a
-        pipeline there can have: some stage holds `ceil(L / S)` layers (the bound the pairs
-        are ordered by) and every type holds a stage (a tighter one, to skip by); None when
-        some type has no row."""
-        types = []
-        for name, cnt in zip(self.types, self.counts):
-            tr = self.rows.type_rows(name, min(cnt, self.max_group), S, B)
+    def _type_rows(self, S: int, B: int) -> list[TypeRows] | None:
+        """Every type's rows at (S, B) (None: some type has none, so no pipeline there)."""
+        out = []
+        for name, jcap in self._jcaps:
+            tr = self.rows.type_rows(name, jcap, S, B)
             if tr is None:
                 return None
-            types.append(tr)
-        choices = [self.rows.choices(cnt, self.max_group, tr.keys, S, B)
+            out.append(tr)
+        return out
+
+    def _pair(self, S: int, B: int, types: list[TypeRows]) -> Pair:
+        choices = [self.rows.choices(tr, cnt, self.max_group, S, B)
                    for cnt, tr in zip(self.counts, types)]
-        f = self.steps(S, B)[2]
-        pair = _Pair(S, B, types, choices, f, self.rate_at_unit_period(S, B))
-        lo_a = min(tr.lo_a for tr in types)
-        lo_c = min(tr.lo_c for tr in types)
-        return pair, lo_a, lo_c
+        room = S - (len(types) - 1)  # groups one type may have: every other holds one
+        own = [self.rows.cover_memo(tr, cnt, self.max_group, room)
+               for cnt, tr in zip(self.counts, types)]
+        return Pair(S, B, types, choices, self.steps(S, B)[2], self.rate_at_unit_period(S, B),
+                     own)
 
-    # ---- feasibility at thresholds ----
-
-    def _own(self, P: _Pair, t: int, caps: tuple[int, ...]) -> dict:
-        """Best layers per (groups, flags) type `t`'s nodes cover at layer caps `caps`."""
-        memo = P.own[t]
-        own = memo.get(caps)
-        if own is None:
-            own = {}
-            for g, flags, idx, tr in P.choices[t]:
-                total = 0
-                for i in idx:
-                    m = caps[i]
-                    if m < 1:
-                        total = -1
-                        break
-                    total += m
-                if total > 0 and total > own.get((g, flags), (-1, None))[0]:
-                    own[g, flags] = (total, tr)
-            if len(memo) > 50_000:
-                memo.clear()
-            memo[caps] = own
-        return own
-
-    def _cover(self, P: _Pair, A: float, C: float, trace: bool = False,
-               H: float = math.inf):
-        """Most layers `S` groups of all the nodes cover with every time within (A, C) (and
-        every node's mean step time within H)."""
-        S = P.S
-        want = (F_ONLY if S == 1 else F_FIRST | F_END) | F_TIGHT
-        F: dict[tuple[int, int], tuple[int, Any]] = {(0, 0): (0, None)}
-        n_types = len(P.types)
-        for t in range(n_types):
-            caps = tuple([r.layers_within(A, C, H) for r in P.types[t].rows])
-            own = self._own(P, t, caps)
-            if t == n_types - 1:  # the last type completes the pipeline: look its part up
-                best: tuple[int, Any] = (-1, None)
-                for (g1, f1), (v1, tr1) in F.items():
-                    for f2 in COMPLETE[f1][want]:
-                        hit = own.get((S - g1, f2))
-                        if hit is not None and v1 + hit[0] > best[0]:
-                            best = (v1 + hit[0], (tr1, (t, hit[1])) if trace else None)
-                return best
-            room = S - (n_types - 1 - t)  # every later type holds at least one stage
-            G: dict[tuple[int, int], tuple[int, Any]] = {}
-            for (g1, f1), (v1, tr1) in F.items():
-                for (g2, f2), (v2, tr2) in own.items():
-                    g = g1 + g2
-                    if g > room:
-                        continue
-                    f = MERGE[f1][f2]
-                    if f < 0:
-                        continue
-                    if v1 + v2 > G.get((g, f), (-1, None))[0]:
-                        G[g, f] = (v1 + v2, (tr1, (t, tr2)) if trace else None)
-            F = G
-            if not F:
-                return -1, None
-        return -1, None
-
-    def _feasible(self, P: _Pair, A: float, C: float) -> bool:
-        return self._cover(P, A, C)[0] >= self.L
+    def _feasible(self, P: Pair, A: float, C: float, H: float = math.inf) -> bool:
+        return feasible(P, self.L, A, C, H)
 
     # ---- the search ----
 
     def best(self, at_least: float = -math.inf) -> StepPipeline | None:
         """The pipeline of the highest rate above `at_least` (None: there is none)."""
-        pairs = []
+        # (S, B) pairs by an upper bound on their rate, best first: some stage holds
+        # ceil(L / S) layers, so its node is at least as slow as the fastest such row
+        Bs = tuple(self.micro_batches())
+        Barr = np.array(Bs, dtype=np.int64)
+        ubs, Ss, Bsel = [], [], []
         for S in self.stage_counts():
-            for B in self.micro_batches():
-                got = self._pair(S, B)
-                if got is None:
-                    continue
-                P, lo_a, lo_c = got
-                if not math.isfinite(lo_a):
-                    continue
-                g_lo = (1 - P.f) * lo_a + P.f * lo_c
-                pairs.append((P.eff / g_lo, S, B, P))
-        pairs.sort(key=lambda p: (-p[0], p[1], p[2]))
+            present = np.ones(len(Bs), dtype=bool)
+            lo_a = np.full(len(Bs), math.inf)
+            lo_c = np.full(len(Bs), math.inf)
+            for name, jcap in self._jcaps:
+                has, a, c = self.rows.type_bounds(name, jcap, S, Bs)
+                present &= has
+                lo_a = np.minimum(lo_a, a)
+                lo_c = np.minimum(lo_c, c)
+            ok = present & np.isfinite(lo_a)
+            if not ok.any():
+                continue
+            f, eff = self.rows.pair_constants(S, Bs, self.per_request, self.budget)
+            ubs.append(eff[ok] / ((1 - f[ok]) * lo_a[ok] + f[ok] * lo_c[ok]))
+            Ss.append(np.full(int(ok.sum()), S, dtype=np.int64))
+            Bsel.append(Barr[ok])
+        if not ubs:
+            return None
+        ub_all, S_all, B_all = np.concatenate(ubs), np.concatenate(Ss), np.concatenate(Bsel)
+        order = np.lexsort((B_all, S_all, -ub_all))
+        pairs = zip(ub_all[order].tolist(), S_all[order].tolist(), B_all[order].tolist())
         best: StepPipeline | None = None
         floor = at_least
-        for ub, S, B, P in pairs:
+        for ub, S, B in pairs:
             if ub <= floor * (1 + _RTOL):
                 break
+            types = self._type_rows(S, B)
+            assert types is not None
+            P = self._pair(S, B, types)
             if floor > 0 and self._tight_bound(P) <= floor * (1 + _RTOL):
                 continue  # every type holds a stage: this pair cannot beat the floor
             found = self._best_at(P, floor)
@@ -292,15 +229,19 @@ class StepSearch:
                 best, floor = found, max(floor, found.rate)
         return best
 
-    def _tight_bound(self, P: _Pair) -> float:
+    def _tight_bound(self, P: Pair) -> float:
         """A bound on the rate at (S, B) that counts every type's stage: the slowest node
         is at least as slow as each type's fastest one-layer row and as the fastest row
         holding `ceil(L / S)` layers."""
         A = max(max(tr.one_a for tr in P.types), min(tr.lo_a for tr in P.types))
         C = max(max(tr.one_c for tr in P.types), min(tr.lo_c for tr in P.types))
-        return P.eff / ((1 - P.f) * A + P.f * C)
+        if self.mode != "aggregated":
+            return P.eff / A
+        # a node's mean step time is at most the step's mean period
+        H = max(max(tr.one_h for tr in P.types), min(tr.lo_h for tr in P.types))
+        return P.eff / max((1 - P.f) * A + P.f * C, H)
 
-    def _best_at(self, P: _Pair, floor: float) -> StepPipeline | None:
+    def _best_at(self, P: Pair, floor: float) -> StepPipeline | None:
         """The best pipeline at (S, B) above `floor`: the staircase of (A, C).
 
         Feasibility grows with both thresholds, so the slowest-node times worth having are
@@ -310,14 +251,13 @@ class StepSearch:
         (`useful`), jumping over the others by the least `A` that could."""
         S, f, eff = P.S, P.f, P.eff
         two = self.mode == "aggregated"
-        L = self.L
         thr = floor * (1 + _RTOL)
         tpot_cap = self.slo.tpot_s / S * (1 + _RTOL)
         G = eff / floor if floor > 0 else math.inf  # a rate above the floor needs g < G
         # the first test: every time below G (C below G / f), every node's mean below G
         a_top = math.nextafter(G, -math.inf)
         c_top = math.nextafter(G / f, -math.inf) if two and floor > 0 and f > 0 else math.inf
-        if self._cover(P, a_top, c_top, H=G if two and floor > 0 else math.inf)[0] < L:
+        if not self._feasible(P, a_top, c_top, H=G if two and floor > 0 else math.inf):
             # no pipeline fits below the floor's period (a step lasts at least the slowest
             # node's mean)
             return None
@@ -344,7 +284,7 @@ class StepSearch:
             return None
         return self._rebuild(P, *best_ac, rate=rate, period=best_g)
 
-    def _staircase(self, P: _Pair, Av: list[float], Cv: list[float], thr: float,
+    def _staircase(self, P: Pair, Av: list[float], Cv: list[float], thr: float,
                    tpot_cap: float) -> tuple[float, tuple[float, float] | None]:
         """(least g, its (A, C)) over the corners that are useful (see `_best_at`)."""
         f, eff = P.f, P.eff
@@ -383,10 +323,10 @@ class StepSearch:
                 cap = hi
         return best_g, best_ac
 
-    def _rebuild(self, P: _Pair, A: float, C: float, *, rate: float,
+    def _rebuild(self, P: Pair, A: float, C: float, *, rate: float,
                  period: float) -> StepPipeline:
         S, B = P.S, P.B
-        total, tr = self._cover(P, A, C, trace=True)
+        total, tr = cover(P, A, C)
         assert total >= self.L
         groups = []  # (type, j, role, most layers)
         while tr is not None:

@@ -4,6 +4,7 @@ combination (`placement_step`), for a library's cut before searching."""
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, Sequence
 
 from coral.catalog.loader import Catalog
@@ -17,9 +18,14 @@ from coral.templates.types import Mode
 def node_batches(batches: Sequence[int], n: int) -> list[int]:
     """Every batch a node of an `n`-node pipeline may run: `ceil(j' b / j)` for group sizes
     `j, j' <= n` and `b` in the grid, up to the grid's largest."""
+    return list(_node_batches(tuple(batches), n))
+
+
+@lru_cache(maxsize=256)
+def _node_batches(batches: tuple[int, ...], n: int) -> tuple[int, ...]:
     top = max(batches)
-    return sorted({-(-jp * b // j) for b in batches for j in range(1, n + 1)
-                   for jp in range(1, n + 1)} & set(range(1, top + 1)))
+    return tuple(sorted(b2 for b2 in {-(-jp * b // j) for b in batches for j in range(1, n + 1)
+                                      for jp in range(1, n + 1)} if 1 <= b2 <= top))
 
 
 def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str],
@@ -46,11 +52,11 @@ def work_bound(perf: Any, catalog: Catalog, arch: ModelArch, combo: Sequence[str
     L = arch.num_layers
     total = 0.0
     stage_cap = math.inf
-    cands = node_batches(grid, len(combo))
     for name in combo:
         key = (slo, mode, len(combo), tuple(grid), name)
         best, one = memo["bounds"].get(key, (None, None))
         if best is None:
+            cands = node_batches(grid, len(combo))
             best = one = 0.0
             for b in cands:
                 if mode == "prefill":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import weakref
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -68,6 +68,10 @@ class TypeRows:
     lo_c: float  # least c[k]
     one_a: float  # least a[0]
     one_c: float  # least c[0]
+    lo_h: float  # least h[k] (a step's mean time, were the node the slowest; inf: none)
+    one_h: float  # least h[0]
+    #: `StepRows.choices` by (node count, largest group), and `StepRows.cover_memo`
+    choice_memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,12 +110,14 @@ class StepRows:
     def __init__(self, memo: dict, num_layers: int, slo: SloSpec, mode: Mode,
                  top_batch: int) -> None:
         self.iteration, self.kv_tokens, self.send = memo["fns"]
-        self._kv: dict[tuple, int] = memo["kv"]
+        self._kv: dict[tuple, np.ndarray] = memo["kv"]
         self.L, self.slo, self.mode, self.top_batch = num_layers, slo, mode, top_batch
         self._rows: dict[tuple, StepRow | None] = {}
         self._types: dict[tuple, TypeRows | None] = {}
-        self._choices: dict[tuple, list] = {}
         self._steps: dict[tuple[int, int], tuple] = {}
+        self._eff: dict[tuple, float] = {}
+        self._bounds: dict[tuple, tuple] = {}
+        self._consts: dict[tuple, tuple] = {}
 
     # ---- what a busy step carries ----
 
@@ -137,8 +143,12 @@ class StepRows:
     def rate_at_unit_period(self, S: int, B: int, per_request: float, budget: int) -> float:
         """The template's rate (in its unit) when the slowest node's mean time is 1 s: the
         rate is this over that time (`coral.perf.step.busy_rps`, a step being S of them)."""
-        return busy_rps(self.mode, S * B, float(S), self.slo.input_tokens,
-                        self.slo.output_tokens, budget) * per_request
+        key = (S, B, per_request, budget)
+        hit = self._eff.get(key)
+        if hit is None:
+            hit = self._eff[key] = busy_rps(self.mode, S * B, float(S), self.slo.input_tokens,
+                                            self.slo.output_tokens, budget) * per_request
+        return hit
 
     def resident_tokens(self, S: int, B: int) -> int:
         """KV tokens the instance holds busy: `S B` sequences of up to `I + O` tokens (a
@@ -163,9 +173,8 @@ class StepRows:
         tpot = self.slo.tpot_s / S * (1 + _RTOL)
         ttft = self.slo.ttft_s / S * (1 + _RTOL)
         # the most layers whose KV room holds the node's share (the room shrinks as layers grow)
-        top = 0
-        while top < self.L and self._kv_room(name, top + 1, first, last) >= need:
-            top += 1
+        short = self._kv_rooms(name, first, last) < need
+        top = int(short.argmax()) if short.any() else self.L
         a = self._times(name, share, first, last, sa, top)
         c = self._times(name, share, first, last, sc, top) if sc is not None else a
         # A <= TPOT / S always (TPOT >= S A); C <= TTFT / S (a prompt's step), and for
@@ -215,11 +224,14 @@ class StepRows:
             out[:top] = [t(x) for x in range(1, top + 1)]
         return out
 
-    def _kv_room(self, name: str, layers: int, first: bool, last: bool) -> int:
-        key = (name, layers, first, last)
+    def _kv_rooms(self, name: str, first: bool, last: bool) -> np.ndarray:
+        """(L,): the KV tokens a node holds with 1..L layers."""
+        key = (name, first, last)
         hit = self._kv.get(key)
         if hit is None:
-            hit = self._kv[key] = int(self.kv_tokens(name, layers, first, last))
+            hit = self._kv[key] = np.array(
+                [int(self.kv_tokens(name, k, first, last)) for k in range(1, self.L + 1)],
+                dtype=np.int64)
         return hit
 
     def type_rows(self, name: str, jcap: int, S: int, B: int) -> TypeRows | None:
@@ -242,19 +254,60 @@ class StepRows:
                            lo_a=min(float(r.a[k]) for r in rows),
                            lo_c=min(float(r.c[k]) for r in rows),
                            one_a=min(float(r.a[0]) for r in rows),
-                           one_c=min(float(r.c[0]) for r in rows))
+                           one_c=min(float(r.c[0]) for r in rows),
+                           lo_h=min((r.h_list[k] for r in rows if k < len(r.h_list)),
+                                    default=math.inf),
+                           one_h=min(r.h_list[0] for r in rows))
         self._types[key] = out
         return out
 
-    def choices(self, count: int, max_group: int, keys: tuple, S: int, B: int
+    def type_bounds(self, name: str, jcap: int, S: int, Bs: tuple[int, ...]
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per micro-batch of `Bs` at `S`: whether `name` has rows there, and its `lo_a`
+        and `lo_c` (`TypeRows`; inf where it has none), as arrays for a combination to
+        take the least over its types at once."""
+        key = (name, jcap, S, Bs)
+        hit = self._bounds.get(key)
+        if hit is None:
+            trs = [self.type_rows(name, jcap, S, B) for B in Bs]
+            hit = self._bounds[key] = (
+                np.array([tr is not None for tr in trs], dtype=bool),
+                np.array([math.inf if tr is None else tr.lo_a for tr in trs]),
+                np.array([math.inf if tr is None else tr.lo_c for tr in trs]))
+        return hit
+
+    def pair_constants(self, S: int, Bs: tuple[int, ...], per_request: float, budget: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """Per micro-batch of `Bs` at `S`: the share `f` of steps with a prompt more, and
+        the rate at a unit period (`rate_at_unit_period`)."""
+        key = (S, Bs, per_request, budget)
+        hit = self._consts.get(key)
+        if hit is None:
+            hit = self._consts[key] = (
+                np.array([self.steps(S, B)[2] for B in Bs]),
+                np.array([self.rate_at_unit_period(S, B, per_request, budget) for B in Bs]))
+        return hit
+
+    @staticmethod
+    def cover_memo(tr: TypeRows, count: int, max_group: int, room: int) -> dict:
+        """Where the search keeps what `count` nodes of the type cover at given layer caps
+        with at most `room` groups (the same type and count recur across combinations)."""
+        key = ("cover", count, max_group, room)
+        hit = tr.choice_memo.get(key)
+        if hit is None:
+            hit = tr.choice_memo[key] = {}
+        return hit
+
+    def choices(self, tr: TypeRows, count: int, max_group: int, S: int, B: int
                 ) -> list[tuple[int, int, tuple, tuple]]:
         """Ways to split a type's `count` nodes into at most `S` groups with roles, as
-        (groups, flags, index into `keys` of each group's row, (group sizes, roles)); a way
-        needing a row that `keys` lacks is left out."""
-        ck = (count, max_group, keys, S, B)
-        hit = self._choices.get(ck)
+        (groups, flags, index into `tr.keys` of each group's row, (group sizes, roles)); a
+        way needing a row that the type lacks is left out. `tr` is the type's rows at
+        (S, B), which holds them."""
+        ck = (count, max_group)
+        hit = tr.choice_memo.get(ck)
         if hit is None:
-            where = {k: i for i, k in enumerate(keys)}
+            where = {k: i for i, k in enumerate(tr.keys)}
             hit = []
             for parts in partitions(count, max_group):
                 if len(parts) > S:
@@ -264,5 +317,5 @@ class StepRows:
                     idx = tuple(where.get((j, role), -1) for j, role in zip(parts, roles))
                     if -1 not in idx:
                         hit.append((len(parts), flags | tight, idx, (parts, roles)))
-            self._choices[ck] = hit
+            tr.choice_memo[ck] = hit
         return hit

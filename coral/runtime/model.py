@@ -5,9 +5,10 @@ Its layers are `coral.perf.torch_layers.DecoderLayer`, the layer `coral profile`
 Weights come from a `WeightSource`: random ones drawn from a generator seeded by (model seed,
 layer index), or a real checkpoint (a GGUF file, read tensor by tensor). Either way a stage
 builds exactly its own layers from the same source, so any split holds bit-for-bit the weights
-of the whole model. Each request's tokens are processed with its own cache, one request at a
-time within a batch: exact and deterministic (the same arithmetic whatever the split or the
-batch), at the price of not fusing requests into one matmul.
+of the whole model. A step's decode tokens (one per running request) go through each layer's
+matmuls together, as one batch, the way the step model (`coral.perf.step`) and the profiler
+time a decode batch; each request's attention reads its own cache. Prompt chunks run request
+by request (a prompt's tokens already make a matmul of many rows).
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ import numpy as np
 import torch
 from torch import nn
 
+import torch.nn.functional as F
+
 from coral.perf.torch_layers import (
     LAYER_TENSORS,  # noqa: F401 - the names a WeightSource keys its tensors by
     DecoderLayer,
     DecoderShape,
     LayerCache,
     RMSNorm,
+    rope_tables,
 )
 from coral.runtime.config import ModelConfig
 from coral.runtime.messages import TokenResult, WorkItem
@@ -165,16 +169,54 @@ class Stage:
 
     @torch.inference_mode()
     def forward(self, items: Sequence[WorkItem]) -> list[WorkItem] | list[TokenResult]:
-        """Run each item through the stage: activations out, or sampled tokens on the last."""
-        out: list = []
-        for item in items:
+        """Run each item through the stage: activations out, or sampled tokens on the last.
+        Decode items (one token of a request whose cache holds its earlier tokens) run as
+        one batch; outputs keep the items' order."""
+        out: list = [None] * len(items)
+        decode: list[int] = []
+        for n, item in enumerate(items):
             if item.release:
                 self.release(item.request_id)
                 if not self.is_last:
-                    out.append(item)
-                continue
-            out.append(self._forward_one(item))
-        return out
+                    out[n] = item
+            elif item.step > 0 and len(item.token_ids) == 1:
+                decode.append(n)
+            else:
+                out[n] = self._forward_one(item)
+        if decode:
+            for n, res in zip(decode, self._decode([items[n] for n in decode])):
+                out[n] = res
+        return [o for o in out if o is not None]
+
+    def _decode(self, items: Sequence[WorkItem]) -> list[WorkItem] | list[TokenResult]:
+        """One new token of each item's request, the requests' rows batched in every matmul."""
+        caches = []
+        for item in items:
+            cache = self.caches.get(item.request_id)
+            length = 0 if cache is None else cache.length
+            if cache is None or length != item.start_pos:
+                raise ValueError(f"request {item.request_id}: chunk starts at {item.start_pos} "
+                                 f"but the stage's cache holds {length} tokens")
+            if item.start_pos + 1 > self.config.max_seq_len:
+                raise ValueError(f"request {item.request_id} reaches {item.start_pos + 1} "
+                                 f"tokens, more than max_seq_len ({self.config.max_seq_len})")
+            caches.append(cache)
+        if self.is_first:
+            x = self.embed[torch.tensor([i.token_ids[0] for i in items], dtype=torch.long,
+                                        device=self.device)]
+        else:
+            assert all(i.hidden is not None for i in items), "a later stage needs activations"
+            x = torch.from_numpy(np.concatenate([i.hidden for i in items])).to(self.device)
+        positions = torch.tensor([i.start_pos for i in items], device=self.device)
+        for li, layer in enumerate(self.layers):
+            x = decode_rows(layer, x, positions, [c.layers[li] for c in caches])
+        if not self.is_last:
+            hidden = x.cpu().numpy().astype(np.float32, copy=False)
+            return [WorkItem(i.request_id, i.start_pos, i.token_ids, i.sampling, i.step,
+                             hidden=hidden[j:j + 1]) for j, i in enumerate(items)]
+        logits = self.norm(x) @ self.lm_head.T
+        return [TokenResult(i.request_id, i.step, sample(logits[j], i))
+                for j, i in enumerate(items)]
 
     def _forward_one(self, item: WorkItem) -> WorkItem | TokenResult:
         cache = self.caches.setdefault(
@@ -199,6 +241,25 @@ class Stage:
                             item.step, hidden=x.cpu().numpy().astype(np.float32, copy=False))
         logits = self.norm(x[-1]) @ self.lm_head.T
         return TokenResult(item.request_id, item.step, sample(logits, item))
+
+
+def decode_rows(layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor,
+                caches: Sequence[LayerCache]) -> torch.Tensor:
+    """One decode token per request through `layer`: x is [B, hidden], row j the token at
+    `positions[j]` of the request whose cache is `caches[j]` (its keys and values are
+    appended). Projections and MLP take all B rows at once; attention runs per request, over
+    its own cache (contexts differ in length)."""
+    cos, sin = rope_tables(positions, layer.head_dim, x.dtype, layer.rope_theta)
+    q, k, v = layer._qkv(x, cos, sin)  # [B, H, d], [B, KV, d], [B, KV, d]
+    kv_heads, d = layer.num_kv_heads, layer.head_dim
+    g = layer.num_heads // kv_heads
+    attn = []
+    for j, cache in enumerate(caches):
+        keys, values = cache.append(k[j][:, None], v[j][:, None])  # [KV, S, d]
+        # the G query heads that share a KV head act as G queries of that head
+        attn.append(F.scaled_dot_product_attention(q[j].view(kv_heads, g, d), keys, values)
+                    .reshape(-1))
+    return layer._finish(x, torch.stack(attn))
 
 
 def sample(logits: torch.Tensor, item: WorkItem) -> int:

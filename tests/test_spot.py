@@ -3,6 +3,7 @@ the pools, the risk model's formulas, and `coral plan --spot` end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -20,8 +21,10 @@ from coral.allocator.spot import (
     SpotOptions,
     SpotPlanError,
     plan_spot,
+    spot_arrays,
     spot_columns,
 )
+from coral.allocator.spot_repair import ModelRisk, exact_table, repair
 from coral.allocator.spot_risk import mass_beyond, pool_down_probability, scenario_depth
 from coral.cli.main import app
 
@@ -80,11 +83,9 @@ def _brute_force(problem: AllocationProblem, market: SpotMarket, target: float
                 used[(g, r)] = used.get((g, r), 0) + k * n
         if any(v > problem.availability.get(key, 0) for key, v in used.items()):
             continue
-        cost = 0.0
-        for (t, r), n, ps in zip(entries, x, pools_of):
-            price = t.price_usd_per_hour[r]
-            penalty = price * STARTUP_S / 3600.0
-            cost += n * (price + penalty + sum(market.rate_per_hour[p] for p in ps) * penalty)
+        cost = sum(n * _unit_cost(t.price_usd_per_hour[r],
+                                  sum(market.rate_per_hour[p] for p in ps))
+                   for (t, r), n, ps in zip(entries, x, pools_of))
         if cost >= best - 1e-12:
             continue
         ok = True
@@ -104,16 +105,21 @@ def _brute_force(problem: AllocationProblem, market: SpotMarket, target: float
     return best, best_x
 
 
+def _unit_cost(price: float, rate: float) -> float:
+    """One new instance: its expected $/hour (a replacement's start-up per preemption) and
+    its own start-up at that rate, as `spot_ilp` states the objective."""
+    hourly = price * (1 + rate * STARTUP_S / 3600.0)
+    return hourly * (1 + STARTUP_S / 3600.0)
+
+
 def _objective(sp) -> float:
     by_id = {t.id: t for t in sp.columns.problem.templates}
     total = 0.0
     for (tid, r), n in sp.plan.instances.items():
         t = by_id[tid]
-        price = t.price_usd_per_hour[r]
-        penalty = price * STARTUP_S / 3600.0
         rate = (sum(sp.market.rate_per_hour[(g, r)] for g in t.node_counts)
                 if tid in sp.columns.base else 0.0)
-        total += n * (price + penalty + rate * penalty)
+        total += n * _unit_cost(t.price_usd_per_hour[r], rate)
     return total
 
 
@@ -234,3 +240,46 @@ def test_plan_spot_refuses_pd_modes(tmp_path: Path) -> None:
                                       "--no-baselines", "--templates-dir",
                                       str(tmp_path / "templates")])
     assert result.exit_code != 0 and "aggregated" in result.output
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_replanning_the_running_plan_keeps_it(seed: int) -> None:
+    """Regression: the objective charged every instance as new, so re-planning a running
+    spot plan moved instances for cents. Keeping an instance is free: a plan that was
+    optimal stays optimal with itself running, and nothing is started or stopped."""
+    problem, market = _instance(seed)
+    try:
+        first = plan_spot(problem, market, SpotOptions(risk_target=0.9))
+    except SpotPlanError:
+        return
+    running = dataclasses.replace(problem, current=dict(first.plan.instances))
+    again = plan_spot(running, market, SpotOptions(risk_target=0.9))
+    assert again.plan.started == {} and again.plan.stopped == {}
+    assert again.plan.instances == first.plan.instances
+
+
+def test_repair_meets_the_target_where_the_naive_plan_does_not() -> None:
+    repaired = 0
+    for seed in range(12):
+        problem, market = _instance(seed)
+        cols = spot_columns(problem, market)
+        a = spot_arrays(cols, market)
+        naive = plan_spot(problem, market, SpotOptions(risk_target=0.0))
+        x = a.vector(naive.plan.instances)
+        budget = 0.01
+        risks = [ModelRisk(a, m, market.prob_down, 0.0, 10_000) if a.spot_pools_of(m) else None
+                 for m in range(len(a.models))]
+        if all(p <= budget for p in naive.p_short.values()):
+            continue
+        fixed = repair(a, risks, x, budget)
+        if fixed is None:
+            continue
+        repaired += 1
+        assert a.fits(fixed)
+        assert (a.capacity(fixed) >= a.demand * (1 - 1e-9)).all()
+        for m in range(len(a.models)):
+            exact = exact_table(a, m, fixed, market.prob_down)
+            if exact is not None:
+                table, cap, need = exact
+                assert float(table.prob @ (cap < need)) + table.left <= budget + 1e-12
+    assert repaired >= 1

@@ -16,7 +16,7 @@ Risk is modelled per pool (`spot_risk`): a pool is down in the window with proba
 down pool lost. For each model `m`, let `K_m` be the pools of its spot columns, and `S` a set
 of pools of `K_m` down, of probability `pi_S`. The ILP is::
 
-    minimise  sum_j (price_j + penalty_j + rate_j * penalty_j) x_j
+    minimise  sum_j price_j x_j + penalty_j max(x_j - current_j, 0)
     s.t.      sum_{j in m} cap_j x_j                       >= demand_m         (all pools up)
               sum_{j in m, pools_j disjoint from S} cap_j x_j >= demand_m z_{m,S}  (each S)
               pi_{} + sum_S pi_S z_{m,S}                      >= target
@@ -28,30 +28,35 @@ of the probability row is the probability of the enumerated scenarios in which `
 covered. With every subset of `K_m` enumerated this is *exact*: a plan is feasible if and only
 if each model is covered with probability at least the target, and the optimum is the
 cheapest such plan (`tests/test_spot.py` checks it against brute force over every plan and
-every failure set). Where `K_m` is too large to enumerate, the sets with more than `d` pools
-down are left out and counted as failures (`spot_risk.scenario_depth` picks the least `d`
-whose left-out mass is at most a thousandth of the risk budget); the constraint is then a
-conservative inner approximation, off by at most that mass, which the plan reports.
-`penalty_j` is the start-up penalty (every instance counted as new); `rate_j`, the preemption
-events per hour of a spot instance (the sum of its pools' rates), prices the replacements it
-will need, so the objective is the expected $/hour plus the one-off start-up.
+every failure set). A model of `core` has 24 spot pools, 2^24 failure sets: the sets are
+generated as plans need them (`spot_ilp`), never all enumerated.
+`penalty_j` is the start-up of an instance beyond the current deployment (keeping a running
+one is free, as on demand) and `price_j` a spot instance's expected $/hour with the
+replacements its preemptions start (`spot_ilp`'s objective).
 
-The solve is plain HiGHS on this whole ILP: the decomposition paths of `ilp.py` do not carry
-the scenario rows. Prefill/decode (PD) columns are not planned on spot: `--spot` plans
-aggregated serving. A risk target of 0 drops the scenario rows: the naive spot plan, the
-cheapest capacity with every pool up and no risk model.
+How it is solved: the naive spot problem (no scenario rows) by the allocator's decomposition
+(`ilp.solve_allocation`, spot columns at their expected price); where its exact risk meets
+the target it is the answer. Otherwise the naive plan is repaired greedily
+(`spot_repair`), each model is re-planned alone (the chance constraint is per model: only
+availability ties the models), and the whole ILP is solved by scenario generation
+(`spot_ilp`): relaxations holding a growing family of failure sets, every plan checked
+against every failure set of the pools it uses. The plan returned always meets the target
+exactly (or conservatively beyond `spot_risk.EXACT_POOLS` pools, as reported); its gap is
+proven against the naive optimum's bound or the relaxation's, whichever is higher. Prefill/
+decode (PD) columns are not planned on spot: `--spot` plans aggregated serving. A risk target
+of 0 is the naive spot plan, the cheapest capacity with every pool up and no risk model.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-import highspy
 import numpy as np
 
+from coral.allocator.ilp import solve_allocation
 from coral.allocator.problem import (
     AllocationPlan,
     AllocationProblem,
@@ -59,12 +64,12 @@ from coral.allocator.problem import (
     TemplateColumn,
     make_plan,
 )
+from coral.allocator.spot_ilp import ScenarioFamily, SpotArrays, gap_of, scenario_generation
+from coral.allocator.spot_repair import ModelRisk, repair, uncovered
 from coral.allocator.spot_risk import (
     Holding,
     Pool,
     pool_down_probability,
-    scenario_depth,
-    scenarios,
     shortfall_probability,
 )
 from coral.errors import CoralError
@@ -73,8 +78,15 @@ SPOT_SUFFIX = "@spot"
 SPOT, ON_DEMAND = "spot", "on_demand"
 DEFAULT_RISK_TARGET = 0.99
 DEFAULT_RISK_WINDOW_S = 3600.0
-#: Most failure scenarios enumerated per model (beyond it, `scenario_depth` stops deeper).
+#: Most failure sets the repair judges a model on (beyond it, `scenario_depth` stops deeper).
 MAX_SCENARIOS_PER_MODEL = 4096
+#: Share of the risk budget the repair's table may leave out (counted as short).
+SCENARIO_TOLERANCE = 1e-3
+#: Share of the time limit the naive spot plan gets when a risk target follows it.
+NAIVE_SHARE = 0.4
+#: Share of the time limit by which the models re-planned alone are done (the whole ILP's
+#: scenario generation has the rest).
+BY_MODEL_SHARE = 0.9
 
 
 class SpotPlanError(CoralError, ValueError):
@@ -207,120 +219,168 @@ class SpotPlan:
         }
 
 
-def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptions
-              ) -> SpotPlan:
-    """The cheapest plan (expected $/hour plus start-up) whose every model is covered over
-    the window with probability at least `options.risk_target` (see the module).
+def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptions,
+              starts: Sequence[Mapping[tuple[str, str], int]] = ()) -> SpotPlan:
+    """The cheapest plan (expected $/hour plus start-ups beyond `problem.current`) whose
+    every model is covered over the window with probability at least `options.risk_target`
+    (see the module). `starts`: plans known beforehand (the on-demand plan): any of them that
+    meets the target bounds the search from above.
 
-    The plan without scenario rows (the naive spot plan) is solved first: it is the optimum
-    of a relaxation, so where its own exact risk already meets the target it is the answer,
-    with the relaxation's proven gap, and the scenario ILP is not needed."""
-    if options.risk_target > 0.0:
-        naive = plan_spot(problem, market, SpotOptions(0.0, options.window_s))
-        if all(p == 0.0 for p in naive.p_unjudged.values()) and all(
-                1.0 - p >= options.risk_target for p in naive.p_short.values()):
-            return SpotPlan(**{**naive.__dict__, "options": options,
-                               "notes": (*naive.notes, "the naive spot optimum already meets "
-                                         "the risk target: no scenario rows needed")})
+    The naive spot plan (no risk rows) is solved first by `ilp.solve_allocation`: it is the
+    optimum of a relaxation, so where its exact risk meets the target it is the answer, and
+    otherwise its bound bounds the answer from below. Then the naive plan repaired
+    (`spot_repair.repair`) and the starts meeting the target cut off the scenario
+    generation of `spot_ilp`, which returns the best plan known and the proven gap."""
     t0 = time.perf_counter()
+    deadline = t0 + float(problem.time_limit_s)
     cols = spot_columns(problem, market)
+    a = spot_arrays(cols, market)
+    risky = options.risk_target > 0.0
+    naive_problem = replace(expected_price_problem(cols, market),
+                            time_limit_s=problem.time_limit_s * (NAIVE_SHARE if risky else 1.0))
+    naive = solve_allocation(naive_problem, starts=list(starts))
+    if not naive.meets_demand:
+        raise SpotPlanError("no spot plan meets every demand within the availability (short: "
+                            + ", ".join(naive.short_models) + ")")
+    x_naive = a.vector(naive.instances)
+    assert x_naive is not None
+    naive_bound = naive.objective * (1.0 - naive.gap) if math.isfinite(naive.gap) else -math.inf
+    judged_naive = _judge(_plan_of(cols.problem, a, x_naive, naive.status, naive.gap, t0,
+                                   ("spot plan: the naive spot problem by the allocator's "
+                                    "decomposition",)), cols, options, market, 0, ())
+    if not risky:
+        return judged_naive
+    budget = 1.0 - options.risk_target
+    if all(p == 0.0 for p in judged_naive.p_unjudged.values()) and all(
+            p <= budget for p in judged_naive.p_short.values()):
+        return replace(judged_naive, options=options, notes=(
+            *judged_naive.notes, "the naive spot optimum already meets the risk target"))
+    k_pools = [a.spot_pools_of(m) if a.demand[m] > 0 else [] for m in range(len(a.models))]
+    risks = [ModelRisk(a, m, market.prob_down, SCENARIO_TOLERANCE * budget,
+                       MAX_SCENARIOS_PER_MODEL) if k else None for m, k in enumerate(k_pools)]
+    notes: list[str] = []
+    best, best_from = None, ""
+    repaired = repair(a, risks, x_naive, budget)
+    candidates = [("the naive plan repaired", repaired)] + [
+        ("a given start", a.vector(s)) for s in starts]
+    for name, x in candidates:
+        if x is None or not a.fits(x) or (a.capacity(x) < a.demand * (1 - 1e-9)).any():
+            continue
+        if uncovered(a, x, market.prob_down, budget, k_pools):
+            continue
+        if best is None or a.objective(x) < a.objective(best):
+            best, best_from = x, name
+    families = [ScenarioFamily.singles(k, market.prob_down) if k else None for k in k_pools]
+    if best is not None:
+        better = improve_by_model(a, families, budget, best, market, k_pools,
+                                  deadline=t0 + (deadline - t0) * BY_MODEL_SHARE,
+                                  mip_gap=float(problem.mip_gap))
+        if a.objective(better) < a.objective(best) - 1e-9:
+            best, best_from = better, best_from + ", each model re-planned alone"
+    gen = scenario_generation(
+        a, families, budget, best,
+        lambda x: uncovered(a, x, market.prob_down, budget, k_pools),
+        deadline=deadline, mip_gap=float(problem.mip_gap))
+    if gen.x is None:
+        raise SpotPlanError(
+            f"no plan meeting the risk target {options.risk_target} was found within the "
+            f"time limit ({problem.time_limit_s:g} s); lower --risk-target, shorten "
+            "--risk-window or raise --time-limit")
+    came_from = ("scenario generation" if best is None or a.objective(gen.x) < a.objective(best)
+                 else best_from)
+    bound = max(gen.bound, naive_bound)
+    gap = gap_of(a.objective(gen.x), bound)
+    status = PlanStatus.OPTIMAL if gap <= problem.mip_gap else PlanStatus.TIME_LIMIT
+    notes.extend(gen.notes)
+    notes.append(f"spot plan: {came_from}; {gen.rounds} relaxation round(s) over "
+                 f"{gen.scenario_rows} failure sets; bound from the "
+                 + ("naive plan" if naive_bound >= gen.bound else "relaxation"))
+    plan = _plan_of(cols.problem, a, gen.x, status, gap, t0, tuple(notes))
+    return _judge(plan, cols, options, market, gen.scenario_rows, tuple(notes))
+
+
+def improve_by_model(a: SpotArrays, families: Sequence[ScenarioFamily | None], budget: float,
+                     x: np.ndarray, market: SpotMarket, k_pools: Sequence[Sequence[Pool]],
+                     *, deadline: float, mip_gap: float) -> np.ndarray:
+    """Plan `x` (meeting the target) with each model's instances re-planned in turn by the
+    scenario generation on that model alone, the other models' nodes held: the chance
+    constraint is per model, so each of these ILPs holds one model's columns and failure
+    sets, and HiGHS solves it far faster than the whole ILP. The dearest models go first;
+    every step keeps the target and lowers the cost or keeps the plan."""
+    x = x.copy()
+    order = sorted(range(len(a.models)),
+                   key=lambda m: -float(a.hourly[a.model == m] @ x[a.model == m]))
+    for i, m in enumerate(order):
+        left = deadline - time.perf_counter()
+        if left <= 0 or families[m] is None:
+            continue
+        sub, mine = a.one_model(m, x)
+        fam = families[m]
+        k_m = [k_pools[m]]
+        gen = scenario_generation(
+            sub, [fam], budget, x[mine].copy(),
+            lambda y: uncovered(sub, y, market.prob_down, budget, k_m),
+            deadline=time.perf_counter() + left / (len(order) - i), mip_gap=mip_gap)
+        if gen.x is not None:
+            x[mine] = gen.x
+    return x
+
+
+def spot_arrays(cols: SpotColumns, market: SpotMarket) -> SpotArrays:
+    """The entries (column, region) of the spot problem that availability allows and whose
+    model has demand, as `spot_ilp.SpotArrays`."""
     full = cols.problem
+    models = tuple(d.model for d in full.demands)
+    m_of = {m: i for i, m in enumerate(models)}
     entries = [(t, r) for t in full.templates for r in t.price_usd_per_hour
-               if t.model in {d.model for d in full.demands}]
-    ub = np.array([_upper_bound(full, t, r) for t, r in entries], dtype=float)
-    keep = [i for i in range(len(entries)) if ub[i] > 0]
-    entries = [entries[i] for i in keep]
-    ub = ub[keep]
-    is_spot = [t.id in cols.base for t, _ in entries]
-    pools = [instance_pools(t, r) if s else frozenset() for (t, r), s in zip(entries, is_spot)]
+               if t.model in m_of and _upper_bound(full, t, r) > 0]
+    pools = tuple(instance_pools(t, r) if t.id in cols.base else frozenset()
+                  for t, r in entries)
     price = np.array([t.price_usd_per_hour[r] for t, r in entries])
     rate = np.array([sum(market.rate_per_hour[p] for p in ps) for ps in pools])
-    penalty = price * full.startup_s / 3600.0
-    cost = price + penalty + rate * penalty
-
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    inf = highspy.kHighsInf
-    n_x = len(entries)
-    h.addVars(n_x, np.zeros(n_x), ub)
-    h.changeColsCost(n_x, np.arange(n_x, dtype=np.int32), cost)
-    h.changeColsIntegrality(n_x, np.arange(n_x, dtype=np.int32),
-                            np.array([highspy.HighsVarType.kInteger] * n_x))
-    n_col = n_x
-    # availability rows, spot and on-demand together
+    hourly = price * (1.0 + rate * full.startup_s / 3600.0)
     usage: dict[Pool, list[tuple[int, float]]] = {}
     for j, (t, r) in enumerate(entries):
         for g, n in t.node_counts.items():
             usage.setdefault((g, r), []).append((j, float(n)))
-    for pool, uses in usage.items():
-        idx = np.array([j for j, _ in uses], dtype=np.int32)
-        h.addRow(-inf, float(full.availability.get(pool, 0)), len(idx), idx,
-                 np.array([v for _, v in uses]))
-    scenario_rows = 0
-    notes: list[str] = []
-    for d in full.demands:
-        mine = [j for j, (t, _) in enumerate(entries) if t.model == d.model]
-        caps = np.array([entries[j][0].capacity for j in mine])
-        idx = np.array(mine, dtype=np.int32)
-        h.addRow(d.requests_per_s, inf, len(idx), idx, caps)  # every pool up
-        if options.risk_target <= 0.0 or d.requests_per_s <= 0:
-            continue
-        k_m = sorted({p for j in mine for p in pools[j]})
-        if not k_m:
-            continue
-        probs = [market.prob_down[p] for p in k_m]
-        budget = 1.0 - options.risk_target
-        depth, left = scenario_depth(probs, 1e-3 * budget, MAX_SCENARIOS_PER_MODEL)
-        pos = {p: i for i, p in enumerate(k_m)}
-        masks = [sum(1 << pos[p] for p in pools[j]) for j in mine]
-        sc = scenarios(probs, depth)
-        up_prob = sc[0][1]
-        z_idx, z_prob = [], []
-        for down, prob in sc[1:]:
-            dmask = sum(1 << i for i in down)
-            alive = [k for k, m in enumerate(masks) if not m & dmask]
-            z = n_col
-            h.addVar(0.0, 1.0)
-            h.changeColIntegrality(z, highspy.HighsVarType.kInteger)
-            n_col += 1
-            ridx = np.array([mine[k] for k in alive] + [z], dtype=np.int32)
-            rval = np.concatenate([caps[alive], [-d.requests_per_s]])
-            h.addRow(0.0, inf, len(ridx), ridx, rval)
-            z_idx.append(z)
-            z_prob.append(prob)
-            scenario_rows += 1
-        if up_prob + sum(z_prob) < options.risk_target:
-            raise SpotPlanError(
-                f"{d.model}: the risk target {options.risk_target} is out of reach: the "
-                f"failure sets enumerated ({len(sc)}, up to {depth} of {len(k_m)} pools down) "
-                f"weigh {up_prob + sum(z_prob):.6f}; lower --risk-target or shorten "
-                f"--risk-window")
-        if z_idx:
-            h.addRow(options.risk_target - up_prob, inf, len(z_idx),
-                     np.array(z_idx, dtype=np.int32), np.array(z_prob))
-        if left > 0:
-            notes.append(f"{d.model}: failure sets of more than {depth} of its {len(k_m)} spot "
-                         f"pools (probability {left:.2e}) counted as short")
-    h.setOptionValue("time_limit", float(full.time_limit_s))
-    h.setOptionValue("mip_rel_gap", float(full.mip_gap))
-    h.run()
-    status = h.getModelStatus()
-    info = h.getInfo()
-    if info.primal_solution_status != 2:  # no feasible solution
-        raise SpotPlanError(f"no spot plan meets every demand within the availability "
-                            f"(HiGHS: {h.modelStatusToString(status)})")
-    x = np.round(np.asarray(h.getSolution().col_value[:n_x])).astype(int)
-    counts: dict[tuple[str, str], int] = {}
-    for j, (t, r) in enumerate(entries):
-        if x[j] > 0:
-            counts[(t.id, r)] = int(x[j])
-    gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else math.inf
-    optimal = status == highspy.HighsModelStatus.kOptimal
-    plan = make_plan(full, counts, status=PlanStatus.OPTIMAL if optimal else
-                     PlanStatus.TIME_LIMIT, gap=max(gap, 0.0),
-                     solve_s=time.perf_counter() - t0,
-                     notes=("spot plan: HiGHS on the whole scenario ILP", *notes))
-    return _judge(plan, cols, options, market, scenario_rows, tuple(notes))
+    rows = sorted(usage)
+    return SpotArrays(
+        keys=tuple((t.id, r) for t, r in entries),
+        model=np.array([m_of[t.model] for t, _ in entries], dtype=int),
+        cap=np.array([t.capacity for t, _ in entries], dtype=float),
+        hourly=hourly,
+        penalty=hourly * full.startup_s / 3600.0,
+        current=np.array([full.current.get((t.id, r), 0) for t, r in entries], dtype=float),
+        ub=np.array([_upper_bound(full, t, r) for t, r in entries]),
+        pools=pools,
+        usage=tuple((p, np.array([j for j, _ in usage[p]], dtype=int),
+                     np.array([n for _, n in usage[p]])) for p in rows),
+        avail=np.array([float(full.availability.get(p, 0)) for p in rows]),
+        models=models,
+        demand=np.array([d.requests_per_s for d in full.demands]),
+    )
+
+
+def expected_price_problem(cols: SpotColumns, market: SpotMarket) -> AllocationProblem:
+    """The spot problem as the allocator's problem: every spot column priced at its expected
+    $/hour with replacements (`spot_ilp`), so that `solve_allocation`'s objective (price and
+    start-ups beyond the current deployment) is the spot planner's."""
+    full = cols.problem
+    share = full.startup_s / 3600.0
+    templates = []
+    for t in full.templates:
+        if t.id in cols.base:
+            t = replace(t, price_usd_per_hour={
+                r: p * (1.0 + share * sum(market.rate_per_hour[(g, r)] for g in t.node_counts))
+                for r, p in t.price_usd_per_hour.items()})
+        templates.append(t)
+    return replace(full, templates=tuple(templates))
+
+
+def _plan_of(problem: AllocationProblem, a: SpotArrays, x: np.ndarray, status: PlanStatus,
+             gap: float, t0: float, notes: tuple[str, ...]) -> AllocationPlan:
+    return make_plan(problem, a.counts(x), status=status, gap=max(gap, 0.0),
+                     solve_s=time.perf_counter() - t0, notes=notes)
 
 
 def _upper_bound(problem: AllocationProblem, t: TemplateColumn, region: str) -> float:
@@ -374,8 +434,6 @@ class SpotPlanner:
 
     def solve(self, problem: AllocationProblem, starts: Sequence[Mapping[Any, int]] = ()
               ) -> AllocationPlan:
-        from coral.allocator.ilp import solve_allocation
-
         pools = sorted({(g, r) for t in problem.templates for g in t.node_counts
                         for r in t.price_usd_per_hour})
         market = SpotMarket.from_catalog(self.catalog, pools, self.options, problem.startup_s)
@@ -383,7 +441,9 @@ class SpotPlanner:
             raise SpotPlanError("no node type of this scenario has a spot price in its regions "
                                 "(the catalog's spot_prices)")
         self.on_demand = solve_allocation(problem, starts=list(starts))
-        self.result = plan_spot(problem, market, self.options)
+        known = [*starts, dict(self.on_demand.instances)] if self.on_demand.meets_demand \
+            else list(starts)
+        self.result = plan_spot(problem, market, self.options, starts=known)
         return self.result.plan
 
     def columns(self, columns: Sequence[TemplateColumn], templates: Mapping[str, Any]

@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import numpy as np
+
 Pool = tuple[str, str]
 """(node type, region)."""
 
@@ -126,3 +128,38 @@ def shortfall_probability(holdings: Sequence[Holding], demand: float,
             short += prob
     left = mass_beyond(probs, depth) if depth < len(pools) else 0.0
     return min(1.0, short + left), left
+
+
+@dataclass(frozen=True)
+class ScenarioTable:
+    """Failure sets of some pools as arrays: `down[s, k]` is True when pool `k` is down in
+    scenario `s` (every pool outside the set up), `prob[s]` its probability, `left` the
+    probability of the sets not listed (more than `depth` pools down). Row 0 is the empty
+    set."""
+
+    pools: tuple[Pool, ...]
+    down: np.ndarray  # (scenarios, pools) bool
+    prob: np.ndarray  # (scenarios,)
+    depth: int
+    left: float
+
+    @classmethod
+    def build(cls, pools: Sequence[Pool], pool_prob: Mapping[Pool, float], depth: int
+              ) -> "ScenarioTable":
+        probs = [pool_prob[p] for p in pools]
+        sets = scenarios(probs, depth)
+        down = np.zeros((len(sets), len(pools)), dtype=bool)
+        for s, (idx, _) in enumerate(sets):
+            down[s, list(idx)] = True
+        left = mass_beyond(probs, depth) if depth < len(pools) else 0.0
+        return cls(tuple(pools), down, np.array([p for _, p in sets]), depth, left)
+
+    def alive(self, pool_sets: Sequence[frozenset[Pool]]) -> np.ndarray:
+        """(scenarios, holdings) bool: holding `j` (its pools `pool_sets[j]`) keeps serving
+        in scenario `s` (none of its pools down)."""
+        index = {p: k for k, p in enumerate(self.pools)}
+        uses = np.zeros((len(self.pools), len(pool_sets)), dtype=np.int32)
+        for j, ps in enumerate(pool_sets):
+            for p in ps:
+                uses[index[p], j] = 1
+        return (self.down.astype(np.int32) @ uses) == 0

@@ -1,0 +1,138 @@
+"""Plans that meet the spot risk target, found without the ILP: the naive spot plan
+repaired greedily (`repair`), and the failure sets a plan leaves a model short in
+(`uncovered`), which `spot_ilp.scenario_generation` adds to its relaxation.
+
+The repair judges a model on a fixed table of failure sets of all its spot pools `K_m`
+(`ModelRisk`: every set of up to `depth` pools down, the sets beyond counted as short), so a
+plan it accepts meets the target exactly too: the exact risk is never above the table's.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from coral.allocator.spot_ilp import CAPACITY_REL_TOL, SpotArrays
+from coral.allocator.spot_risk import (
+    EXACT_POOLS,
+    Pool,
+    ScenarioTable,
+    scenario_depth,
+)
+
+
+class ModelRisk:
+    """Model `m`'s probability of being short on a table of failure sets of `K_m`."""
+
+    def __init__(self, a: SpotArrays, m: int, prob_down: Mapping[Pool, float],
+                 tolerance: float, max_scenarios: int):
+        self.entries = np.flatnonzero(a.model == m)
+        self.pools = a.spot_pools_of(m)
+        depth, _ = scenario_depth([prob_down[p] for p in self.pools], tolerance, max_scenarios)
+        self.table = ScenarioTable.build(self.pools, prob_down, depth)
+        self.alive = self.table.alive([a.pools[j] for j in self.entries]).astype(float)
+        self.cap = a.cap[self.entries]
+        self.need = float(a.demand[m]) * (1.0 - CAPACITY_REL_TOL)
+
+    def scenario_capacity(self, x: np.ndarray) -> np.ndarray:
+        return self.alive @ (self.cap * x[self.entries])
+
+    def risk(self, x: np.ndarray) -> float:
+        return float(self.table.prob @ (self.scenario_capacity(x) < self.need)) + self.table.left
+
+
+def repair(a: SpotArrays, risks: Sequence[ModelRisk | None], x0: np.ndarray, budget: float
+           ) -> np.ndarray | None:
+    """`x0` (a plan meeting every demand within availability) with instances added where a
+    model's risk exceeds `budget` — each time the one that removes the most expected
+    shortfall (probability x requests/s short) per $ — then instances removed, dearest per
+    request/s first, while the model stays within budget. None when no instance that still
+    fits helps."""
+    x = x0.copy()
+    rows_of: list[list[tuple[int, float]]] = [[] for _ in a.keys]
+    for i, (_, idx, nodes) in enumerate(a.usage):
+        for j, n in zip(idx, nodes):
+            rows_of[j].append((i, float(n)))
+    free = a.avail.astype(float).copy()
+    for i, (_, idx, nodes) in enumerate(a.usage):
+        free[i] -= float(nodes @ x[idx])
+    unit = a.hourly + a.penalty
+
+    def fits(j: int) -> bool:
+        return all(free[i] >= n for i, n in rows_of[j])
+
+    def move(j: int, step: int) -> None:
+        x[j] += step
+        for i, n in rows_of[j]:
+            free[i] -= step * n
+
+    order = sorted((m for m, r in enumerate(risks) if r is not None),
+                   key=lambda m: -risks[m].risk(x))  # type: ignore[union-attr]
+    for m in order:
+        r = risks[m]
+        assert r is not None
+        if r.risk(x) <= budget:
+            continue
+        while r.risk(x) > budget:
+            cand = np.array([k for k, j in enumerate(r.entries) if fits(int(j))], dtype=int)
+            if not len(cand):
+                return None
+            cap_s = r.scenario_capacity(x)
+            short = np.maximum(r.need - cap_s, 0.0)
+            gain = r.alive[:, cand] * r.cap[cand]
+            after = np.maximum(r.need - cap_s[:, None] - gain, 0.0)
+            less = r.table.prob @ (short[:, None] - after)
+            best = int(np.argmax(less / unit[r.entries[cand]]))
+            if less[best] <= 0:
+                return None
+            move(int(r.entries[cand[best]]), +1)
+        per_rps = unit[r.entries] / r.cap
+        for k in np.argsort(-per_rps):
+            j = int(r.entries[k])
+            while x[j] > 0:
+                move(j, -1)
+                if r.scenario_capacity(x)[0] < r.need or r.risk(x) > budget:
+                    move(j, +1)
+                    break
+    return x
+
+
+def exact_table(a: SpotArrays, m: int, x: np.ndarray, prob_down: Mapping[Pool, float]
+                ) -> tuple[ScenarioTable, np.ndarray, float] | None:
+    """Every failure set of the spot pools model `m`'s instances in `x` use (sets of at most
+    two pools beyond `EXACT_POOLS` pools, as `spot_risk.shortfall_probability`), the
+    capacity left in each, and the demand to meet. None when it holds no spot instance."""
+    mine = np.flatnonzero((a.model == m) & (x > 0))
+    pools = sorted({p for j in mine for p in a.pools[j]})
+    if not pools:
+        return None
+    table = ScenarioTable.build(pools, prob_down, len(pools) if len(pools) <= EXACT_POOLS
+                                else 2)
+    cap = table.alive([a.pools[j] for j in mine]) @ (a.cap[mine] * x[mine])
+    return table, cap, float(a.demand[m]) * (1.0 - CAPACITY_REL_TOL)
+
+
+def uncovered(a: SpotArrays, x: np.ndarray, prob_down: Mapping[Pool, float], budget: float,
+              k_pools: Sequence[Sequence[Pool] | None]
+              ) -> dict[int, tuple[list[tuple[int, ...]], list[int]]]:
+    """Per model whose exact risk under plan `x` exceeds `budget`: the failure sets of the
+    pools its instances use that leave it short, likeliest first, and those pools, as
+    indices into its `k_pools[m]`."""
+    out: dict[int, tuple[list[tuple[int, ...]], list[int]]] = {}
+    for m, k_m in enumerate(k_pools):
+        if k_m is None:
+            continue
+        judged = exact_table(a, m, x, prob_down)
+        if judged is None:
+            continue
+        table, cap, need = judged
+        short = cap < need
+        if float(table.prob @ short) + table.left <= budget:
+            continue
+        index = {p: k for k, p in enumerate(k_m)}
+        rows = np.flatnonzero(short)
+        rows = rows[np.argsort(-table.prob[rows])]
+        out[m] = ([tuple(sorted(index[table.pools[k]] for k in np.flatnonzero(table.down[s])))
+                   for s in rows], sorted(index[p] for p in table.pools))
+    return out

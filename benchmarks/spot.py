@@ -13,14 +13,21 @@ second:
    rates times `--rate-scale` (1: the catalog's), re-planning after each event as
    `coral simulate --preemptions` does.
 
+3. With `--event-windows`, in place of 2: each plan simulated for `--window` seconds once
+   without events and once per spot pool (at least `--min-pool-prob` likely to have an
+   event in an hour) with that pool reclaimed at `--event-at`, and the hourly probability
+   that a model's attainment falls below 99 % and its expected attainment over 24 h at the
+   catalog's rates computed from those windows (see `event_windows`).
+
     python benchmarks/spot.py [--horizon 900] [--rate-scale 1] [--seeds 1] [--days-seeds 1000]
-        [--plans-dir out/bench-spot] [--replan]
+        [--plans-dir out/bench-spot] [--replan] [--event-windows [--window 480]]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -83,7 +90,8 @@ def events_per_day(payload: dict, catalog, seeds: int) -> tuple[float, float]:
 
 
 def simulate(payload: dict, catalog, perf, *, horizon_s: float, seed: int,
-             rate_scale: float) -> tuple[dict, dict, float]:
+             rate_scale: float, event: tuple[float, tuple[str, str]] | None = None
+             ) -> tuple[dict, dict, float]:
     slos = plan_slos(payload)
     reqs = merge(*[synthetic(m, rate_rps=d, duration_s=horizon_s, seed=1000 * k,
                              prompt_tokens=slos[m].input_tokens,
@@ -95,10 +103,68 @@ def simulate(payload: dict, catalog, perf, *, horizon_s: float, seed: int,
     run = PreemptionRun(sim, payload["instances"], slos, ScaledRates(catalog, rate_scale),
                         replanner, PreemptionConfig(seed=seed, startup_s=replanner.startup_s))
     run.install(horizon_s, extra_pools=replanner.pools())
+    if event is not None:
+        run.preempt_at(*event)
     t0 = time.process_time()
     result = sim.run(reqs)
     cpu = time.process_time() - t0
     return summarize(result, slos), run.report(result), cpu
+
+
+def spot_pools(payload: dict) -> list[tuple[str, str]]:
+    return sorted({p for r in payload["instances"] if row_market(r) == "spot"
+                   for p in row_pools(r)})
+
+
+def event_windows(payloads: dict, catalog, perf, *, window_s: float, at_s: float,
+                  min_prob: float, out: dict) -> None:
+    """Each plan simulated for `window_s` without any event, then once per spot pool whose
+    hourly probability of an event is at least `min_prob`, that pool reclaimed at `at_s`
+    (no other event). A model is *hit* by a pool when its SLO attainment in that window is
+    below 99 %; summing the pools' hourly event probabilities over the pools that hit it
+    gives the hourly probability of a window below 99 % (single events; the pools not
+    simulated are added as their whole probability, so the figure is an upper bound), the
+    simulator's counterpart of the planner's P(short in 1 h). The expected attainment over
+    24 h subtracts each pool's events per day times the requests its window lost."""
+    for name, payload in payloads.items():
+        base, _, cpu = simulate(payload, catalog, perf, horizon_s=window_s, seed=0,
+                                rate_scale=0.0)
+        base_att = {m: v["slo_attainment"] for m, v in base["models"].items()}
+        rec: dict = {"no_event": base_att, "no_event_cpu_s": cpu, "pools": {}}
+        print(f"  {name:12s} no event: worst model {min(base_att.values()):.2%} "
+              f"({cpu:.0f} s CPU)", flush=True)
+        rows = []
+        for pool in spot_pools(payload):
+            rate = catalog.preemption_rate_per_hour(*pool)
+            p_hour = -math.expm1(-rate)
+            if p_hour < min_prob:
+                rows.append((pool, rate, p_hour, None))
+                continue
+            summary, rep, cpu = simulate(payload, catalog, perf, horizon_s=window_s, seed=0,
+                                         rate_scale=0.0, event=(at_s, pool))
+            att = {m: v["slo_attainment"] for m, v in summary["models"].items()}
+            rows.append((pool, rate, p_hour, att))
+            hit = sorted(m for m, a in att.items() if a < 0.99)
+            print(f"    {pool[0]}@{pool[1]} (P(event in 1 h) {p_hour:.2e}): "
+                  f"{rep['instances_reclaimed']} reclaimed, {rep['replacements_started']} "
+                  f"started; below 99 %: {', '.join(f'{m} {att[m]:.1%}' for m in hit) or 'none'}"
+                  f" ({cpu:.0f} s CPU)", flush=True)
+            rec["pools"][f"{pool[0]}@{pool[1]}"] = {"p_event_1h": p_hour, "models": att,
+                                                    "preemptions": rep, "cpu_s": cpu}
+        p_low: dict[str, float] = {}
+        day_att: dict[str, float] = {}
+        for m, a0 in base_att.items():
+            p_low[m] = sum(p for _, _, p, att in rows if att is None or att.get(m, 1) < 0.99)
+            lost = sum(rate * 24 * max(0.0, a0 - att.get(m, a0)) * window_s / 86_400
+                       for _, rate, _, att in rows if att is not None)
+            day_att[m] = a0 - lost
+        rec["p_window_below_99_per_hour"] = p_low
+        rec["expected_attainment_24h"] = day_att
+        print(f"  {name:12s} P(a 1-hour window below 99 %) per model: "
+              + ", ".join(f"{m} {p:.2e}" for m, p in p_low.items()))
+        print(f"  {name:12s} expected attainment over 24 h: "
+              + ", ".join(f"{m} {a:.2%}" for m, a in day_att.items()), flush=True)
+        out["plans"][name]["event_windows"] = rec
 
 
 def main() -> None:
@@ -111,6 +177,12 @@ def main() -> None:
     ap.add_argument("--plans-dir", type=Path, default=Path("out/bench-spot"))
     ap.add_argument("--replan", action="store_true", help="plan again even if the files exist")
     ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--event-windows", action="store_true",
+                    help="instead of drawn events: each spot pool reclaimed alone in a window")
+    ap.add_argument("--window", type=float, default=480.0, help="event window, s")
+    ap.add_argument("--event-at", type=float, default=20.0, help="event time in the window, s")
+    ap.add_argument("--min-pool-prob", type=float, default=1e-3,
+                    help="simulate the pools at least this likely to have an event in 1 h")
     args = ap.parse_args()
     args.plans_dir.mkdir(parents=True, exist_ok=True)
     catalog = default_catalog()
@@ -129,6 +201,13 @@ def main() -> None:
         out["plans"][name] = {"planned_usd_per_hour": payload["cost_per_hour"],
                               "spot": spot, "events_per_day": mean,
                               "days_with_events": share, "runs": []}
+    if args.event_windows:
+        print(f"\nEvent windows of {args.window:,.0f} s, the event at {args.event_at:g} s")
+        event_windows(payloads, catalog, perf, window_s=args.window, at_s=args.event_at,
+                      min_prob=args.min_pool_prob, out=out)
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2) + "\n")
+        return
     print(f"\nSimulated {args.horizon:,.0f} s with preemptions at {args.rate_scale:g}x the "
           "catalog's rates")
     for name, payload in payloads.items():

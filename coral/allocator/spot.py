@@ -475,7 +475,8 @@ class SpotPlanner:
         worst = max(r.p_short.values(), default=0.0)
         vs = (f"; on demand only ${od.cost_usd_per_hour:,.2f}/hour"
               if od is not None and od.meets_demand else "")
-        return (f"spot: {r.total_spot_share:.1%} of $/hour on spot, expected "
+        return (f"spot (aggregated serving: --spot plans no prefill/decode pairs): "
+                f"{r.total_spot_share:.1%} of $/hour on spot, expected "
                 f"${r.expected_usd_per_hour:,.2f}/hour with replacements{vs}; risk target "
                 f"{r.options.risk_target:g} over {r.options.window_s:g} s, worst model short "
                 f"with probability {worst:.2e}")

@@ -261,7 +261,8 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     notes: list[str] = []
     best, best_from = None, ""
     repaired = repair(a, risks, x_naive, budget)
-    candidates = [("the naive plan repaired", repaired)] + [
+    candidates = [("the naive plan repaired", repaired),
+                  ("the running deployment kept", a.vector(cols.problem.current))] + [
         ("a given start", a.vector(s)) for s in starts]
     for name, x in candidates:
         if x is None or not a.fits(x) or (a.capacity(x) < a.demand * (1 - 1e-9)).any():

@@ -65,7 +65,7 @@ from coral.allocator.problem import (
     make_plan,
 )
 from coral.allocator.spot_ilp import ScenarioFamily, SpotArrays, gap_of, scenario_generation
-from coral.allocator.spot_repair import ModelRisk, repair, uncovered
+from coral.allocator.spot_repair import ModelRisk, local_search, repair, uncovered
 from coral.allocator.spot_risk import (
     Holding,
     Pool,
@@ -83,7 +83,7 @@ MAX_SCENARIOS_PER_MODEL = 4096
 #: Share of the risk budget the repair's table may leave out (counted as short).
 SCENARIO_TOLERANCE = 1e-3
 #: Share of the time limit the naive spot plan gets when a risk target follows it.
-NAIVE_SHARE = 0.4
+NAIVE_SHARE = 0.3
 #: Share of the time limit by which the models re-planned alone are done (the whole ILP's
 #: scenario generation has the rest).
 BY_MODEL_SHARE = 0.9
@@ -229,7 +229,7 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     The naive spot plan (no risk rows) is solved first by `ilp.solve_allocation`: it is the
     optimum of a relaxation, so where its exact risk meets the target it is the answer, and
     otherwise its bound bounds the answer from below. Then the naive plan repaired
-    (`spot_repair.repair`) and the starts meeting the target cut off the scenario
+    (`spot_repair.repair`, `local_search`) and the starts meeting the target cut off the scenario
     generation of `spot_ilp`, which returns the best plan known and the proven gap."""
     t0 = time.perf_counter()
     deadline = t0 + float(problem.time_limit_s)
@@ -260,9 +260,17 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
                        MAX_SCENARIOS_PER_MODEL) if k else None for m, k in enumerate(k_pools)]
     notes: list[str] = []
     best, best_from = None, ""
+    running = a.vector(cols.problem.current)
     repaired = repair(a, risks, x_naive, budget)
+    if repaired is not None:
+        repaired = local_search(a, risks, repaired, budget, deadline)
+    # after a preemption the survivors are short: topped up, they move the fewest instances
+    topped = repair(a, risks, running, budget) if running is not None and running.any() else None
+    if topped is not None:
+        topped = local_search(a, risks, topped, budget, deadline)
     candidates = [("the naive plan repaired", repaired),
-                  ("the running deployment kept", a.vector(cols.problem.current))] + [
+                  ("the running deployment kept", running),
+                  ("the running deployment topped up", topped)] + [
         ("a given start", a.vector(s)) for s in starts]
     for name, x in candidates:
         if x is None or not a.fits(x) or (a.capacity(x) < a.demand * (1 - 1e-9)).any():
@@ -306,24 +314,28 @@ def improve_by_model(a: SpotArrays, families: Sequence[ScenarioFamily | None], b
     """Plan `x` (meeting the target) with each model's instances re-planned in turn by the
     scenario generation on that model alone, the other models' nodes held: the chance
     constraint is per model, so each of these ILPs holds one model's columns and failure
-    sets, and HiGHS solves it far faster than the whole ILP. The dearest models go first;
-    every step keeps the target and lowers the cost or keeps the plan."""
+    sets, and HiGHS solves it far faster than the whole ILP. The dearest models go first,
+    in passes until a pass changes nothing or time runs out; every step keeps the target and
+    lowers the cost or keeps the plan."""
     x = x.copy()
-    order = sorted(range(len(a.models)),
-                   key=lambda m: -float(a.hourly[a.model == m] @ x[a.model == m]))
-    for i, m in enumerate(order):
-        left = deadline - time.perf_counter()
-        if left <= 0 or families[m] is None:
-            continue
-        sub, mine = a.one_model(m, x)
-        fam = families[m]
-        k_m = [k_pools[m]]
-        gen = scenario_generation(
-            sub, [fam], budget, x[mine].copy(),
-            lambda y: uncovered(sub, y, market.prob_down, budget, k_m),
-            deadline=time.perf_counter() + left / (len(order) - i), mip_gap=mip_gap)
-        if gen.x is not None:
-            x[mine] = gen.x
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        order = sorted(range(len(a.models)),
+                       key=lambda m: -float(a.hourly[a.model == m] @ x[a.model == m]))
+        for i, m in enumerate(order):
+            left = deadline - time.perf_counter()
+            if left <= 0 or families[m] is None:
+                continue
+            sub, mine = a.one_model(m, x)
+            k_m = [k_pools[m]]
+            gen = scenario_generation(
+                sub, [families[m]], budget, x[mine].copy(),
+                lambda y: uncovered(sub, y, market.prob_down, budget, k_m),
+                deadline=time.perf_counter() + left / (len(order) - i), mip_gap=mip_gap)
+            if gen.x is not None and sub.objective(gen.x) < sub.objective(x[mine]) - 1e-9:
+                x[mine] = gen.x
+                improved = True
     return x
 
 

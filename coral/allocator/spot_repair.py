@@ -9,6 +9,7 @@ plan it accepts meets the target exactly too: the exact risk is never above the 
 
 from __future__ import annotations
 
+import time
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -44,8 +45,9 @@ class ModelRisk:
 
 def repair(a: SpotArrays, risks: Sequence[ModelRisk | None], x0: np.ndarray, budget: float
            ) -> np.ndarray | None:
-    """`x0` (a plan meeting every demand within availability) with instances added where a
-    model's risk exceeds `budget` — each time the one that removes the most expected
+    """`x0` (a plan within availability; it may be short of demand, the set with every pool
+    up then counting as a failure) with instances added where a model's risk exceeds
+    `budget` — each time the one that removes the most expected
     shortfall (probability x requests/s short) per $ — then instances removed, dearest per
     request/s first, while the model stays within budget. None when no instance that still
     fits helps."""
@@ -136,3 +138,59 @@ def uncovered(a: SpotArrays, x: np.ndarray, prob_down: Mapping[Pool, float], bud
         out[m] = ([tuple(sorted(index[table.pools[k]] for k in np.flatnonzero(table.down[s])))
                    for s in rows], sorted(index[p] for p in table.pools))
     return out
+
+
+def local_search(a: SpotArrays, risks: Sequence[ModelRisk | None], x: np.ndarray,
+                 budget: float, deadline: float, max_moves: int = 2000) -> np.ndarray:
+    """`x` (meeting demand and the target) improved by single moves inside each model: drop
+    the instance whose removal saves most, else swap one instance for another that saves
+    most (the target and demand kept, as `ModelRisk` judges them, within availability),
+    until no move saves or `deadline` (a `time.perf_counter()` instant) passes."""
+    x = x.copy()
+    usage = np.zeros((len(a.keys), len(a.usage)))
+    for i, (_, idx, nodes) in enumerate(a.usage):
+        usage[idx, i] = nodes
+    free = a.avail - usage.T @ x
+    for m, r in enumerate(risks):
+        if r is None:
+            continue
+        ent = r.entries
+        for _ in range(max_moves):
+            if time.perf_counter() > deadline:
+                return x
+            cap_s = r.scenario_capacity(x)
+            used = np.flatnonzero(x[ent] > 0)
+            # what dropping one instance saves, and adding one costs ($/hour plus start-up)
+            save = a.hourly[ent] + np.where(x[ent] > a.current[ent], a.penalty[ent], 0.0)
+            spend = a.hourly[ent] + np.where(x[ent] >= a.current[ent], a.penalty[ent], 0.0)
+            base = cap_s[:, None] - r.alive[:, used] * r.cap[used]  # (scenarios, used)
+            ok = (base[0] >= r.need) & (r.table.prob @ (base < r.need) + r.table.left <= budget)
+            if ok.any():
+                k = used[np.argmax(np.where(ok, save[used], -np.inf))]
+                _step(x, free, usage, int(ent[k]), -1)
+                continue
+            best, move = 1e-9, None
+            for u, k in enumerate(used):
+                room = free + usage[ent[k]]
+                fits = (usage[ent] <= room + 1e-9).all(axis=1)
+                gain = save[k] - spend
+                cand = np.flatnonzero(fits & (gain > best))
+                cand = cand[cand != k]
+                if not len(cand):
+                    continue
+                after = base[:, u:u + 1] + r.alive[:, cand] * r.cap[cand]
+                good = (after[0] >= r.need) & (
+                    r.table.prob @ (after < r.need) + r.table.left <= budget)
+                if good.any():
+                    c = cand[np.argmax(np.where(good, gain[cand], -np.inf))]
+                    best, move = gain[c], (int(ent[k]), int(ent[c]))
+            if move is None:
+                break
+            _step(x, free, usage, move[0], -1)
+            _step(x, free, usage, move[1], +1)
+    return x
+
+
+def _step(x: np.ndarray, free: np.ndarray, usage: np.ndarray, j: int, by: int) -> None:
+    x[j] += by
+    free -= by * usage[j]

@@ -23,6 +23,7 @@ from coral.allocator.robust import (
     RobustError,
     RobustPlanner,
     RobustProblem,
+    conservative_start,
     greedy_cover,
     robust_bruteforce,
     robust_shortfall,
@@ -30,6 +31,7 @@ from coral.allocator.robust import (
     scenario_capacity_rps,
     solve_robust,
 )
+from coral.allocator.robust_starts import conservative_problem
 from coral.allocator.robust_rating import (
     RATINGS_FILE,
     RatingStore,
@@ -155,14 +157,16 @@ def _independent_capacity(template, scenario, perf, catalog, gpu: str, factor: f
     spec = scenario.model_spec(template.model)
 
     def rate(s: Saturation, ttft: float) -> float:
+        # figures times ratios, in the module's order: the rating's slot count rounds down,
+        # and another rounding of the same product can flip it at a whole number
         q = s.rps / nominal.rps
         t = replace(template, throughput=template.throughput * q,
                     throughput_rps=template.throughput_rps * q,
                     throughput_tokens_per_s=template.throughput_tokens_per_s * q,
                     ttft_s=None if template.ttft_s is None
-                    else template.ttft_s * ttft / nominal_ttft,
+                    else template.ttft_s * (ttft / nominal_ttft),
                     tpot_s=None if template.tpot_s is None
-                    else template.tpot_s * s.step_s / nominal.step_s)
+                    else template.tpot_s * (s.step_s / nominal.step_s))
         return planned_capacity(t, arrival_cv=spec.arrival_cv,
                                 output_cv=spec.output_tokens_cv, saturation=s)
 
@@ -381,3 +385,47 @@ def test_greedy_cover_covers_every_scenario_or_says_it_cannot(seed):
     assert not robust_shortfall(rp, got)
     plan = robust_start(rp, [got])
     assert plan is not None and plan.cost_usd_per_hour >= oracle.cost_usd_per_hour - 1e-9
+
+
+@pytest.mark.parametrize("pd", [False, True])
+@pytest.mark.parametrize("seed", range(12))
+def test_the_conservative_plan_covers_every_scenario_and_bounds_the_optimum(seed, pd):
+    """Every column at its least capacity over the scenarios: its plan (by the nominal solver)
+    covers every scenario and costs no less than the robust optimum; where no plan covers
+    them, it finds none either."""
+    rp = _random_problem(seed, pd)
+    cons = conservative_problem(rp)
+    caps = rp.capacity_matrix()
+    for t in cons.templates:
+        i = [c.id for c in rp.problem.templates].index(t.id)
+        assert t.capacity == pytest.approx(min(rp.problem.templates[i].capacity,
+                                               caps[:, i].min()))
+    plan, why = conservative_start(rp, 10.0)
+    oracle = robust_bruteforce(rp)
+    if plan is None:
+        assert "conservative plan" in why
+        return
+    assert oracle is not None
+    assert plan.meets_demand and not robust_shortfall(rp, plan.instances)
+    assert plan.cost_usd_per_hour >= oracle.cost_usd_per_hour - 1e-6
+
+
+def test_the_conservative_plan_is_found_where_it_is_the_only_one():
+    """Columns of one GPU type each, each scenario derating its own: only more of every
+    column covers all three scenarios, and the conservative problem finds that plan (the
+    robust solve then starts below it)."""
+    demands = (ModelDemand("a", 3.0, input_tokens=4, output_tokens=2),)
+    cols = tuple(TemplateColumn(f"c{k}", "a", "aggregated", {f"n{k}": 1}, 1.0, {"r0": 1.0 + k})
+                 for k in range(3))
+    problem = AllocationProblem(demands, cols, ("r0",), {(f"n{k}", "r0"): 4 for k in range(3)},
+                                mip_gap=0.0)
+    rp = RobustProblem(problem, {f"g{k}": {f"c{k}": 0.5} for k in range(3)})
+    plan, _ = conservative_start(rp, 10.0)
+    assert plan is not None and not robust_shortfall(rp, plan.instances)
+    # every column at 0.5: six instances of the cheapest
+    assert plan.instances == {("c0", "r0"): 4, ("c1", "r0"): 2}
+    robust = solve_robust(rp)
+    oracle = robust_bruteforce(rp)
+    assert robust.status is PlanStatus.OPTIMAL
+    assert robust.cost_usd_per_hour == pytest.approx(oracle.cost_usd_per_hour)
+    assert robust.cost_usd_per_hour < plan.cost_usd_per_hour

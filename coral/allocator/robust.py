@@ -19,24 +19,29 @@ set per scenario: the slow GPU may sit in one half only, so a region's share mov
 So PD and mixed plans are covered as directly as aggregated ones (`add_scenario_rows` takes
 any per-scenario capacity vector, not only slowdowns).
 
-How it is solved: HiGHS on the whole ILP. The decomposition paths of `ilp.py` (per-model
-covers, the Lagrangian bound, branch and price) price one cover row per model and would need
-a cover per (model, scenario); they are not used here. Presolve keeps every template (no
-dominance: a collection that beats a template nominally can lose to it when its own GPU type
-is the slow one), and bounds each column by the instances its smallest positive capacity
-over the scenarios needs alone (more of them would only cost more in every scenario).
-Demand that cannot be covered robustly is reported as such (status infeasible, proven by
-HiGHS); there is no goodput phase.
+How it is solved (`solve_robust`): first the conservative plan (`robust_starts.py`: every
+column at its least capacity over the scenarios, a one-row-per-model cover that the nominal
+solver's decomposition solves well in a share of the time), which covers every scenario;
+then HiGHS on the whole ILP below the best plan known, for the rest of the time, which
+returns a cheaper plan if it finds one and its proven bound either way. The gap reported is
+HiGHS's bound against the plan returned. The decomposition paths of `ilp.py` price one cover
+row per model; a cover per (model, scenario) would need a multi-row ILP per model and
+pricing round, which costs more than the time limit on `core`. Presolve keeps every template
+(no dominance: a collection that beats a template nominally can lose to it when its own GPU
+type is the slow one), and bounds each column by the instances its smallest positive
+capacity over the scenarios needs alone (more of them would only cost more in every
+scenario). Demand that cannot be covered robustly is reported as such (status infeasible,
+proven by HiGHS); there is no goodput phase.
 
-`robust_bruteforce` enumerates every instance vector of a tiny problem: the tests' oracle.
+`robust_bruteforce` (`robust_starts.py`) enumerates every instance vector of a tiny problem:
+the tests' oracle.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import highspy
@@ -55,114 +60,36 @@ from coral.allocator.highs_runs import plan_of_run, run_highs
 from coral.allocator.ilp import solve_allocation
 from coral.allocator.presolve import MODE_AGG, MODE_DECODE, MODE_PREFILL, Index, run_presolve
 from coral.allocator.problem import (
-    DEMAND_REL_TOL,
     AllocationPlan,
     AllocationProblem,
     PlanStatus,
     TemplateRegion,
     make_plan,
 )
+from coral.allocator.robust_problem import (  # noqa: F401  (the robust API, one import away)
+    MAX_ROBUST_R,
+    RobustError,
+    RobustProblem,
+    capacity_rps_under,
+    check_robust_r,
+    robust_shortfall,
+    scenario_capacity_rps,
+)
 from coral.allocator.robust_rating import RatingStore, SlowedPerfFactory, scenario_capacities
+from coral.allocator.robust_starts import (  # noqa: F401
+    conservative_problem,
+    greedy_cover,
+    robust_bruteforce,
+    robust_start,
+)
 from coral.allocator.scenario import Scenario
-from coral.errors import CoralError
 from coral.templates.template import Template
 
+#: Share of the time limit the conservative plan's solve may take; HiGHS on the whole ILP
+#: gets the rest (and the bound).
+CONSERVATIVE_SHARE = 0.3
+
 _INF = highspy.kHighsInf
-
-#: Largest `R` `--robust` takes: a GPU type 11x slower than modelled is no model error.
-MAX_ROBUST_R = 10.0
-
-
-class RobustError(CoralError, ValueError):
-    """A `--robust` request that cannot be planned (the message says why and what to do)."""
-
-
-def check_robust_r(r: float) -> float:
-    """`R` of `--robust R` as a float, or `RobustError`."""
-    if not (isinstance(r, (int, float)) and math.isfinite(r) and 0.0 < r <= MAX_ROBUST_R):
-        raise RobustError(f"--robust must be a number in (0, {MAX_ROBUST_R:g}] (0.2: any one "
-                          f"GPU type 20 % slower than modelled), got {r!r}")
-    return float(r)
-
-
-@dataclass(frozen=True)
-class RobustProblem:
-    """An allocation problem and its scenarios: scenario name (a GPU type) -> column id ->
-    that column's capacity in the scenario (its unit; columns not listed keep their nominal
-    capacity)."""
-
-    problem: AllocationProblem
-    scenario_capacity: Mapping[str, Mapping[str, float]]
-
-    def __post_init__(self) -> None:
-        ids = {t.id for t in self.problem.templates}
-        for name, caps in self.scenario_capacity.items():
-            for cid, cap in caps.items():
-                if cid not in ids:
-                    raise ValueError(f"scenario {name!r}: no column {cid!r} in the problem")
-                if not (math.isfinite(cap) and cap >= 0):
-                    raise ValueError(f"scenario {name!r}: capacity of {cid!r} must be a finite "
-                                     f"number >= 0, got {cap!r}")
-
-    @property
-    def scenarios(self) -> tuple[str, ...]:
-        return tuple(sorted(self.scenario_capacity))
-
-    def capacity_matrix(self) -> np.ndarray:
-        """(scenarios, templates): each column's capacity in each scenario, in problem order."""
-        nominal = np.array([t.capacity for t in self.problem.templates], dtype=float)
-        out = np.tile(nominal, (len(self.scenarios), 1))
-        pos = {t.id: i for i, t in enumerate(self.problem.templates)}
-        for k, name in enumerate(self.scenarios):
-            for cid, cap in self.scenario_capacity[name].items():
-                out[k, pos[cid]] = cap
-        return out
-
-
-def capacity_rps_under(problem: AllocationProblem, capacity: Mapping[str, float],
-                       instances: Mapping[TemplateRegion, int]) -> dict[str, float]:
-    """Requests/s each model serves with `instances` when column `id` has `capacity[id]`
-    (its nominal capacity where absent): aggregated capacity plus, per region, the PD halves
-    paired (`problem.model_capacity_rps` with other capacities)."""
-    by_id = {t.id: t for t in problem.templates}
-    agg: dict[str, float] = {}
-    pd: dict[tuple[str, str, str], float] = {}
-    for (tid, region), n in instances.items():
-        t = by_id[tid]
-        cap = n * capacity.get(tid, t.capacity)
-        if t.mode == "aggregated":
-            agg[t.model] = agg.get(t.model, 0.0) + cap
-        else:
-            pd[(t.model, t.mode, region)] = pd.get((t.model, t.mode, region), 0.0) + cap
-    out = {}
-    for d in problem.demands:
-        total = agg.get(d.model, 0.0)
-        for region in problem.regions:
-            total += min(pd.get((d.model, "prefill", region), 0.0) / d.input_tokens,
-                         pd.get((d.model, "decode", region), 0.0) / d.output_tokens)
-        out[d.model] = total
-    return out
-
-
-def scenario_capacity_rps(rp: RobustProblem, instances: Mapping[TemplateRegion, int]
-                          ) -> dict[str, dict[str, float]]:
-    """Scenario -> model -> requests/s the plan `instances` serves in that scenario."""
-    return {name: capacity_rps_under(rp.problem, rp.scenario_capacity[name], instances)
-            for name in rp.scenarios}
-
-
-def robust_shortfall(rp: RobustProblem, instances: Mapping[TemplateRegion, int]
-                     ) -> dict[tuple[str, str], float]:
-    """(scenario, model) -> requests/s short of demand in that scenario (only those short
-    beyond the solver's tolerance)."""
-    out = {}
-    for name, caps in scenario_capacity_rps(rp, instances).items():
-        for d in rp.problem.demands:
-            short = d.requests_per_s - caps[d.model]
-            if short > DEMAND_REL_TOL * max(1.0, d.requests_per_s):
-                out[(name, d.model)] = short
-    return out
-
 
 # ---------------------------------------------------------------------------------------------
 # The ILP
@@ -223,95 +150,50 @@ def _bounding_problem(rp: RobustProblem) -> AllocationProblem:
     return replace(rp.problem, templates=tuple(templates))
 
 
-def robust_start(rp: RobustProblem, starts: Sequence[Mapping[TemplateRegion, int]]
-                 ) -> AllocationPlan | None:
-    """The cheapest of `starts` (instances per (column id, region); ids the problem lacks are
-    dropped) that covers every scenario within availability, as a plan; None when none does."""
-    ids = {t.id for t in rp.problem.templates}
-    best = None
-    for start in starts:
-        kept = {(tid, r): int(n) for (tid, r), n in start.items()
-                if tid in ids and r in rp.problem.regions and int(n) > 0}
-        if not kept:
-            continue
-        plan = make_plan(rp.problem, kept, status=PlanStatus.TIME_LIMIT, gap=math.inf,
-                         solve_s=0.0)
-        fits = all(n <= rp.problem.availability.get(key, 0)
-                   for key, n in plan.nodes_used.items())
-        if fits and plan.meets_demand and not robust_shortfall(rp, plan.instances) \
-                and (best is None or plan.objective < best.objective):
-            best = plan
-    return best
-
-
-def greedy_cover(rp: RobustProblem, base: Mapping[TemplateRegion, int], *,
-                 max_added: int = 2_000) -> dict[TemplateRegion, int] | None:
-    """`base` (e.g. the nominal plan) with aggregated instances added one at a time until
-    every scenario is covered: each time the (column, region) with room for one more instance
-    that covers the most of the shortfalls of its model (each scenario's capped at what is
-    short) per $/hour. A start for `solve_robust`, not an optimum; None when it gets stuck
-    (no room left, or a short model without aggregated columns)."""
-    p = rp.problem
-    counts = {k: int(n) for k, n in base.items() if int(n) > 0}
-    scenario_caps = [{}] + [rp.scenario_capacity[s] for s in rp.scenarios]
-    used: dict[tuple[str, str], int] = {}
-    for (tid, region), n in counts.items():
-        for g, k in p.template(tid).node_counts.items():
-            used[(g, region)] = used.get((g, region), 0) + n * k
-    if any(n > p.availability.get(key, 0) for key, n in used.items()):
-        return None
-    candidates = [(t, r) for t in p.templates if t.mode == "aggregated"
-                  for r in p.regions if r in t.price_usd_per_hour]
-    for _ in range(max_added):
-        short = [[max(0.0, d.requests_per_s - got[d.model]) for d in p.demands]
-                 for got in (capacity_rps_under(p, caps, counts) for caps in scenario_caps)]
-        need = {d.model: [row[j] for row in short] for j, d in enumerate(p.demands)}
-        if not any(v > DEMAND_REL_TOL * max(1.0, d.requests_per_s)
-                   for d in p.demands for v in need[d.model]):
-            return counts
-        best, best_score = None, 0.0
-        for t, r in candidates:
-            gaps = need.get(t.model)
-            if not gaps or not any(gaps):
-                continue
-            if any(used.get((g, r), 0) + k > p.availability.get((g, r), 0)
-                   for g, k in t.node_counts.items()):
-                continue
-            gain = sum(min(caps.get(t.id, t.capacity), gap)
-                       for caps, gap in zip(scenario_caps, gaps))
-            score = gain / t.price_usd_per_hour[r]
-            if score > best_score:
-                best, best_score = (t, r), score
-        if best is None:
-            return None
-        t, r = best
-        counts[(t.id, r)] = counts.get((t.id, r), 0) + 1
-        for g, k in t.node_counts.items():
-            used[(g, r)] = used.get((g, r), 0) + k
-    return None
+def conservative_start(rp: RobustProblem, time_limit_s: float, *,
+                       threads: int | None = None) -> tuple[AllocationPlan | None, str]:
+    """The conservative plan (`robust_starts.conservative_problem`) by the nominal solver
+    within `time_limit_s`, and a note; None when it finds no plan meeting demand."""
+    t0 = time.perf_counter()
+    cons = conservative_problem(rp)
+    if not cons.templates:
+        return None, "conservative plan: no column serves in every scenario"
+    plan = solve_allocation(replace(cons, time_limit_s=max(time_limit_s, 1e-3)),
+                            threads=threads)
+    took = time.perf_counter() - t0
+    if not plan.meets_demand:
+        return None, f"conservative plan: none meeting demand ({took:.2f} s)"
+    return plan, (f"conservative plan ${plan.cost_usd_per_hour:,.2f}/hour ({plan.proof}, "
+                  f"{took:.2f} s)")
 
 
 def solve_robust(rp: RobustProblem, *, threads: int | None = None,
                  starts: Sequence[Mapping[TemplateRegion, int]] = ()) -> AllocationPlan:
-    """The cheapest plan covering every model's demand nominally and in every scenario, by
-    HiGHS on the whole ILP within `problem.time_limit_s` and `problem.mip_gap`.
+    """The cheapest plan covering every model's demand nominally and in every scenario, within
+    `problem.time_limit_s` and `problem.mip_gap`: the conservative plan, then HiGHS on the
+    whole ILP below the best plan known (the module docstring says why).
 
     `starts`: plans known beforehand (e.g. another serving mode's robust plan); the best that
-    covers every scenario (`robust_start`) bounds HiGHS's search from above (it looks only for
-    cheaper plans) and is returned when HiGHS finds none.
+    covers every scenario (`robust_start`), or the conservative plan where that is cheaper,
+    bounds HiGHS's search from above (it looks only for cheaper plans) and is returned when
+    HiGHS finds none.
 
     Status: `OPTIMAL` (within the gap), `TIME_LIMIT` (the best plan found and its gap, or no
     plan), `INFEASIBLE` (HiGHS proves that no plan covers every scenario; the plan is empty)."""
     t0 = time.perf_counter()
     problem = rp.problem
-    start = robust_start(rp, starts)
     ix = Index.build(problem)
     bounding = _bounding_problem(rp)
     cols = run_presolve(bounding, Index.build(bounding), dominance=False)
-    notes = [cols.report.describe(), "robust: HiGHS on the whole ILP"]
+    notes = [cols.report.describe()]
     if not ix.models:
         return make_plan(problem, {}, status=PlanStatus.OPTIMAL, gap=0.0,
                          solve_s=time.perf_counter() - t0, notes=notes + ["no demand"])
+    conservative, why = conservative_start(rp, CONSERVATIVE_SHARE * problem.time_limit_s,
+                                           threads=threads)
+    notes.append(why)
+    start = robust_start(rp, list(starts) + ([dict(conservative.instances)]
+                                             if conservative is not None else []))
     lp = LpBuilder()
     v = add_variables(lp, problem, ix, cols)
     rows = {
@@ -330,7 +212,8 @@ def solve_robust(rp: RobustProblem, *, threads: int | None = None,
     run = run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
                     time_limit_s=max(left, 1e-3), mip_gap=problem.mip_gap, threads=threads,
                     cutoff=cutoff)
-    notes.append(f"HiGHS: {run.detail}")
+    notes.append(f"HiGHS on the whole ILP: {run.detail}"
+                 + (f", bound {run.bound:.6g}" if math.isfinite(run.bound) else ""))
     counts = plan_of_run(run, v)
     if counts is None and start is not None:
         # nothing cheaper found: the start stands, optimal when HiGHS proves nothing cheaper
@@ -352,58 +235,6 @@ def solve_robust(rp: RobustProblem, *, threads: int | None = None,
     status = PlanStatus.OPTIMAL if run.optimal else PlanStatus.TIME_LIMIT
     return make_plan(problem, instances, status=status, gap=run.gap,
                      solve_s=time.perf_counter() - t0, notes=notes)
-
-
-# ---------------------------------------------------------------------------------------------
-# The exhaustive oracle
-# ---------------------------------------------------------------------------------------------
-
-
-def robust_bruteforce(rp: RobustProblem, *, max_vectors: int = 200_000
-                      ) -> AllocationPlan | None:
-    """The cheapest plan (price plus start-up penalty) covering every demand nominally and in
-    every scenario, by enumerating every instance vector within availability; None when no
-    vector does. From the definitions alone (no presolve, no bounds but availability): for
-    tiny problems only (`max_vectors`)."""
-    t0 = time.perf_counter()
-    p = rp.problem
-    pairs: list[tuple[Any, str, int]] = []
-    for t in p.templates:
-        for region in p.regions:
-            if region in t.price_usd_per_hour:
-                most = min(p.availability.get((g, region), 0) // n
-                           for g, n in t.node_counts.items())
-                if most > 0:
-                    pairs.append((t, region, most))
-    total = math.prod(most + 1 for _, _, most in pairs)
-    if total > max_vectors:
-        raise ValueError(f"{total} instance vectors exceed the oracle's limit of {max_vectors}")
-    best: tuple[float, dict[TemplateRegion, int]] | None = None
-    scenarios = [{}] + [dict(rp.scenario_capacity[s]) for s in rp.scenarios]
-    for counts in itertools.product(*[range(most + 1) for _, _, most in pairs]):
-        used: dict[tuple[str, str], int] = {}
-        for (t, region, _), n in zip(pairs, counts):
-            for g, k in t.node_counts.items():
-                used[(g, region)] = used.get((g, region), 0) + n * k
-        if any(n > p.availability.get(key, 0) for key, n in used.items()):
-            continue
-        instances = {(t.id, region): n for (t, region, _), n in zip(pairs, counts) if n}
-        covered = all(
-            capacity_rps_under(p, caps, instances)[d.model]
-            >= d.requests_per_s - 1e-9 * max(1.0, d.requests_per_s)
-            for caps in scenarios for d in p.demands)
-        if not covered:
-            continue
-        cost = sum(n * (t.price_usd_per_hour[region]
-                        + max(0, n - p.current.get((t.id, region), 0)) / n
-                        * p.penalty_usd(t, region))
-                   for (t, region, _), n in zip(pairs, counts) if n)
-        if best is None or cost < best[0] - 1e-9:
-            best = (cost, instances)
-    if best is None:
-        return None
-    return make_plan(p, best[1], status=PlanStatus.OPTIMAL, gap=0.0,
-                     solve_s=time.perf_counter() - t0, notes=("robust bruteforce",))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Each step sends every new request's prompt (prefill) and one token of every running request
 (decode) through the executor, so requests join and leave between steps. Steps run one after the
-other (no micro-batch overlap between stages yet).
+other; within a step, a worker pipeline (`coral.runtime.worker.ZmqPipeline`) runs the items as
+micro-batches that overlap across its stages.
 """
 
 from __future__ import annotations

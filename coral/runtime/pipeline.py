@@ -32,6 +32,24 @@ def group_by_node(items: Sequence[WorkItem], router: WeightedRouter) -> dict[int
     return groups
 
 
+def micro_batches(items: Sequence[WorkItem], stages: int) -> list[list[WorkItem]]:
+    """A step's items as `m = min(stages, requests)` micro-batches that follow each other
+    through the stages, so that stage s works on one while stage s + 1 works on the one
+    before (the step model's pipeline, `coral.perf.step`). A request's item stays whole;
+    items go, largest first, to the micro-batch with the fewest tokens so far, so the
+    micro-batches are near equal; release items ride with the first."""
+    work = [i for i in items if not i.release]
+    m = max(1, min(stages, len(work)))
+    groups: list[list[WorkItem]] = [[] for _ in range(m)]
+    tokens = [0] * m
+    for item in sorted(work, key=lambda i: -len(i.token_ids)):
+        k = tokens.index(min(tokens))
+        groups[k].append(item)
+        tokens[k] += len(item.token_ids)
+    groups[0].extend(i for i in items if i.release)
+    return [g for g in groups if g]
+
+
 class LocalPipeline:
     """Every node of every stage in this process; one router per stage."""
 

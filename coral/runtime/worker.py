@@ -280,12 +280,15 @@ class ZmqPipeline:
         return [p.pid for p in self.processes]
 
     def execute(self, items: Sequence[WorkItem]) -> list[TokenResult]:
-        from coral.runtime.pipeline import group_by_node
+        from coral.runtime.pipeline import group_by_node, micro_batches
 
         self._batch_ids += 1
         expected = sum(1 for i in items if not i.release)
-        for node, group in group_by_node(items, self._router).items():
-            self._first[node].send_pyobj(Batch(tuple(group), self._batch_ids))
+        # every micro-batch is sent at once: the first stage takes them in order, and each
+        # later stage starts on one as soon as the stage before hands it over
+        for micro in micro_batches(items, len(self.topology.nodes)):
+            for node, group in group_by_node(micro, self._router).items():
+                self._first[node].send_pyobj(Batch(tuple(group), self._batch_ids))
         tokens: list[TokenResult] = []
         deadline = time.time() + STEP_TIMEOUT_S
         while len(tokens) < expected:

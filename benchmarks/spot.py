@@ -120,12 +120,10 @@ def event_windows(payloads: dict, catalog, perf, *, window_s: float, at_s: float
                   min_prob: float, out: dict) -> None:
     """Each plan simulated for `window_s` without any event, then once per spot pool whose
     hourly probability of an event is at least `min_prob`, that pool reclaimed at `at_s`
-    (no other event). A model is *hit* by a pool when its SLO attainment in that window is
-    below 99 %; summing the pools' hourly event probabilities over the pools that hit it
-    gives the hourly probability of a window below 99 % (single events; the pools not
-    simulated are added as their whole probability, so the figure is an upper bound), the
-    simulator's counterpart of the planner's P(short in 1 h). The expected attainment over
-    24 h subtracts each pool's events per day times the requests its window lost."""
+    (no other event); `window_figures` turns them into hourly probabilities of a model
+    below 99 % (the simulator's counterpart of the planner's P(short in 1 h): single events,
+    the pools not simulated counted as hits, so an upper bound) and expected attainment
+    over 24 h."""
     for name, payload in payloads.items():
         base, _, cpu = simulate(payload, catalog, perf, horizon_s=window_s, seed=0,
                                 rate_scale=0.0)
@@ -151,20 +149,53 @@ def event_windows(payloads: dict, catalog, perf, *, window_s: float, at_s: float
                   f" ({cpu:.0f} s CPU)", flush=True)
             rec["pools"][f"{pool[0]}@{pool[1]}"] = {"p_event_1h": p_hour, "models": att,
                                                     "preemptions": rep, "cpu_s": cpu}
-        p_low: dict[str, float] = {}
-        day_att: dict[str, float] = {}
-        for m, a0 in base_att.items():
-            p_low[m] = sum(p for _, _, p, att in rows if att is None or att.get(m, 1) < 0.99)
-            lost = sum(rate * 24 * max(0.0, a0 - att.get(m, a0)) * window_s / 86_400
-                       for _, rate, _, att in rows if att is not None)
-            day_att[m] = a0 - lost
-        rec["p_window_below_99_per_hour"] = p_low
-        rec["expected_attainment_24h"] = day_att
-        print(f"  {name:12s} P(a 1-hour window below 99 %) per model: "
-              + ", ".join(f"{m} {p:.2e}" for m, p in p_low.items()))
-        print(f"  {name:12s} expected attainment over 24 h: "
-              + ", ".join(f"{m} {a:.2%}" for m, a in day_att.items()), flush=True)
+        for pool, rate, p_hour, att in rows:
+            if att is None:
+                rec["pools"][f"{pool[0]}@{pool[1]}"] = {"p_event_1h": p_hour, "rate_per_hour":
+                                                        rate, "models": None}
+            else:
+                rec["pools"][f"{pool[0]}@{pool[1]}"]["rate_per_hour"] = rate
+        rec["window_s"] = window_s
+        print_windows(name, rec)
         out["plans"][name]["event_windows"] = rec
+
+
+def window_figures(rec: dict) -> tuple[dict, dict, dict]:
+    """From one plan's event windows: per model, the hourly probability that its window
+    falls below 99 %, that the hour holding the window does (the window's loss spread over
+    the hour, the rest of the hour as without events), and the expected attainment over
+    24 h (each pool's events per day times the requests its window lost). Pools not
+    simulated count as hitting every model."""
+    window_s = rec["window_s"]
+    p_window: dict[str, float] = {}
+    p_hour: dict[str, float] = {}
+    day: dict[str, float] = {}
+    for m, a0 in rec["no_event"].items():
+        pw = ph = lost = 0.0
+        for pool in rec["pools"].values():
+            att = pool["models"]
+            if att is None:
+                pw += pool["p_event_1h"]
+                ph += pool["p_event_1h"]
+                continue
+            drop = max(0.0, a0 - att.get(m, a0))
+            pw += pool["p_event_1h"] if att.get(m, a0) < 0.99 else 0.0
+            ph += pool["p_event_1h"] if a0 - drop * window_s / 3600 < 0.99 else 0.0
+            lost += pool["rate_per_hour"] * 24 * drop * window_s / 86_400
+        p_window[m], p_hour[m], day[m] = pw, ph, a0 - lost
+    return p_window, p_hour, day
+
+
+def print_windows(name: str, rec: dict) -> None:
+    p_window, p_hour, day = window_figures(rec)
+    rec["p_window_below_99_per_hour"] = p_window
+    rec["p_hour_below_99"] = p_hour
+    rec["expected_attainment_24h"] = day
+    for label, fig, fmt in (("P(its window below 99 %) per hour", p_window, "{:.2e}"),
+                            ("P(an hour below 99 %)", p_hour, "{:.2e}"),
+                            ("expected attainment over 24 h", day, "{:.2%}")):
+        print(f"  {name:12s} {label}: "
+              + ", ".join(f"{m} {fmt.format(v)}" for m, v in fig.items()), flush=True)
 
 
 def main() -> None:
@@ -183,7 +214,15 @@ def main() -> None:
     ap.add_argument("--event-at", type=float, default=20.0, help="event time in the window, s")
     ap.add_argument("--min-pool-prob", type=float, default=1e-3,
                     help="simulate the pools at least this likely to have an event in 1 h")
+    ap.add_argument("--summarise", type=Path,
+                    help="print the event-window figures of a --json file written before")
     args = ap.parse_args()
+    if args.summarise:
+        saved = json.loads(args.summarise.read_text())
+        for name, rec in saved["plans"].items():
+            if "event_windows" in rec:
+                print_windows(name, rec["event_windows"])
+        return
     args.plans_dir.mkdir(parents=True, exist_ok=True)
     catalog = default_catalog()
     perf = default_perf_factory(catalog)

@@ -24,6 +24,7 @@ from coral.allocator.spot import (
     spot_arrays,
     spot_columns,
 )
+from coral.allocator.spot_ilp import ScenarioFamily
 from coral.allocator.spot_repair import ModelRisk, exact_table, repair
 from coral.allocator.spot_risk import mass_beyond, pool_down_probability, scenario_depth
 from coral.cli.main import app
@@ -283,3 +284,20 @@ def test_repair_meets_the_target_where_the_naive_plan_does_not() -> None:
                 table, cap, need = exact
                 assert float(table.prob @ (cap < need)) + table.left <= budget + 1e-12
     assert repaired >= 1
+
+
+def test_a_cut_excludes_the_plan_that_failed() -> None:
+    """A plan that the single-pool relaxation accepts but whose exact risk is over budget
+    (short whenever pool 0 is down, whatever the others do) is no longer accepted once
+    `ScenarioFamily.cut` has added its failure sets."""
+    pools = [("g", f"r{k}") for k in range(3)]
+    prob = {pools[0]: 0.105, pools[1]: 0.17, pools[2]: 0.2}
+    fam = ScenarioFamily.singles(pools, prob)
+    budget = 0.1
+    assert fam.sets[(0,)] <= budget < prob[pools[0]]  # the relaxation accepts it
+    fam.cut([(0,)], [0], budget)
+    assert sum(p for s, p in fam.sets.items() if 0 in s) > budget
+    # every set holds its exact probability (those pools down, the rest up)
+    for s, p in fam.sets.items():
+        assert p == pytest.approx(math.prod(prob[q] if k in s else 1 - prob[q]
+                                            for k, q in enumerate(pools)))

@@ -17,10 +17,12 @@ second:
    without events and once per spot pool (at least `--min-pool-prob` likely to have an
    event in an hour) with that pool reclaimed at `--event-at`, and the hourly probability
    that a model's attainment falls below 99 % and its expected attainment over 24 h at the
-   catalog's rates computed from those windows (see `event_windows`).
+   catalog's rates computed from those windows (see `event_windows`); `--extend FILE`
+   simulates the pools such a run left out and `--summarise FILE` prints its figures.
 
     python benchmarks/spot.py [--horizon 900] [--rate-scale 1] [--seeds 1] [--days-seeds 1000]
         [--plans-dir out/bench-spot] [--replan] [--event-windows [--window 480]]
+        [--extend FILE | --summarise FILE]
 """
 
 from __future__ import annotations
@@ -160,6 +162,29 @@ def event_windows(payloads: dict, catalog, perf, *, window_s: float, at_s: float
         out["plans"][name]["event_windows"] = rec
 
 
+def extend_windows(saved: dict, payloads: dict, catalog, perf, *, at_s: float) -> None:
+    """Simulate the pools a saved run left out (below its `--min-pool-prob`), in place."""
+    for name, plan in saved["plans"].items():
+        rec = plan.get("event_windows")
+        if rec is None:
+            continue
+        for key, pool in rec["pools"].items():
+            if pool["models"] is not None:
+                continue
+            g, region = key.split("@")
+            summary, rep, cpu = simulate(payloads[name], catalog, perf,
+                                         horizon_s=rec["window_s"], seed=0, rate_scale=0.0,
+                                         event=(at_s, (g, region)))
+            att = {m: v["slo_attainment"] for m, v in summary["models"].items()}
+            pool.update(models=att, preemptions=rep, cpu_s=cpu)
+            hit = sorted(m for m, a in att.items() if a < 0.99)
+            print(f"    {name}: {key} (P(event in 1 h) {pool['p_event_1h']:.2e}): "
+                  f"{rep['instances_reclaimed']} reclaimed, {rep['replacements_started']} "
+                  f"started; below 99 %: {', '.join(f'{m} {att[m]:.1%}' for m in hit) or 'none'}"
+                  f" ({cpu:.0f} s CPU)", flush=True)
+        print_windows(name, rec)
+
+
 def window_figures(rec: dict) -> tuple[dict, dict, dict]:
     """From one plan's event windows: per model, the hourly probability that its window
     falls below 99 %, that the hour holding the window does (the window's loss spread over
@@ -216,6 +241,8 @@ def main() -> None:
                     help="simulate the pools at least this likely to have an event in 1 h")
     ap.add_argument("--summarise", type=Path,
                     help="print the event-window figures of a --json file written before")
+    ap.add_argument("--extend", type=Path,
+                    help="simulate the pools a saved --event-windows run left out, and save")
     args = ap.parse_args()
     if args.summarise:
         saved = json.loads(args.summarise.read_text())
@@ -228,6 +255,11 @@ def main() -> None:
     perf = default_perf_factory(catalog)
     payloads = {name: read_plan_file(plan(name, flags, args.plans_dir, args.replan))
                 for name, flags in PLANS.items()}
+    if args.extend:
+        saved = json.loads(args.extend.read_text())
+        extend_windows(saved, payloads, catalog, perf, at_s=args.event_at)
+        args.extend.write_text(json.dumps(saved, indent=2) + "\n")
+        return
     out: dict = {"horizon_s": args.horizon, "rate_scale": args.rate_scale, "plans": {}}
     print(f"\n24 h at the catalog's rates ({args.days_seeds} draws): events hitting a plan's "
           "spot pools")

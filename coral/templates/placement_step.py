@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -190,30 +191,21 @@ class StepSearch:
         """The pipeline of the highest rate above `at_least` (None: there is none)."""
         # (S, B) pairs by an upper bound on their rate, best first: some stage holds
         # ceil(L / S) layers, so its node is at least as slow as the fastest such row
-        Bs = tuple(self.micro_batches())
-        Barr = np.array(Bs, dtype=np.int64)
-        ubs, Ss, Bsel = [], [], []
-        for S in self.stage_counts():
-            present = np.ones(len(Bs), dtype=bool)
-            lo_a = np.full(len(Bs), math.inf)
-            lo_c = np.full(len(Bs), math.inf)
-            for name, jcap in self._jcaps:
-                has, a, c = self.rows.type_bounds(name, jcap, S, Bs)
-                present &= has
-                lo_a = np.minimum(lo_a, a)
-                lo_c = np.minimum(lo_c, c)
-            ok = present & np.isfinite(lo_a)
-            if not ok.any():
-                continue
-            f, eff = self.rows.pair_constants(S, Bs, self.per_request, self.budget)
-            ubs.append(eff[ok] / ((1 - f[ok]) * lo_a[ok] + f[ok] * lo_c[ok]))
-            Ss.append(np.full(int(ok.sum()), S, dtype=np.int64))
-            Bsel.append(Barr[ok])
-        if not ubs:
+        Ss, Bs = tuple(self.stage_counts()), tuple(self.micro_batches())
+        bounds = [self.rows.type_bounds(name, jcap, Ss, Bs) for name, jcap in self._jcaps]
+        lo_a = np.minimum.reduce([b[1] for b in bounds])
+        ok = np.logical_and.reduce([b[0] for b in bounds]) & np.isfinite(lo_a)
+        if not ok.any():
             return None
-        ub_all, S_all, B_all = np.concatenate(ubs), np.concatenate(Ss), np.concatenate(Bsel)
-        order = np.lexsort((B_all, S_all, -ub_all))
-        pairs = zip(ub_all[order].tolist(), S_all[order].tolist(), B_all[order].tolist())
+        lo_c = np.minimum.reduce([b[2] for b in bounds])
+        f, eff = self.rows.pair_constants(Ss, Bs, self.per_request, self.budget)
+        f = f[ok]
+        ub = eff[ok] / ((1 - f) * lo_a[ok] + f * lo_c[ok])
+        si, bi = np.nonzero(ok)
+        S_all = np.array(Ss, dtype=np.int64)[si]
+        B_all = np.array(Bs, dtype=np.int64)[bi]
+        order = np.lexsort((B_all, S_all, -ub))
+        pairs = zip(ub[order].tolist(), S_all[order].tolist(), B_all[order].tolist())
         best: StepPipeline | None = None
         floor = at_least
         for ub, S, B in pairs:
@@ -221,6 +213,8 @@ class StepSearch:
                 break
             types = self._type_rows(S, B)
             assert types is not None
+            if floor > 0 and not self._may_beat(types, S, B, floor):
+                continue
             P = self._pair(S, B, types)
             if floor > 0 and self._tight_bound(P) <= floor * (1 + _RTOL):
                 continue  # every type holds a stage: this pair cannot beat the floor
@@ -228,6 +222,29 @@ class StepSearch:
             if found is not None and (best is None or found.rate > best.rate * (1 + _RTOL)):
                 best, floor = found, max(floor, found.rate)
         return best
+
+    def _may_beat(self, types: list[TypeRows], S: int, B: int, floor: float) -> bool:
+        """Whether the layers the types can cover below the floor's period may reach `L`
+        (`_relaxed`): the test `_best_at` starts with, relaxed. A rate above the floor
+        needs every node's time (aggregated: its mean step time) below
+        `rate_at_unit_period / floor`."""
+        G = self.rate_at_unit_period(S, B) / floor
+        if self.mode == "aggregated":
+            return self._relaxed(types, S, "h", G)
+        return self._relaxed(types, S, "a", math.nextafter(G, -math.inf))
+
+    def _relaxed(self, types: list[TypeRows], S: int, times: str, T: float) -> bool:
+        """Whether the nodes may cover `L` layers in `S` stages with their `times` within T
+        (`TypeRows.layers_bound`; False: they cannot)."""
+        room = S - (len(types) - 1)
+        total = 0
+        for tr, cnt in zip(types, self.counts):
+            values, bound = tr.layers_bound(cnt, room, times)
+            i = bisect_right(values, T) - 1
+            if i < 0 or bound[i] < 1:
+                return False
+            total += bound[i]
+        return total >= self.L
 
     def _tight_bound(self, P: Pair) -> float:
         """A bound on the rate at (S, B) that counts every type's stage: the slowest node
@@ -254,29 +271,42 @@ class StepSearch:
         thr = floor * (1 + _RTOL)
         tpot_cap = self.slo.tpot_s / S * (1 + _RTOL)
         G = eff / floor if floor > 0 else math.inf  # a rate above the floor needs g < G
-        # the first test: every time below G (C below G / f), every node's mean below G
+        # the thresholds worth trying: every node time below G (C below G / f), from the
+        # least at which the nodes may cover the layers (`_relaxed`) on
+        A_vals = np.unique(np.concatenate([tr.values("a") for tr in P.types]))
+        if floor > 0:
+            A_vals = A_vals[A_vals < G]
+        Av = A_vals.tolist()
+        a_lo = self._least(P, Av, "a")
+        if a_lo is None:
+            return None
+        if two:
+            C_vals = np.unique(np.concatenate([tr.values("c") for tr in P.types]))
+            if floor > 0 and f > 0:
+                C_vals = C_vals[C_vals < G / f]
+            Cv = C_vals.tolist()
+            c_lo = self._least(P, Cv, "c")
+            if c_lo is None:
+                return None
+            g_lo = (1 - f) * Av[a_lo] + f * Cv[c_lo]
+        else:
+            g_lo = Av[a_lo]
+        if (g_lo > tpot_cap and self.mode != "prefill") or eff / g_lo <= thr:
+            return None  # no period within reach beats the floor and meets the TPOT
+        # the first exact test: every time below G, every node's mean below G
         a_top = math.nextafter(G, -math.inf)
         c_top = math.nextafter(G / f, -math.inf) if two and floor > 0 and f > 0 else math.inf
         if not self._feasible(P, a_top, c_top, H=G if two and floor > 0 else math.inf):
             # no pipeline fits below the floor's period (a step lasts at least the slowest
             # node's mean)
             return None
-        rows = [r for tr in P.types for r in tr.rows]
-        A_vals = np.unique(np.concatenate([r.a[np.isfinite(r.a)] for r in rows]))
-        if floor > 0:
-            A_vals = A_vals[A_vals < G]
-        Av = A_vals.tolist()
-        nA = len(Av)
         if not two:
-            ai = _first(0, nA - 1, lambda i: self._feasible(P, Av[i], math.inf), known=True)
+            ai = _first(a_lo, len(Av) - 1, lambda i: self._feasible(P, Av[i], math.inf),
+                        known=True)
             assert ai is not None
             best_g, best_ac = Av[ai], (Av[ai], math.inf)
         else:
-            C_vals = np.unique(np.concatenate([r.c[np.isfinite(r.c)] for r in rows]))
-            if floor > 0 and f > 0:
-                C_vals = C_vals[C_vals < G / f]
-            Cv = C_vals.tolist()
-            best_g, best_ac = self._staircase(P, Av, Cv, thr, tpot_cap)
+            best_g, best_ac = self._staircase(P, Av, Cv, a_lo, c_lo, thr, tpot_cap)
         if best_ac is None or best_g > tpot_cap and self.mode != "prefill":
             return None
         rate = eff / best_g
@@ -284,9 +314,15 @@ class StepSearch:
             return None
         return self._rebuild(P, *best_ac, rate=rate, period=best_g)
 
-    def _staircase(self, P: Pair, Av: list[float], Cv: list[float], thr: float,
-                   tpot_cap: float) -> tuple[float, tuple[float, float] | None]:
-        """(least g, its (A, C)) over the corners that are useful (see `_best_at`)."""
+    def _least(self, P: Pair, vals: list[float], times: str) -> int | None:
+        """Index of the least threshold in `vals` at which the nodes' `times` may cover the
+        layers (`_relaxed`): no feasible threshold is below it (None: none is feasible)."""
+        return _first(0, len(vals) - 1, lambda i: self._relaxed(P.types, P.S, times, vals[i]))
+
+    def _staircase(self, P: Pair, Av: list[float], Cv: list[float], a_lo: int, c_lo: int,
+                   thr: float, tpot_cap: float) -> tuple[float, tuple[float, float] | None]:
+        """(least g, its (A, C)) over the corners that are useful (see `_best_at`); no
+        feasible A is below `Av[a_lo]`, nor C below `Cv[c_lo]`."""
         f, eff = P.f, P.eff
         best_g, best_ac = math.inf, None
 
@@ -296,27 +332,28 @@ class StepSearch:
         def feas(A: float, C: float) -> bool:
             return self._feasible(P, A, C)
 
-        cap, ci = len(Av) - 1, -1  # corners left have A <= Av[cap] and C > Cv[ci]
+        A_lo = Av[a_lo]
+        cap, ci = len(Av) - 1, c_lo - 1  # corners left have A <= Av[cap] and C > Cv[ci]
         while True:
             # C up to the last where the least A is useful; A up to the last useful there
-            chi = _last(ci + 1, len(Cv) - 1, lambda i: useful((1 - f) * Av[0] + f * Cv[i]))
+            chi = _last(ci + 1, len(Cv) - 1, lambda i: useful((1 - f) * A_lo + f * Cv[i]))
             if chi is None:
                 break
             C0 = Cv[ci + 1]
-            cap = _last(0, cap, lambda i: useful((1 - f) * Av[i] + f * C0))
+            cap = _last(a_lo, cap, lambda i: useful((1 - f) * Av[i] + f * C0))
             assert cap is not None
             A_cap = Av[cap]
             ci = _first(ci + 1, chi, lambda i: feas(A_cap, Cv[i]))
             if ci is None:
                 break
             C = Cv[ci]
-            hi = _last(0, cap, lambda i: useful((1 - f) * Av[i] + f * C))
+            hi = _last(a_lo, cap, lambda i: useful((1 - f) * Av[i] + f * C))
             assert hi is not None
             if hi == cap or feas(Av[hi], C):
-                ai = _first(0, hi, lambda i: feas(Av[i], C), known=True)
+                ai = _first(a_lo, hi, lambda i: feas(Av[i], C), known=True)
                 assert ai is not None
                 best_g, best_ac = (1 - f) * Av[ai] + f * C, (Av[ai], C)
-                if ai == 0:
+                if ai == a_lo:
                     break
                 cap = ai - 1
             else:

@@ -73,6 +73,44 @@ class TypeRows:
     #: `StepRows.choices` by (node count, largest group), and `StepRows.cover_memo`
     choice_memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
+    def layers_bound(self, count: int, room: int, times: str) -> tuple[list[float], list[int]]:
+        """At most how many layers `count` nodes of the type cover in at most `room` groups
+        when every node's `times` (`a`, `c`, or `h`, its mean step time) are within a
+        threshold, as a step function: (the thresholds at which it steps up, sorted; the
+        bound from each on; 0 below the first). A group of `j` nodes holds at most `cap_j`
+        layers (the most over its rows), so `count` nodes hold at most `count cap_j / j`
+        for the best `j`, and `room` groups `room` times the most of one. A cheap
+        necessary test, before the exact cover (`step_cover`)."""
+        key = ("bound", times, count, room)
+        hit = self.choice_memo.get(key)
+        if hit is None:
+            values, by_j = self._cap_steps(times)
+            per_node = np.max([count * caps // j for j, caps in enumerate(by_j, start=1)],
+                              axis=0)
+            per_group = min(room, count) * np.max(by_j, axis=0)
+            hit = self.choice_memo[key] = (values.tolist(),
+                                           np.minimum(per_node, per_group).tolist())
+        return hit
+
+    def values(self, times: str) -> np.ndarray:
+        """Every finite `times` (`a`, `c` or `h`) of the rows, sorted, once each: where a
+        row's layer cap steps up."""
+        return self._cap_steps(times)[0]
+
+    def _cap_steps(self, times: str) -> tuple[np.ndarray, np.ndarray]:
+        """(`values`; per group size j, the most layers a row of j nodes holds at each)."""
+        hit = self.choice_memo.get(("steps", times))
+        if hit is None:
+            lists = [getattr(r, f"{times}_list") for r in self.rows]
+            values = np.unique(np.concatenate([np.asarray(x) for x in lists]))
+            jmax = max(j for j, _ in self.keys)
+            by_j = np.zeros((jmax, len(values)), dtype=np.int64)
+            for (j, _), x in zip(self.keys, lists):
+                caps = np.searchsorted(np.asarray(x), values, side="right")
+                np.maximum(by_j[j - 1], caps, out=by_j[j - 1])
+            hit = self.choice_memo["steps", times] = (values, by_j)
+        return hit
+
 
 # ---------------------------------------------------------------------------------------------
 # Per-model node costs, memoised per perf model and catalog
@@ -261,31 +299,32 @@ class StepRows:
         self._types[key] = out
         return out
 
-    def type_bounds(self, name: str, jcap: int, S: int, Bs: tuple[int, ...]
+    def type_bounds(self, name: str, jcap: int, Ss: tuple[int, ...], Bs: tuple[int, ...]
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per micro-batch of `Bs` at `S`: whether `name` has rows there, and its `lo_a`
-        and `lo_c` (`TypeRows`; inf where it has none), as arrays for a combination to
-        take the least over its types at once."""
-        key = (name, jcap, S, Bs)
+        """Per stage count of `Ss` and micro-batch of `Bs`: whether `name` has rows there,
+        and its `lo_a` and `lo_c` (`TypeRows`; inf where it has none), as (S, B) arrays
+        for a combination to take the least over its types at once."""
+        key = (name, jcap, Ss, Bs)
         hit = self._bounds.get(key)
         if hit is None:
-            trs = [self.type_rows(name, jcap, S, B) for B in Bs]
+            trs = [[self.type_rows(name, jcap, S, B) for B in Bs] for S in Ss]
             hit = self._bounds[key] = (
-                np.array([tr is not None for tr in trs], dtype=bool),
-                np.array([math.inf if tr is None else tr.lo_a for tr in trs]),
-                np.array([math.inf if tr is None else tr.lo_c for tr in trs]))
+                np.array([[tr is not None for tr in row] for row in trs], dtype=bool),
+                np.array([[math.inf if tr is None else tr.lo_a for tr in row] for row in trs]),
+                np.array([[math.inf if tr is None else tr.lo_c for tr in row] for row in trs]))
         return hit
 
-    def pair_constants(self, S: int, Bs: tuple[int, ...], per_request: float, budget: int
-                       ) -> tuple[np.ndarray, np.ndarray]:
-        """Per micro-batch of `Bs` at `S`: the share `f` of steps with a prompt more, and
-        the rate at a unit period (`rate_at_unit_period`)."""
-        key = (S, Bs, per_request, budget)
+    def pair_constants(self, Ss: tuple[int, ...], Bs: tuple[int, ...], per_request: float,
+                       budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per (S, B) of `Ss` x `Bs`: the share `f` of steps with a prompt more, and the rate
+        at a unit period (`rate_at_unit_period`)."""
+        key = (Ss, Bs, per_request, budget)
         hit = self._consts.get(key)
         if hit is None:
             hit = self._consts[key] = (
-                np.array([self.steps(S, B)[2] for B in Bs]),
-                np.array([self.rate_at_unit_period(S, B, per_request, budget) for B in Bs]))
+                np.array([[self.steps(S, B)[2] for B in Bs] for S in Ss]),
+                np.array([[self.rate_at_unit_period(S, B, per_request, budget) for B in Bs]
+                          for S in Ss]))
         return hit
 
     @staticmethod

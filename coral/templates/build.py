@@ -27,7 +27,6 @@ stopped; `parallel.py` runs the solves on local processes or a Ray cluster.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
@@ -79,22 +78,41 @@ OUTCOMES = ("kept", "dominated", "bound", "infeasible", "zero")
 
 
 def split_floor(combo: Combo, best: Mapping[Combo, float]) -> float:
-    """The best throughput of `combo`'s nodes as two disjoint parts served side by side."""
-    names = sorted(set(combo))
-    counts = [combo.count(n) for n in names]
-    # each type's share of a part, as the part's slice of the sorted combination
-    reps = [[(n,) * v for v in range(c + 1)] for n, c in zip(names, counts)]
+    """The best throughput of `combo`'s nodes as two disjoint parts served side by side.
+
+    A part takes a leading slice of each node type's run in the sorted combination and the
+    other part the rest, so both are sorted as built; each split is visited once (the part
+    is at most its complement at the first type where they differ)."""
+    runs = []  # (start, end) of each node type's run
+    start = 0
+    for i in range(1, len(combo) + 1):
+        if i == len(combo) or combo[i] != combo[start]:
+            runs.append((start, i))
+            start = i
     out = 0.0
-    for vec in itertools.product(*(range(c + 1) for c in counts)):
-        rest = tuple(c - v for c, v in zip(counts, vec))
-        if rest < vec:  # each split once (the empty part has no throughput)
-            continue
-        a = best.get(sum([r[v] for r, v in zip(reps, vec)], ()), 0.0)
-        if a <= 0:
-            continue
-        b = best.get(sum([r[v] for r, v in zip(reps, rest)], ()), 0.0)
-        if b > 0:
-            out = max(out, a + b)
+    last = len(runs) - 1
+
+    def visit(k: int, part: Combo, other: Combo, tie: bool) -> None:
+        nonlocal out
+        s, e = runs[k]
+        c = e - s
+        for v in range(c + 1):
+            still_tied = tie
+            if tie:
+                if 2 * v > c:
+                    break
+                still_tied = 2 * v == c
+            p, o = part + combo[s:s + v], other + combo[s + v:e]
+            if k < last:
+                visit(k + 1, p, o, still_tied)
+            elif p and o:
+                a = best.get(p, 0.0)
+                if a > 0:
+                    b = best.get(o, 0.0)
+                    if b > 0 and a + b > out:
+                        out = a + b
+
+    visit(0, (), (), True)
     return out
 
 

@@ -163,16 +163,6 @@ class StepSearch:
     def _resident_tokens(self, S: int, B: int) -> int:
         return self.rows.resident_tokens(S, B)
 
-    def _type_rows(self, S: int, B: int) -> list[TypeRows] | None:
-        """Every type's rows at (S, B) (None: some type has none, so no pipeline there)."""
-        out = []
-        for name, jcap in self._jcaps:
-            tr = self.rows.type_rows(name, jcap, S, B)
-            if tr is None:
-                return None
-            out.append(tr)
-        return out
-
     def _pair(self, S: int, B: int, types: list[TypeRows]) -> Pair:
         choices = [self.rows.choices(tr, cnt, self.max_group, S, B)
                    for cnt, tr in zip(self.counts, types)]
@@ -201,18 +191,16 @@ class StepSearch:
         f, eff = self.rows.pair_constants(Ss, Bs, self.per_request, self.budget)
         f = f[ok]
         ub = eff[ok] / ((1 - f) * lo_a[ok] + f * lo_c[ok])
-        si, bi = np.nonzero(ok)
-        S_all = np.array(Ss, dtype=np.int64)[si]
-        B_all = np.array(Bs, dtype=np.int64)[bi]
-        order = np.lexsort((B_all, S_all, -ub))
-        pairs = zip(ub[order].tolist(), S_all[order].tolist(), B_all[order].tolist())
+        si, bi = np.nonzero(ok)  # Ss and Bs increase: their indices sort as they do
+        order = np.lexsort((bi, si, -ub))
+        pairs = zip(ub[order].tolist(), si[order].tolist(), bi[order].tolist())
         best: StepPipeline | None = None
         floor = at_least
-        for ub, S, B in pairs:
+        for ub, i, j in pairs:
             if ub <= floor * (1 + _RTOL):
                 break
-            types = self._type_rows(S, B)
-            assert types is not None
+            S, B = Ss[i], Bs[j]
+            types = [b[3][i][j] for b in bounds]
             if floor > 0 and not self._may_beat(types, S, B, floor):
                 continue
             P = self._pair(S, B, types)
@@ -230,16 +218,19 @@ class StepSearch:
         `rate_at_unit_period / floor`."""
         G = self.rate_at_unit_period(S, B) / floor
         if self.mode == "aggregated":
-            return self._relaxed(types, S, "h", G)
-        return self._relaxed(types, S, "a", math.nextafter(G, -math.inf))
+            return self._relaxed(self._bounds(types, S, "h"), G)
+        return self._relaxed(self._bounds(types, S, "a"), math.nextafter(G, -math.inf))
 
-    def _relaxed(self, types: list[TypeRows], S: int, times: str, T: float) -> bool:
-        """Whether the nodes may cover `L` layers in `S` stages with their `times` within T
-        (`TypeRows.layers_bound`; False: they cannot)."""
+    def _bounds(self, types: list[TypeRows], S: int, times: str) -> list[tuple[list, list]]:
+        """Each type's `TypeRows.layers_bound` in this combination at `S` stages."""
         room = S - (len(types) - 1)
+        return [tr.layers_bound(cnt, room, times) for tr, cnt in zip(types, self.counts)]
+
+    def _relaxed(self, bounds: list[tuple[list, list]], T: float) -> bool:
+        """Whether the nodes may cover `L` layers with their times within T (`bounds`:
+        `_bounds` of those times; False: they cannot)."""
         total = 0
-        for tr, cnt in zip(types, self.counts):
-            values, bound = tr.layers_bound(cnt, room, times)
+        for values, bound in bounds:
             i = bisect_right(values, T) - 1
             if i < 0 or bound[i] < 1:
                 return False
@@ -317,7 +308,8 @@ class StepSearch:
     def _least(self, P: Pair, vals: list[float], times: str) -> int | None:
         """Index of the least threshold in `vals` at which the nodes' `times` may cover the
         layers (`_relaxed`): no feasible threshold is below it (None: none is feasible)."""
-        return _first(0, len(vals) - 1, lambda i: self._relaxed(P.types, P.S, times, vals[i]))
+        bounds = self._bounds(P.types, P.S, times)
+        return _first(0, len(vals) - 1, lambda i: self._relaxed(bounds, vals[i]))
 
     def _staircase(self, P: Pair, Av: list[float], Cv: list[float], a_lo: int, c_lo: int,
                    thr: float, tpot_cap: float) -> tuple[float, tuple[float, float] | None]:

@@ -300,10 +300,11 @@ class StepRows:
         return out
 
     def type_bounds(self, name: str, jcap: int, Ss: tuple[int, ...], Bs: tuple[int, ...]
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
         """Per stage count of `Ss` and micro-batch of `Bs`: whether `name` has rows there,
         and its `lo_a` and `lo_c` (`TypeRows`; inf where it has none), as (S, B) arrays
-        for a combination to take the least over its types at once."""
+        for a combination to take the least over its types at once; and the rows
+        themselves (`type_rows`, by S and B index)."""
         key = (name, jcap, Ss, Bs)
         hit = self._bounds.get(key)
         if hit is None:
@@ -311,7 +312,8 @@ class StepRows:
             hit = self._bounds[key] = (
                 np.array([[tr is not None for tr in row] for row in trs], dtype=bool),
                 np.array([[math.inf if tr is None else tr.lo_a for tr in row] for row in trs]),
-                np.array([[math.inf if tr is None else tr.lo_c for tr in row] for row in trs]))
+                np.array([[math.inf if tr is None else tr.lo_c for tr in row] for row in trs]),
+                trs)
         return hit
 
     def pair_constants(self, Ss: tuple[int, ...], Bs: tuple[int, ...], per_request: float,

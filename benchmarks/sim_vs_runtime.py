@@ -389,9 +389,11 @@ def step_check(metrics_text: str, perf: ProfiledCpu) -> list[dict[str, Any]]:
 
 def run_pipeline(pp: int, rates: list[float], *, duration_s: float, repeats: int,
                  prompt_tokens: int, output_tokens: int, port: int, out: Path,
-                 server_root: Path = ROOT) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                 server_root: Path = ROOT, spaced_s: float = 0.0
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Profile, serve a `pp`-stage pipeline, drive it at each rate `repeats` times and
-    simulate every run: (one result per run, the configuration's log)."""
+    simulate every run: (one result per run, the configuration's log). `spaced_s` > 0 sends
+    one request every `spaced_s` seconds instead (each alone in the pipeline)."""
     p_tok, o_tok = prompt_tokens, output_tokens
     load = os.getloadavg()
     t0 = time.process_time()
@@ -410,7 +412,8 @@ def run_pipeline(pp: int, rates: list[float], *, duration_s: float, repeats: int
         for rate in rates:
             for rep in range(repeats):
                 seed = 1000 * pp + 10 * rep + int(rate * 100)
-                arrivals = poisson(rate, duration_s, seed)
+                arrivals = (poisson(rate, duration_s, seed) if spaced_s <= 0 else
+                            [k * spaced_s for k in range(max(1, int(duration_s / spaced_s)))])
                 prompts = counting_prompts(len(arrivals), p_tok, seed)
                 before = server.cpu_and_wait()
                 w0 = time.perf_counter()
@@ -491,6 +494,8 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--port", type=int, default=0, help="the server's port (0: a free one)")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "sim_vs_runtime")
+    ap.add_argument("--spaced", type=float, default=0.0,
+                    help="one request every SPACED s instead of Poisson arrivals (one rate)")
     ap.add_argument("--server-root", type=Path, default=ROOT,
                     help="source tree to serve from (e.g. an older commit's `git archive`)")
     ap.add_argument("--resimulate", type=Path, default=None,
@@ -510,7 +515,8 @@ def main() -> None:
         res, cfg_log = run_pipeline(pp, args.rates, duration_s=args.duration,
                                     repeats=args.repeats, prompt_tokens=args.prompt_tokens,
                                     output_tokens=args.output_tokens, port=args.port,
-                                    out=args.out, server_root=args.server_root)
+                                    out=args.out, server_root=args.server_root,
+                                    spaced_s=args.spaced)
         results += res
         log["configs"].append(cfg_log)
     log["results"] = results

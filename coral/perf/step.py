@@ -140,10 +140,26 @@ def node_seconds(iteration: IterFn, send: Callable[[str, int], float], node: str
     tokens: (its time in the stage, send included; its iteration alone), (0, 0) when its
     share is empty. The one place a node's time is costed, for the simulator's steps and the
     template search (`coral.templates.placement_step`) alike."""
+    return node_part_seconds(iteration, send, node, layers, first, last,
+                             *node_part(share, pm, bm, cm))
+
+
+def node_part(share: float, pm: int, bm: int, cm: int) -> tuple[int, int, int]:
+    """A node's part of a micro-batch of `pm` prompt tokens, `bm` decodes and `cm` context
+    tokens when it takes `share` of it: (prompt tokens, decodes, context tokens), each
+    rounded up."""
     pn, bn = math.ceil(pm * share - 1e-9), math.ceil(bm * share - 1e-9)
+    cn = max(bn, math.ceil(cm * share - 1e-9)) if bn else 0
+    return pn, bn, cn
+
+
+def node_part_seconds(iteration: IterFn, send: Callable[[str, int], float], node: str,
+                      layers: int, first: bool, last: bool, pn: int, bn: int,
+                      cn: int) -> tuple[float, float]:
+    """`node_seconds` of a node's part (`node_part`): what it depends on, for callers that
+    share the time of one part between several shares of several micro-batches."""
     if pn == 0 and bn == 0:
         return 0.0, 0.0
-    cn = max(bn, math.ceil(cm * share - 1e-9)) if bn else 0
     it = iteration(node, layers, pn, bn, cn, first, last)
     return (it if last else it + send(node, pn + bn)), it
 

@@ -200,7 +200,7 @@ class StepSearch:
             if ub <= floor * (1 + _RTOL):
                 break
             S, B = Ss[i], Bs[j]
-            types = [b[3][i][j] for b in bounds]
+            types = [self.rows.type_rows(name, jcap, S, B) for name, jcap in self._jcaps]
             if floor > 0 and not self._may_beat(types, S, B, floor):
                 continue
             P = self._pair(S, B, types)

@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 
 from coral.catalog.loader import Catalog
-from coral.perf.step import busy_rps, busy_steps, micro_batch, node_costs, node_seconds
+from coral.perf.step import (
+    busy_rps,
+    busy_steps,
+    micro_batch,
+    node_costs,
+    node_part,
+    node_part_seconds,
+)
 from coral.templates.slo import SloSpec
 from coral.templates.stage_groups import (
     END,
@@ -131,6 +138,18 @@ def node_cost_memo(perf: Any, catalog: Catalog, model: str) -> dict:
     return hit
 
 
+def _prefix_max(raw: tuple[float, np.ndarray, float, float], k: int, top: int) -> float:
+    """The most of a row's first k + 1 times (k < top), from `StepRows._raw`: the line up
+    to `top - 1` layers and the time on `top` at the end. A line is monotone (rounding
+    keeps it so), so its most is at one end."""
+    t1, line, slope, end = raw
+    if top == 1:
+        return t1
+    if k < top - 1:
+        return float(line[k]) if slope >= 0 else float(line[0])
+    return max(float(line[top - 2]) if slope >= 0 else float(line[0]), end)
+
+
 def step_rows(perf: Any, catalog: Catalog, num_layers: int, model: str, slo: SloSpec,
               mode: Mode, top_batch: int) -> "StepRows":
     """The rows of `model` for one workload, memoised with its node costs."""
@@ -148,12 +167,14 @@ class StepRows:
     def __init__(self, memo: dict, num_layers: int, slo: SloSpec, mode: Mode,
                  top_batch: int) -> None:
         self.iteration, self.kv_tokens, self.send = memo["fns"]
-        self._kv: dict[tuple, np.ndarray] = memo["kv"]
+        self._kv: dict[tuple, tuple] = memo["kv"]
         self.L, self.slo, self.mode, self.top_batch = num_layers, slo, mode, top_batch
         self._rows: dict[tuple, StepRow | None] = {}
         self._types: dict[tuple, TypeRows | None] = {}
         self._steps: dict[tuple[int, int], tuple] = {}
         self._eff: dict[tuple, float] = {}
+        self._lines: dict[tuple, tuple[float, np.ndarray, float]] = {}
+        self._heads: dict[tuple, tuple[float, float] | None] = {}
         self._bounds: dict[tuple, tuple] = {}
         self._consts: dict[tuple, tuple] = {}
 
@@ -211,8 +232,7 @@ class StepRows:
         tpot = self.slo.tpot_s / S * (1 + _RTOL)
         ttft = self.slo.ttft_s / S * (1 + _RTOL)
         # the most layers whose KV room holds the node's share (the room shrinks as layers grow)
-        short = self._kv_rooms(name, first, last) < need
-        top = int(short.argmax()) if short.any() else self.L
+        top = self._kv_top(name, first, last, need)
         a = self._times(name, share, first, last, sa, top)
         c = self._times(name, share, first, last, sc, top) if sc is not None else a
         # A <= TPOT / S always (TPOT >= S A); C <= TTFT / S (a prompt's step), and for
@@ -239,38 +259,109 @@ class StepRows:
         """(L,): the node's time in a step of micro-batch `shape` for 1..L layers (inf past
         `top`). `node_seconds` is affine in the layers for the perf model (each layer the
         same, extras and the send apart), so three calls give the row; a perf model that is
-        not affine (checked at `top`) gets every count computed."""
+        not affine (checked at `top`) gets every count computed. The node's part of the
+        micro-batch (`node_part`) is what the times depend on, and many (group size, S, B)
+        share one, so its line is kept (`_line`)."""
         out = np.full(self.L, math.inf)
         if top < 1:
             return out
-
-        def t(layers: int) -> float:
-            return node_seconds(self.iteration, self.send, name, layers, share, first, last,
-                                *shape)[0]
-
-        t1 = t(1)
+        part = (name, first, last, *node_part(share, *shape))
+        t1, line, _ = self._line(part)
         if top == 1:
             out[0] = t1
             return out
-        slope = t(2) - t1
-        line = t1 + slope * np.arange(top)
-        end = t(top)
-        if abs(line[-1] - end) <= 1e-12 * max(abs(end), 1e-30):
-            out[:top] = line
+        end = self._part_seconds(part, top)
+        if abs(line[top - 1] - end) <= 1e-12 * max(abs(end), 1e-30):
+            out[:top] = line[:top]
             out[top - 1] = end
         else:
-            out[:top] = [t(x) for x in range(1, top + 1)]
+            out[:top] = [self._part_seconds(part, x) for x in range(1, top + 1)]
         return out
 
-    def _kv_rooms(self, name: str, first: bool, last: bool) -> np.ndarray:
-        """(L,): the KV tokens a node holds with 1..L layers."""
+    def _part_seconds(self, part: tuple, layers: int) -> float:
+        """A node part's time on `layers` layers (`node_part_seconds`)."""
+        name, first, last, pn, bn, cn = part
+        return node_part_seconds(self.iteration, self.send, name, layers, first, last, pn,
+                                 bn, cn)[0]
+
+    def _line(self, part: tuple) -> tuple[float, np.ndarray, float]:
+        """(time on one layer, (L,) the line through one and two layers at 1..L, its
+        slope)."""
+        hit = self._lines.get(part)
+        if hit is None:
+            t1 = self._part_seconds(part, 1)
+            slope = self._part_seconds(part, 2) - t1 if self.L > 1 else 0.0
+            hit = self._lines[part] = (t1, t1 + slope * np.arange(self.L), slope)
+        return hit
+
+    # ---- one entry of a row, without the row ----
+
+    def row_at(self, name: str, j: int, role: int, S: int, B: int, k: int
+               ) -> tuple[float, float] | None:
+        """`row(name, j, role, S, B)`'s (a[k], c[k]), None where the row is None: the same
+        figures, from the row's line (`_line`), its KV room and its SLO caps alone, so that
+        ordering a combination's (S, B) pairs builds no row it does not search. A row that
+        is not affine in the layers is built whole."""
+        key = (name, j, role, S, B)
+        if key in self._rows:
+            r = self._rows[key]
+            return None if r is None else (float(r.a[k]), float(r.c[k]))
+        if -(-B // j) > self.top_batch:
+            return None
+        sa, sc, _ = self.steps(S, B)
+        first, last = role in (FIRST, ONLY), role in (END, ONLY)
+        share = 1.0 / j
+        need = self.resident_tokens(S, B) * share
+        top = self._kv_top(name, first, last, need)
+        if top < 1:
+            return None
+        ra = self._raw(name, share, first, last, sa, top)
+        rc = self._raw(name, share, first, last, sc, top) if sc is not None else ra
+        if ra is None or rc is None:  # not affine: the row itself
+            r = self.row(name, j, role, S, B)
+            return None if r is None else (float(r.a[k]), float(r.c[k]))
+        tpot = self.slo.tpot_s / S * (1 + _RTOL)
+        ttft = self.slo.ttft_s / S * (1 + _RTOL)
+        cap = ttft if self.mode == "prefill" else tpot
+        two = self.mode == "aggregated"
+        # the row exists when one layer meets the caps; a[k] is the most of its first k + 1
+        # times, finite when every one of them meets the caps (`row`'s usable prefix)
+        if not (ra[0] <= cap and (not two or rc[0] <= ttft)):
+            return None
+        if k >= top:
+            return math.inf, math.inf
+        a, c = _prefix_max(ra, k, top), _prefix_max(rc, k, top)
+        if a <= cap and (not two or c <= ttft):
+            return a, c
+        return math.inf, math.inf
+
+    def _raw(self, name: str, share: float, first: bool, last: bool,
+             shape: tuple[int, int, int], top: int) -> tuple[float, np.ndarray, float, float] | None:
+        """`_times` before the row's cuts, as (time on one layer, line, slope, time on
+        `top` layers), None when the times are not affine (`_times` computes each)."""
+        part = (name, first, last, *node_part(share, *shape))
+        t1, line, slope = self._line(part)
+        if top == 1:
+            return t1, line, slope, t1
+        end = self._part_seconds(part, top)
+        if abs(line[top - 1] - end) <= 1e-12 * max(abs(end), 1e-30):
+            return t1, line, slope, end
+        return None
+
+    def _kv_top(self, name: str, first: bool, last: bool, need: float) -> int:
+        """The most layers (from one up) whose KV room each holds `need` tokens: the room
+        shrinks as the layers grow, so a bisection finds it (a room that does not shrink
+        is scanned)."""
         key = (name, first, last)
         hit = self._kv.get(key)
         if hit is None:
-            hit = self._kv[key] = np.array(
-                [int(self.kv_tokens(name, k, first, last)) for k in range(1, self.L + 1)],
-                dtype=np.int64)
-        return hit
+            rooms = [int(self.kv_tokens(name, k, first, last)) for k in range(1, self.L + 1)]
+            shrinks = all(x >= y for x, y in zip(rooms, rooms[1:]))
+            hit = self._kv[key] = ([-x for x in rooms] if shrinks else None, rooms)
+        negated, rooms = hit
+        if negated is not None:
+            return bisect_right(negated, -need)
+        return next((k for k, room in enumerate(rooms) if room < need), self.L)
 
     def type_rows(self, name: str, jcap: int, S: int, B: int) -> TypeRows | None:
         """`name`'s rows at (S, B) for groups of 1..`jcap` nodes (None: it has none, so no
@@ -299,21 +390,40 @@ class StepRows:
         self._types[key] = out
         return out
 
+    def type_head(self, name: str, jcap: int, S: int, B: int) -> tuple[float, float] | None:
+        """`type_rows(name, jcap, S, B)`'s (lo_a, lo_c), None where it is None, from the
+        rows' entries (`row_at`) when the rows are not built."""
+        key = (name, jcap, S, B)
+        tr = self._types.get(key, False)
+        if tr is not False:
+            return None if tr is None else (tr.lo_a, tr.lo_c)
+        hit = self._heads.get(key, False)
+        if hit is False:
+            k = -(-self.L // S) - 1
+            lo_a = lo_c = math.inf
+            hit = None
+            for j in range(1, jcap + 1):
+                for role in ((ONLY,) if S == 1 else (MID, FIRST, END)):
+                    at = self.row_at(name, j, role, S, B, k)
+                    if at is not None:
+                        lo_a, lo_c = min(lo_a, at[0]), min(lo_c, at[1])
+                        hit = (lo_a, lo_c)
+            self._heads[key] = hit
+        return hit
+
     def type_bounds(self, name: str, jcap: int, Ss: tuple[int, ...], Bs: tuple[int, ...]
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per stage count of `Ss` and micro-batch of `Bs`: whether `name` has rows there,
-        and its `lo_a` and `lo_c` (`TypeRows`; inf where it has none), as (S, B) arrays
-        for a combination to take the least over its types at once; and the rows
-        themselves (`type_rows`, by S and B index)."""
+        and its `lo_a` and `lo_c` (`type_head`; inf where it has none), as (S, B) arrays
+        for a combination to take the least over its types at once."""
         key = (name, jcap, Ss, Bs)
         hit = self._bounds.get(key)
         if hit is None:
-            trs = [[self.type_rows(name, jcap, S, B) for B in Bs] for S in Ss]
+            heads = [[self.type_head(name, jcap, S, B) for B in Bs] for S in Ss]
             hit = self._bounds[key] = (
-                np.array([[tr is not None for tr in row] for row in trs], dtype=bool),
-                np.array([[math.inf if tr is None else tr.lo_a for tr in row] for row in trs]),
-                np.array([[math.inf if tr is None else tr.lo_c for tr in row] for row in trs]),
-                trs)
+                np.array([[h is not None for h in row] for row in heads], dtype=bool),
+                np.array([[math.inf if h is None else h[0] for h in row] for row in heads]),
+                np.array([[math.inf if h is None else h[1] for h in row] for row in heads]))
         return hit
 
     def pair_constants(self, Ss: tuple[int, ...], Bs: tuple[int, ...], per_request: float,

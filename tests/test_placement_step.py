@@ -159,3 +159,32 @@ def test_a_library_rates_as_the_simulator_runs(real):
                 assert sat.step_s <= slo.tpot_s * (1 + 1e-9)
             else:
                 assert sat.step_s <= slo.ttft_s * (1 + 1e-9)
+
+
+def test_pairs_are_ordered_by_the_rows_own_figures(real):
+    """`StepRows.row_at` (what orders a combination's (S, B) pairs without building their
+    rows) gives exactly the built row's entry, None where the row is None."""
+    from coral.templates.step_rows import StepRows, node_cost_memo
+
+    cat, perf = real
+    arch = cat.model("llama-3.1-8b")
+    slo = SloSpec.make(tpot_s=0.08, ttft_s=1.5, input_tokens=1024, output_tokens=256)
+    memo = node_cost_memo(perf, cat, arch.name)
+    checked = 0
+    for mode in ("aggregated", "decode", "prefill"):
+        grid = prefill_chunks(slo) if mode == "prefill" else GRID
+        heads = StepRows(memo, arch.num_layers, slo, mode, max(grid))
+        rows = StepRows(memo, arch.num_layers, slo, mode, max(grid))
+        for name in ("1x-l4", "1x-t4", "4x-a10g"):
+            for j in (1, 2, 3):
+                for role in range(4):
+                    for S in (1, 2, 3):
+                        for B in sorted({j * b for b in grid}):
+                            if mode == "prefill" and B < slo.input_tokens:
+                                continue
+                            k = -(-arch.num_layers // S) - 1
+                            row = rows.row(name, j, role, S, B)
+                            want = None if row is None else (float(row.a[k]), float(row.c[k]))
+                            assert heads.row_at(name, j, role, S, B, k) == want
+                            checked += want is not None
+    assert checked > 100

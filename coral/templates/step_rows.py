@@ -399,15 +399,13 @@ class StepRows:
             return None if tr is None else (tr.lo_a, tr.lo_c)
         hit = self._heads.get(key, False)
         if hit is False:
+            # the groups of jcap - 1 nodes and fewer, and those of jcap
+            hit = self.type_head(name, jcap - 1, S, B) if jcap > 1 else None
             k = -(-self.L // S) - 1
-            lo_a = lo_c = math.inf
-            hit = None
-            for j in range(1, jcap + 1):
-                for role in ((ONLY,) if S == 1 else (MID, FIRST, END)):
-                    at = self.row_at(name, j, role, S, B, k)
-                    if at is not None:
-                        lo_a, lo_c = min(lo_a, at[0]), min(lo_c, at[1])
-                        hit = (lo_a, lo_c)
+            for role in ((ONLY,) if S == 1 else (MID, FIRST, END)):
+                at = self.row_at(name, jcap, role, S, B, k)
+                if at is not None:
+                    hit = at if hit is None else (min(hit[0], at[0]), min(hit[1], at[1]))
             self._heads[key] = hit
         return hit
 

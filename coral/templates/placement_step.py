@@ -23,13 +23,21 @@ of the nodes into stages of one type, and layer splits:
 * for fixed `(S, B)` every (node type, group size `j`, role) has one row of times by layer
   count (roles: first stage — the input embedding —, end stage — the LM head, no send —,
   both, or a middle one); the time grows with the layers, so at thresholds `(A, C)` a row
-  covers `1..M` layers;
+  covers `1..M` layers (`step_rows`: rows depend on the workload alone, so a library's
+  combinations share them);
 * the nodes form the pipeline at `(A, C)` exactly when each type's nodes split into groups,
   with one first and one end stage among all, `S` groups in all, at least one of them with
   `j` dividing `B` (so that `B` is the smallest stage batch), covering at least `L` layers — a
-  small max-plus knapsack over the types;
+  small max-plus knapsack over the types (`step_cover`);
 * feasibility is monotone in `A` and `C`, so the pairs worth having form a staircase, walked
   with bisections (one threshold when there is no `C`).
+
+Above a floor most of a library's work is proving that nothing beats it, so every step is
+cut by a bound first, each a true one so that the answer is the exhaustive search's: the
+`(S, B)` pairs are tried best bound first; a pair, and a threshold, is dropped when even a
+relaxed cover (each type's nodes on their own, `TypeRows.layers_bound`) cannot hold the
+layers within the floor's period; and the staircase visits only corners that could still
+beat both the best so far and the floor.
 
 `chain` (and vLLM) allows one node per stage, which also makes every node run the one batch
 `B`: the same search with groups of one. `step_bound.work_bound` is a true upper bound on the rate of any

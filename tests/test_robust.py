@@ -210,13 +210,13 @@ def test_ratings_are_stored_beside_each_library(tiny):
     """A second store over the same libraries reads every rating back, computing none."""
     _, catalog, perf, _, mixed, templates = tiny
     _, chosen = columns_and_templates(mixed, templates)
-    first = RatingStore(perf, catalog, SlowedPerf, templates.library_dirs)
+    first = RatingStore(perf, catalog, SlowedPerf, templates.template_dirs)
     caps = scenario_capacities(mixed, chosen, 1.35, first)
     first.save()
     assert first.computed > 0
-    for folder in templates.library_dirs.values():
+    for folder in templates.template_dirs.values():
         assert (Path(folder) / RATINGS_FILE).exists()
-    again = RatingStore(perf, catalog, SlowedPerf, templates.library_dirs)
+    again = RatingStore(perf, catalog, SlowedPerf, templates.template_dirs)
     assert scenario_capacities(mixed, chosen, 1.35, again) == caps
     assert again.computed == 0
 

@@ -89,7 +89,7 @@ class ScenarioTemplates(MappingABC):
     nmax: int
     scenario_nmax: int
     reports: tuple[BuildReport, ...] = ()
-    library_dirs: Mapping[str, str] = field(default_factory=dict)  # "model/mode" -> directory
+    template_dirs: Mapping[str, str] = field(default_factory=dict)  # "model/mode" -> directory
     engine: str = DEFAULT_ENGINE  # the serving engine whose shapes the templates are limited to
 
     def __getitem__(self, model: str) -> tuple[Template, ...]:
@@ -227,7 +227,7 @@ def templates_for_scenario(
                      len(kept), n)
         by_model[m.name] = tuple(kept_all)
     return ScenarioTemplates(by_model=by_model, nmax=n, scenario_nmax=int(scenario.spec.n_max),
-                             reports=tuple(reports), library_dirs=dirs, engine=engine)
+                             reports=tuple(reports), template_dirs=dirs, engine=engine)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,7 +498,7 @@ def plan_scenario(
     given = [start for start in (baseline_start(b) for b in results.values()) if start]
     robust_planner = None if robust is None else RobustPlanner(
         robust, perf=perf, catalog=catalog, slowed_perf=SlowedPerf,
-        library_dirs=getattr(templates, "library_dirs", None))
+        template_dirs=getattr(templates, "template_dirs", None))
     spot_planner = None
     if spot is not None:
         from coral.allocator.spot import SpotPlanError, SpotPlanner

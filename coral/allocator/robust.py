@@ -249,11 +249,11 @@ class RobustPlanner:
     """
 
     def __init__(self, r: float, *, perf: Any, catalog: Any, slowed_perf: SlowedPerfFactory,
-                 library_dirs: Mapping[str, str] | None = None,
+                 template_dirs: Mapping[str, str] | None = None,
                  threads: int | None = None) -> None:
         self.r = check_robust_r(r)
         self.threads = threads
-        self.store = RatingStore(perf, catalog, slowed_perf, library_dirs)
+        self.store = RatingStore(perf, catalog, slowed_perf, template_dirs)
         self.solved: dict[str, tuple[RobustProblem, AllocationPlan, AllocationPlan]] = {}
 
     @property

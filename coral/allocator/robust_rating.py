@@ -188,9 +188,9 @@ class RatingStore:
     in each library's `robust.json` (written by `save`)."""
 
     def __init__(self, perf: Any, catalog: Any, slowed_perf: SlowedPerfFactory,
-                 library_dirs: Mapping[str, str] | None = None) -> None:
+                 template_dirs: Mapping[str, str] | None = None) -> None:
         self.perf, self.catalog, self.slowed_perf = perf, catalog, slowed_perf
-        self.library_dirs = dict(library_dirs or {})
+        self.template_dirs = dict(template_dirs or {})
         self._perfs: dict[str, Any] = {}
         self._tables: dict[str, dict[str, dict[str, list[float]]]] = {}  # dir -> key -> ...
         self._keys: dict[str, str] = {}  # dir -> library digest
@@ -209,7 +209,7 @@ class RatingStore:
         return p
 
     def _table(self, template: Template) -> dict[str, dict[str, list[float]]]:
-        folder = self.library_dirs.get(f"{template.model}/{template.mode}", "")
+        folder = self.template_dirs.get(f"{template.model}/{template.mode}", "")
         table = self._tables.get(folder)
         if table is None:
             table = self._tables[folder] = self._read(folder)
@@ -246,7 +246,7 @@ class RatingStore:
         per[slowdown] = [r.rps, r.step_s, r.ttft_step_s, r.sequences, r.kv_transfer_s,
                          r.micro_batch]
         self.computed += 1
-        self._dirty.add(self.library_dirs.get(f"{template.model}/{template.mode}", ""))
+        self._dirty.add(self.template_dirs.get(f"{template.model}/{template.mode}", ""))
         return r
 
     def save(self) -> None:

@@ -345,6 +345,7 @@ class Simulator:
             s = seqs[next_arrival] = Seq(r, inst.spec.name)
             next_arrival += 1
             arrival_t = times[next_arrival]
+            # SimInstance.enqueue, inlined: this loop runs once per request
             waiting = inst.waiting
             was_empty = not waiting
             waiting.append(s)

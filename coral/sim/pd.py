@@ -96,13 +96,7 @@ class Landing:
         src.kv_used -= s.ctx
         if not src.step_n and src.waiting:
             src.schedule(t)
-        waiting = dst.waiting
-        was_empty = not waiting
-        waiting.append(s)
-        if not dst.step_n:
-            dst.schedule(t)
-        elif was_empty and dst.step_n > 1 and len(dst.running) < dst.max_seqs:
-            dst.cut(t)  # it may join after the step in progress, as an arrival may
+        dst.enqueue(s, t)
 
 
 class PrefillInstance(SimInstance):

@@ -270,14 +270,8 @@ class PreemptionRun:
         s.target, s.ctx, s.generated, s.off, s.fin = s.req.prompt_tokens, 0, 0, -1, -1
         s.decode_instance, s.transfer_s = "", None
         s.instance = inst.spec.name
-        waiting = inst.waiting
-        was_empty = not waiting
-        waiting.append(s)
         router.inflight[inst.slot] += 1
-        if not inst.step_n:
-            inst.schedule(t)
-        elif was_empty and inst.step_n > 1 and len(inst.running) < inst.max_seqs:
-            inst.cut(t)
+        inst.enqueue(s, t)
         return True
 
     def fail(self, s: Seq) -> None:

@@ -149,6 +149,19 @@ class SimInstance:
         else:
             filed.append(s)
 
+    def enqueue(self, s: Seq, t: float) -> None:
+        """Queue `s` here at `t` (not counted in the router's in-flight list: the caller
+        counts it where it does) and start a step, or cut the running one short so that `s`
+        may join after it, as an arrival does. The engine's arrival loop runs the same lines
+        inlined (its hot path)."""
+        waiting = self.waiting
+        was_empty = not waiting
+        waiting.append(s)
+        if not self.step_n:
+            self.schedule(t)
+        elif was_empty and self.step_n > 1 and len(self.running) < self.max_seqs:
+            self.cut(t)
+
     def schedule(self, now: float) -> None:
         """Form the next step from `now` and queue its end (the instance idles when there is
         nothing to run):

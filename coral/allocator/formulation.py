@@ -235,6 +235,17 @@ def add_startup_rows(lp: LpBuilder, ix: Index, v: Vars) -> int:
     return n
 
 
+def add_plan_rows(lp: LpBuilder, ix: Index, v: Vars) -> dict[str, int]:
+    """The rows every allocation ILP has (demand cover, PD pairing, availability, start-ups),
+    by family with their counts; solvers add their own after them."""
+    return {
+        "capacity": add_capacity_rows(lp, ix, v),
+        "pd_pairing": add_pd_pairing_rows(lp, ix, v),
+        "availability": add_availability_rows(lp, ix, v),
+        "startup": add_startup_rows(lp, ix, v),
+    }
+
+
 def add_goodput_floor_row(lp: LpBuilder, ix: Index, v: Vars) -> int:
     """Scarcity phase 2 keeps phase 1's goodput (the bound is set per phase)::
 

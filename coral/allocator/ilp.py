@@ -76,11 +76,8 @@ from coral.allocator.formulation import (
     LpArrays,
     LpBuilder,
     Vars,
-    add_availability_rows,
-    add_capacity_rows,
     add_goodput_floor_row,
-    add_pd_pairing_rows,
-    add_startup_rows,
+    add_plan_rows,
     add_variables,
     capacity_bound_short,
     decomposition_of,
@@ -235,10 +232,7 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
     lp = LpBuilder()
     v = add_variables(lp, problem, ix, cols)
     rows = {
-        "capacity": add_capacity_rows(lp, ix, v),
-        "pd_pairing": add_pd_pairing_rows(lp, ix, v),
-        "availability": add_availability_rows(lp, ix, v),
-        "startup": add_startup_rows(lp, ix, v),
+        **add_plan_rows(lp, ix, v),
         "goodput_floor": add_goodput_floor_row(lp, ix, v),
     }
     arr = lp.arrays()

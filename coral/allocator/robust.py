@@ -50,10 +50,7 @@ import numpy as np
 from coral.allocator.formulation import (
     LpBuilder,
     Vars,
-    add_availability_rows,
-    add_capacity_rows,
-    add_pd_pairing_rows,
-    add_startup_rows,
+    add_plan_rows,
     add_variables,
 )
 from coral.allocator.highs_runs import plan_of_run, run_highs
@@ -197,10 +194,7 @@ def solve_robust(rp: RobustProblem, *, threads: int | None = None,
     lp = LpBuilder()
     v = add_variables(lp, problem, ix, cols)
     rows = {
-        "capacity": add_capacity_rows(lp, ix, v),
-        "pd_pairing": add_pd_pairing_rows(lp, ix, v),
-        "availability": add_availability_rows(lp, ix, v),
-        "startup": add_startup_rows(lp, ix, v),
+        **add_plan_rows(lp, ix, v),
         "scenario": add_scenario_rows(lp, ix, v, rp.capacity_matrix()),
     }
     notes.append(f"ilp: {len(v.x)} integer + {lp.n_col - len(v.x)} continuous columns, rows "

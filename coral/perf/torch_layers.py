@@ -321,8 +321,14 @@ class DecoderLayer(nn.Module):
 
     def prefill(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """One sequence of T = x.shape[0] tokens, causal; cos/sin: [T, head_dim]."""
-        t = x.shape[0]
         q, k, v = self._qkv(x, cos, sin)
+        return self._finish(x, self._causal_attention(q, k, v))
+
+    def _causal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                          ) -> torch.Tensor:
+        """Causal attention of one sequence's T tokens among themselves: q [T, H, d], k and v
+        [T, KV, d] -> [T, H x d]. SDPA's own causal kernel, with no mask tensor built."""
+        t = q.shape[0]
         q = q.transpose(0, 1).unsqueeze(0)  # [1, H, T, d]
         k = k.transpose(0, 1).unsqueeze(0)  # [1, KV, T, d]
         v = v.transpose(0, 1).unsqueeze(0)
@@ -335,8 +341,7 @@ class DecoderLayer(nn.Module):
             k = k.repeat_interleave(g, dim=1)
             v = v.repeat_interleave(g, dim=1)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        o = o.squeeze(0).transpose(0, 1).reshape(t, -1)
-        return self._finish(x, o)
+        return o.squeeze(0).transpose(0, 1).reshape(t, -1)
 
     def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int) -> torch.Tensor:
@@ -362,7 +367,13 @@ class DecoderLayer(nn.Module):
         t = x.shape[0]
         cos, sin = rope_tables(positions, self.head_dim, x.dtype, self.rope_theta)
         q, k, v = self._qkv(x, cos, sin)
+        first_chunk = t > 1 and cache.length == 0
         keys, values = cache.append(k.transpose(0, 1), v.transpose(0, 1))  # [KV, S, d]
+        if first_chunk:
+            # A prompt's first chunk attends only to itself: the same causal kernel that
+            # `prefill` runs (and `coral profile` times), so served prefills cost what the
+            # profile says.
+            return self._finish(x, self._causal_attention(q, k, v))
         # The G query heads that share a KV head act as G x T queries of that head.
         g = self.num_heads // self.num_kv_heads
         qg = q.transpose(0, 1).reshape(self.num_kv_heads, g * t, self.head_dim)

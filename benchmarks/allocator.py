@@ -209,7 +209,8 @@ def synthetic_templates(scenario: Scenario, catalog: Catalog, per_model: int, se
 def real_templates(scenario: Scenario, catalog: Catalog, nmax: int) -> list[TemplateColumn]:
     """The scenario's columns from its real template libraries, as `coral plan` builds them
     (reused from `out/templates` when their inputs match)."""
-    from coral.allocator.planning import columns_from_templates, templates_for_scenario
+    from coral.planning.columns import columns_from_templates
+    from coral.planning.libraries import templates_for_scenario
     from coral.templates.parallel import default_perf_factory
 
     perf = default_perf_factory(catalog)

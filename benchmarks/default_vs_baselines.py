@@ -19,7 +19,7 @@ import argparse
 import sys
 import time
 
-from coral.allocator.planning import plan_scenario
+from coral.planning.plan import plan_scenario
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.templates.parallel import default_perf_factory

@@ -7,7 +7,7 @@ library's templates (combination, rate, TPOT, TTFT, stages) to compare two trees
     python benchmarks/library_build.py --compare /tmp/before.json /tmp/after.json
 
 The libraries are built afresh (nothing cached: `out=None`) with the arguments
-`coral.allocator.planning.templates_for_scenario` passes: the scenario's SLO per model, its
+`coral.planning.libraries.templates_for_scenario` passes: the scenario's SLO per model, its
 node types, regions and `rho`, engine and topology as asked.
 """
 
@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from coral.allocator.planning import _build_regions, scenario_slo
+from coral.planning.libraries import build_regions, scenario_slo
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.templates.build import build_library
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             kept, report = build_library(
                 model, catalog, slo=slo, mode=mode, topology=topology, engine=args.engine,
                 nmax=nmax, rho=scenario.spec.rho, node_types=scenario.node_types,
-                regions=_build_regions(scenario), out=None, workers=args.workers, perf=perf)
+                regions=build_regions(scenario), out=None, workers=args.workers, perf=perf)
             wall, cpu = time.perf_counter() - w0, _cpu_s() - c0
             name = f"{model}/{mode}"
             print(f"{name:<34} {wall:8.1f} {cpu:8.1f} {len(kept):6d} {report.solved:7d} "

@@ -34,7 +34,8 @@ import os
 import resource
 import time
 
-from coral.allocator.planning import plan_scenario, scenario_slo
+from coral.planning.libraries import scenario_slo
+from coral.planning.plan import plan_scenario
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel

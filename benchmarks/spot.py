@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from coral.allocator.planning import plan_slos, read_plan_file
+from coral.allocator.plan_file import plan_slos, read_plan_file
 from coral.catalog import default_catalog
 from coral.sim import SimConfig, Simulator, instances_from_plan, summarize
 from coral.sim.preemption import (
@@ -46,7 +46,7 @@ from coral.sim.preemption import (
     row_market,
     row_pools,
 )
-from coral.sim.preemption_replan import AllocatorReplanner
+from coral.planning.preemption_replan import AllocatorReplanner
 from coral.sim.workload import merge, synthetic
 from coral.templates.parallel import default_perf_factory
 

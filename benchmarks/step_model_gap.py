@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from coral.allocator.planning import templates_for_scenario
+from coral.planning.libraries import templates_for_scenario
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.perf.step import template_saturation

@@ -2,7 +2,7 @@
 than the best of them, whatever the time limit cuts short, on every solve path (the
 decomposition's and HiGHS's on the whole ILP), in the cost problem and under scarcity. This
 is what keeps `coral plan`'s default plan at least as good as any baseline whose plan lies in
-Coral's columns (`coral.allocator.planning` hands their plans in as starts)."""
+Coral's columns (`coral.planning.plan` hands their plans in as starts)."""
 
 from __future__ import annotations
 

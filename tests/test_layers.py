@@ -1,13 +1,12 @@
 """Coral's modules import only downwards and never in a cycle.
 
 Layers, lowest first: the shared helpers at the top of the package (`coral/messages.py`,
-`coral/errors.py`, `coral/routing.py`, `coral/solvers`) → catalog → perf → templates →
-allocator → baselines → (sim, runtime) → planning (`allocator/planning.py`, which runs the
-baselines beside Coral's plan, and `allocator/adapt.py`, which re-plans) → evaluation
-(`sim/evaluate.py` and its `sim/eval_*.py`, `allocator/adapt_report.py`) → cli. A module belongs to its package's layer
-unless `MODULE_LAYER` places it elsewhere; sim and runtime share a layer and import neither
-one from the other. Every import is read from the source (those inside functions too), so
-neither a back-edge nor a cycle can hide behind a late import.
+`coral/errors.py`, `coral/routing.py`) → `solvers` → catalog → perf → templates → allocator →
+baselines → (sim, runtime) → planning (runs the allocator beside the baselines, re-plans) →
+evaluation (`coral evaluate`) → cli. Each package is one layer, and a module at the top of
+`coral/` is in the lowest; sim and runtime share a layer and import neither one from the
+other. Every import is read from the source (those inside functions too), so neither a
+back-edge nor a cycle can hide behind a late import.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import coral
 #: Layers, lowest first; packages in one tuple share a layer (and may not import each other).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("base",),
+    ("solvers",),
     ("catalog",),
     ("perf",),
     ("templates",),
@@ -30,22 +30,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("evaluation",),
     ("cli",),
 )
-
-#: Modules whose layer is not their package's.
-MODULE_LAYER = {
-    "coral.messages": "base",
-    "coral.errors": "base",
-    "coral.routing": "base",
-    "coral.solvers": "base",
-    "coral.solvers.highs": "base",
-    "coral.allocator.planning": "planning",
-    "coral.allocator.adapt": "planning",
-    "coral.sim.preemption_replan": "planning",
-    "coral.sim.evaluate": "evaluation",
-    "coral.sim.eval_common": "evaluation",
-    "coral.sim.eval_sections": "evaluation",
-    "coral.allocator.adapt_report": "evaluation",
-}
 
 #: Upward (or sideways) imports still to be removed, each with why it is there today and who
 #: owns the fix.
@@ -95,10 +79,10 @@ def _import_graph() -> dict[str, set[str]]:
 
 
 def _layer(mod: str) -> str:
-    if mod in MODULE_LAYER:
-        return MODULE_LAYER[mod]
+    """The package under `coral/` that holds `mod`; "base" for a module at the top of it."""
     parts = mod.split(".")
-    return parts[1] if len(parts) > 1 else "base"
+    top = Path(coral.__file__).parent / parts[1] if len(parts) > 1 else None
+    return parts[1] if top is not None and top.is_dir() else "base"
 
 
 def _rank(layer: str) -> int:

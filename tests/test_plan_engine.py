@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from coral.allocator.planning import library_dir, plan_scenario, templates_for_scenario
+from coral.planning.libraries import library_dir, templates_for_scenario
+from coral.planning.plan import plan_scenario
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.cli.main import app

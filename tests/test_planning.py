@@ -18,21 +18,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from coral.allocator.adapt import (
-    TimelineError,
-    apply_period,
-    load_timeline,
-    parse_timeline,
-    run_timeline,
-)
-from coral.allocator.adapt_report import write_outputs
-from coral.allocator.planning import (
-    ScenarioTemplates,
-    column_id,
-    columns_from_templates,
-    plan_scenario,
-    templates_for_scenario,
-)
+from coral.planning.adapt import run_timeline
+from coral.planning.adapt_report import write_outputs
+from coral.planning.columns import column_id, columns_from_templates
+from coral.planning.libraries import ScenarioTemplates, templates_for_scenario
+from coral.planning.plan import plan_scenario
+from coral.planning.timeline import TimelineError, apply_period, load_timeline, parse_timeline
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.cli import plan_cmd
@@ -135,7 +126,7 @@ def test_templates_are_reused_and_columns_have_stable_ids(setup):
 
 
 def test_homogeneous_completions_are_stored_beside_the_library(setup, monkeypatch):
-    import coral.allocator.planning as planning
+    import coral.planning.libraries as libraries
     from coral.templates.homogeneous import COMPLETIONS_FILE
 
     dirs = [m.parent for m in setup.templates_dir.glob("*/*/manifest.json")]
@@ -144,7 +135,7 @@ def test_homogeneous_completions_are_stored_beside_the_library(setup, monkeypatc
     def no_solve(*args, **kwargs):
         raise AssertionError("a stored completion was solved again")
 
-    monkeypatch.setattr(planning, "build_template", no_solve)
+    monkeypatch.setattr(libraries, "build_template", no_solve)
     again = templates_for_scenario(setup.scenario, setup.catalog, setup.perf,
                                    out_root=setup.templates_dir, workers=1)
     assert [t.to_dict() for t in again[MODEL]] == [t.to_dict() for t in setup.templates[MODEL]]
@@ -272,8 +263,8 @@ def test_one_default_gap_and_time_limit_everywhere():
     import inspect
 
     from coral.allocator import problem as problem_mod
-    from coral.allocator.adapt import run_timeline
-    from coral.allocator.planning import plan_scenario
+    from coral.planning.adapt import run_timeline
+    from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import Scenario
     from coral.baselines.common import scenario_problem
     from coral.baselines.run import run_baselines
@@ -518,7 +509,7 @@ def test_demo_says_it_reduces_nmax(setup, fake_baselines, monkeypatch, tmp_path)
 def test_each_column_deploys_the_template_it_was_priced_from(setup):
     """A column takes, of the templates with its id, the one of higher planned capacity, and
     the decoded plan deploys that one."""
-    from coral.allocator.planning import columns_and_templates
+    from coral.planning.columns import columns_and_templates
 
     tpls = [t for ts in setup.templates.values() for t in ts]
     columns, chosen = columns_and_templates(setup.scenario, setup.templates)
@@ -609,7 +600,9 @@ def test_baseline_plans_start_coral_so_a_search_cut_short_still_wins(setup, two_
     """Coral's search stopped before it finds anything (a loaded machine's time limit on a
     large problem): the baselines' plans, handed in as starts, still keep Coral's plan at
     least as good as every baseline whose plan lies in Coral's columns."""
-    from coral.allocator import ilp, planning
+    from coral.allocator import ilp
+    from coral.planning import baseline_runs
+    from coral.planning import plan as plan_module
     from coral.allocator.problem import PlanStatus, make_plan
     from coral.allocator.starts import best_start
 
@@ -622,16 +615,16 @@ def test_baseline_plans_start_coral_so_a_search_cut_short_still_wins(setup, two_
                 goodput_gap=math.inf))
             return solve(problem, **kwargs)
 
-    monkeypatch.setattr(planning, "solve_allocation", cut_short)
+    monkeypatch.setattr(plan_module, "solve_allocation", cut_short)
     path, templates = two_models
     scenario = load_scenario(path, catalog=setup.catalog, level=level).in_mode("auto")
     result = plan_scenario(scenario, catalog=setup.catalog, perf=setup.perf,
                            templates=templates)
     mixed = scenario.in_mode("mixed")
-    problem = mixed.problem(planning.columns_from_templates(mixed, templates))
+    problem = mixed.problem(columns_from_templates(mixed, templates))
     inside = 0
     for name, b in result.baselines.items():
-        start = best_start(problem, [planning.baseline_start(b)])
+        start = best_start(problem, [baseline_runs.baseline_start(b)])
         if start is None or start.goodput < b.plan.goodput * (1 - 1e-9) \
                 or start.cost_usd_per_hour > b.cost_per_hour * (1 + 1e-9):
             continue  # not in Coral's columns as it is

@@ -17,7 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from coral.allocator.headroom import planned_capacity
-from coral.allocator.planning import columns_and_templates, plan_scenario, templates_for_scenario
+from coral.planning.columns import columns_and_templates
+from coral.planning.libraries import templates_for_scenario
+from coral.planning.plan import plan_scenario
 from coral.allocator.problem import AllocationProblem, ModelDemand, PlanStatus, TemplateColumn
 from coral.allocator.robust import (
     RobustError,

@@ -1,4 +1,4 @@
-"""`coral.sim.evaluate` on a tiny scenario: the report, its tables and its plots."""
+"""`coral evaluate` on a tiny scenario: the report, its tables and its plots."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from coral.sim.evaluate import EvalConfig, evaluate  # noqa: E402
+from coral.evaluation.common import EvalConfig  # noqa: E402
+from coral.evaluation.evaluate import evaluate  # noqa: E402
 
 SCENARIO = """\
 schema_version: 1

@@ -468,7 +468,8 @@ base_availability: {1x-l4: 4, 1x-l40s: 0}
 
 @pytest.fixture(scope="module")
 def pd_plan(cat, perf, tmp_path_factory):
-    from coral.allocator.planning import plan_scenario, scenario_slo, templates_for_scenario
+    from coral.planning.libraries import scenario_slo, templates_for_scenario
+    from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
 
     path = tmp_path_factory.mktemp("pd") / "tiny-pd.yaml"

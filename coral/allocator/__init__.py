@@ -10,9 +10,9 @@
 - `plan_file`: the plan file and its decoded instances.
 - `bruteforce`: the exhaustive oracle for tiny problems (`solve_bruteforce`).
 - `scenario`: scenario files (models, demand, regions, availability levels) -> problems.
-- `planning`: scenario -> template libraries -> allocation -> a decoded `PlanResult`, with the
-  baselines (`plan_scenario`).
-- `adapt` / `adapt_report`: replay a timeline, re-planning every period; CSV and plot.
+
+Planning a scenario end to end (template libraries, the allocation in each mode, the
+baselines beside it, re-plans over a timeline) is `coral.planning`, the layer above.
 
 The names below load their module on first use, so that reading `coral.allocator.problem`
 (the CLI's defaults) does not import HiGHS and the compiled kernels.

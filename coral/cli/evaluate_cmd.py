@@ -29,8 +29,8 @@ def evaluate(
 ) -> None:
     """Run the cost, goodput, solve-time, Helix-cluster and adaptation experiments and write
     OUT/report.md with tables and PNG plots."""
-    from coral.sim.evaluate import SECTIONS, EvalConfig
-    from coral.sim.evaluate import evaluate as run
+    from coral.evaluation.common import SECTIONS, EvalConfig
+    from coral.evaluation.evaluate import evaluate as run
 
     with user_errors():
         kw = {"templates_dir": templates_dir}

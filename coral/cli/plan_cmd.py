@@ -112,7 +112,8 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
           catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None,
           gap: float = DEFAULT_MIP_GAP, engine: str = "coral",
           robust: float | None = None, spot: Any = None) -> Any:
-    from coral.allocator.planning import plan_scenario, templates_for_scenario
+    from coral.planning.libraries import templates_for_scenario
+    from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import MissingDependencyError, default_perf_factory
 
@@ -501,8 +502,9 @@ def adapt(
     The timeline changes demand, availability and prices period by period; the result is a
     CSV and a PNG plot of cost and served demand over time.
     """
-    from coral.allocator.adapt import load_timeline, run_timeline
-    from coral.allocator.adapt_report import write_outputs
+    from coral.planning.adapt import run_timeline
+    from coral.planning.adapt_report import write_outputs
+    from coral.planning.timeline import load_timeline
     from coral.templates.parallel import MissingDependencyError
 
     with user_errors():

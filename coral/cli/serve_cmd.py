@@ -186,7 +186,7 @@ def _load_plan(target: str, cat: Any, *, nmax: int, templates_dir: Path
     path = Path(target)
     if path.suffix == ".json":
         return path.stem, read_plan(path)
-    from coral.allocator.planning import plan_scenario
+    from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import default_perf_factory
 

@@ -36,13 +36,9 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
     """(name, instances, slos per model, demand req/s per model, plan payload) of a plan
     JSON or a scenario (planned here; its payload then holds what a re-plan reads: scenario,
     level, mode, engine, nmax and the instance rows)."""
-    from coral.allocator.planning import (
-        PlanFileError,
-        plan_scenario,
-        plan_slos,
-        read_plan_file,
-        scenario_slo,
-    )
+    from coral.allocator.plan_file import PlanFileError, plan_slos, read_plan_file
+    from coral.planning.libraries import scenario_slo
+    from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
     from coral.sim.deployment import instances_from_plan
     from coral.templates.parallel import default_perf_factory
@@ -166,7 +162,7 @@ def _preemptions(sim: Any, payload: dict, slos: dict, *, cat: Any, perf: Any,
                  scenario: str | None) -> Any:
     """A `PreemptionRun` on `sim`, re-planning as the adaptation loop does."""
     from coral.sim.preemption import PreemptionConfig, PreemptionError, PreemptionRun, check_rates
-    from coral.sim.preemption_replan import AllocatorReplanner
+    from coral.planning.preemption_replan import AllocatorReplanner
 
     try:
         rates = check_rates(cat)

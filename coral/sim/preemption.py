@@ -23,7 +23,7 @@ What an event does (the runtime's controller does the same, `coral.runtime.contr
        cancelled at once.
     2. Re-plan (at the event): the `Replanner` gets the deployment that survives (running and
        starting instances, by (template id, region)) and returns the plan to move to, as the
-       adaptation loop re-plans (`coral.sim.preemption_replan`: the allocator with the
+       adaptation loop re-plans (`coral.planning.preemption_replan`: the allocator with the
        start-up penalty, keeping survivors free). Rows it adds are started and serve after
        `startup_s`, costing from when they are asked for; instances it drops go on serving
        until then (make before break, as the controller reconfigures), and then drain (out

@@ -150,7 +150,7 @@ class EvalContext:
         return load_scenario(name, level=level, catalog=self.catalog)
 
     def templates(self, scenario: Any, engine: str = "coral") -> Any:
-        from coral.allocator.planning import templates_for_scenario
+        from coral.planning.libraries import templates_for_scenario
 
         key = (scenario.name, scenario.level, scenario.mode, engine)
         if key not in self._templates:
@@ -161,7 +161,7 @@ class EvalContext:
 
     def plan(self, scenario: Any, templates: Any, baselines: bool = True,
              engine: str = "coral") -> Any:
-        from coral.allocator.planning import plan_scenario
+        from coral.planning.plan import plan_scenario
 
         return plan_scenario(scenario, catalog=self.catalog, perf=self.perf,
                              templates=templates, nmax=self.cfg.nmax,
@@ -170,7 +170,7 @@ class EvalContext:
 
 
 def scaled(scenario: Any, demand: float = 1.0, availability: float = 1.0) -> Any:
-    from coral.allocator.adapt import Period, apply_period
+    from coral.planning.timeline import Period, apply_period
 
     return apply_period(scenario, Period(duration_s=1.0, demand_scale=demand,
                                          availability_scale=availability))
@@ -183,7 +183,7 @@ def simulate_plan(ctx: EvalContext, scenario: Any, result: Any, seconds: float,
 
     `result` is Coral's `PlanResult` or a baseline's `BaselineResult` (their `instances`
     hold each template's placement)."""
-    from coral.allocator.planning import scenario_slo
+    from coral.planning.libraries import scenario_slo
     from coral.sim import Simulator, SimConfig, instances_from_plan, summarize, synthetic
     from coral.sim.workload import merge
 

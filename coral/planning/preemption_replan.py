@@ -3,9 +3,10 @@ own scenario, mode, engine and spot options (a `coral plan --spot` plan is re-pl
 its chance constraint, so a replacement may be spot or on demand), its template libraries
 (reused from `out/templates`), and the deployment that survives the event as the current
 one, so that keeping an instance is free and every new one pays the start-up penalty
-(`coral.allocator.adapt`). A pool that was just reclaimed stays in the re-plan's market at
-its catalog rate: the planner's events are memoryless, and so are the simulator's. It sits in the planning
-layer (it runs the planner); `coral.sim.preemption` sees only its `Replanner` protocol.
+(`coral.planning.adapt`). A pool that was just reclaimed stays in the re-plan's market at
+its catalog rate: the planner's events are memoryless, and so are the simulator's.
+`coral.sim.preemption` sees only its `Replanner` protocol, so the simulator does not import
+the planner that runs it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from coral.allocator.planning import DEFAULT_TEMPLATES_DIR, plan_scenario, templates_for_scenario
 from coral.allocator.problem import DEFAULT_TIME_LIMIT_S
 from coral.allocator.scenario import AUTO_MODES, ScenarioError, load_scenario
+from coral.planning.libraries import DEFAULT_TEMPLATES_DIR, templates_for_scenario
+from coral.planning.plan import plan_scenario
 from coral.sim.preemption import Key, PlanRow, PreemptionError
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The sections of `coral evaluate` (see `coral.sim.evaluate` for what each measures)."""
+"""The sections of `coral evaluate` (see `coral.evaluation.evaluate` for what each measures)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from coral.sim.eval_common import (
+from coral.evaluation.common import (
     Section,
     md_table,
     pct,
@@ -350,8 +350,9 @@ def section_helix(ctx: EvalContext, head: dict[str, Any]) -> Section:
 
 
 def section_adapt(ctx: EvalContext, head: dict[str, Any]) -> Section:
-    from coral.allocator.adapt import load_timeline, run_timeline
-    from coral.allocator.adapt_report import write_outputs
+    from coral.planning.adapt import run_timeline
+    from coral.planning.adapt_report import write_outputs
+    from coral.planning.timeline import load_timeline
 
     cfg = ctx.cfg
     sec = Section("5. Adaptation over a timeline")

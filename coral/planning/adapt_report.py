@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from coral.allocator.adapt import AdaptResult
+from coral.planning.adapt import AdaptResult
 
 
 class ReportError(ValueError):

@@ -12,8 +12,8 @@ Sections (each can be selected on its own):
 
 Everything is computed from the project's performance model and price catalog, not measured
 on GPUs; the report says which numbers are approximate. The sections live in
-`coral.sim.eval_sections`, what they share in `coral.sim.eval_common`; this module runs them
-and writes the report with its headline.
+`coral.evaluation.sections`, what they share in `coral.evaluation.common`; this module runs
+them and writes the report with its headline.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from coral.sim.eval_common import (  # noqa: F401 - EvalConfig and SECTIONS re-exported
+from coral.evaluation.common import (
     EvalConfig,
     EvalContext,
     Evaluation,
@@ -35,7 +35,7 @@ from coral.sim.eval_common import (  # noqa: F401 - EvalConfig and SECTIONS re-e
     pct,
     slo_held,
 )
-from coral.sim.eval_sections import RUNNERS
+from coral.evaluation.sections import RUNNERS
 
 
 def _headline(head: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -1,0 +1,207 @@
+"""Planning: scenario -> template libraries -> allocation ILP -> a decoded deployment.
+
+This is the whole planner in three calls, each usable alone:
+
+1. `coral.planning.libraries.templates_for_scenario`: one template library per (model,
+   template mode) of the scenario, built or reused from disk.
+2. `coral.planning.columns.columns_from_templates`: every kept template as an allocator
+   column priced in the scenario's regions (its price overrides included).
+3. `plan_scenario` (here): the allocation ILP over those columns (with the start-up penalty
+   against a `current` deployment), in each serving mode the scenario allows, on spot
+   (`--spot`) or robust to model error (`--robust`), decoded into a `PlanResult`: instances
+   per region with each template's node mix and layer placement, $/hour, status, proven gap,
+   solve time, served share and headroom per model, and the baselines run on the same
+   templates (`coral.planning.baseline_runs`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from coral.allocator.ilp import infeasibility_message, solve_allocation
+from coral.allocator.plan_file import decode_instances
+from coral.allocator.problem import (
+    DEFAULT_MIP_GAP,
+    DEFAULT_TIME_LIMIT_S,
+    AllocationPlan,
+    TemplateRegion,
+)
+from coral.allocator.robust import RobustPlanner
+from coral.allocator.scenario import AUTO_MODES, Scenario
+from coral.catalog.loader import Catalog
+from coral.planning.baseline_runs import baseline_start, baselines_beside
+from coral.planning.columns import columns_and_templates
+from coral.planning.libraries import (
+    DEFAULT_TEMPLATES_DIR,
+    ScenarioTemplates,
+    scenario_slo,
+    templates_for_scenario,
+)
+from coral.planning.result import PlanResult
+from coral.sim.slowdown import SlowedPerf
+from coral.templates.build import Template
+from coral.templates.engine import DEFAULT_ENGINE, check_engine, engine_violations
+from coral.templates.operating_points import PerfLike
+
+
+def plan_scenario(
+    scenario: Scenario,
+    *,
+    catalog: Catalog,
+    perf: PerfLike | None = None,
+    templates: Mapping[str, Sequence[Template]] | None = None,
+    out_root: str | Path | None = DEFAULT_TEMPLATES_DIR,
+    workers: int | None = 1,
+    nmax: int | None = None,
+    progress: bool = False,
+    current: Mapping[TemplateRegion, int] | None = None,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    mip_gap: float = DEFAULT_MIP_GAP,
+    baselines: bool = True,
+    on_message: Callable[[str], None] | None = None,
+    engine: str = DEFAULT_ENGINE,
+    robust: float | None = None,
+    spot: Any = None,
+) -> PlanResult:
+    """Plan `scenario`: templates (built or reused unless given), allocation, baselines.
+
+    `current` is the deployment running now (column id, region) -> instances; instances
+    beyond it pay the scenario's start-up penalty. `nmax` overrides the scenario's `n_max` for
+    template building (and the baselines), and the result says so. `engine`: every instance
+    of the plan is deployable on it (templates built for it; given `ScenarioTemplates` must
+    have been built for it, and given templates it cannot run are left out). The baselines
+    are not engine-restricted. `robust`: R of a plan that keeps every demand covered with any
+    one GPU type `1 + R` times slower than modelled (`coral.allocator.robust`); the plan file
+    then says so (`robust`), with the nominal plan's cost beside it. `spot`: a
+    `coral.allocator.spot.SpotOptions`, plan aggregated serving on spot and on-demand
+    instances under a chance constraint (the plan file's `spot` object says what it risks).
+    """
+    engine = check_engine(engine)
+    if perf is None:
+        from coral.templates.parallel import default_perf_factory
+
+        perf = default_perf_factory(catalog)
+    if scenario.saturation_of is None:
+        scenario = scenario.with_perf(perf, catalog)
+    if templates is None:
+        templates = templates_for_scenario(
+            scenario, catalog, perf, out_root=out_root, workers=workers, nmax=nmax,
+            progress=progress, on_message=on_message, engine=engine,
+        )
+    if isinstance(templates, ScenarioTemplates):
+        if templates.engine != engine:
+            raise ValueError(f"the templates were built for engine {templates.engine}, the plan "
+                             f"asks for engine {engine}")
+        n_used, n_scenario = templates.nmax, templates.scenario_nmax
+        notes = list(templates.notes())
+    else:
+        n_used = int(scenario.spec.n_max if nmax is None else nmax)
+        n_scenario = int(scenario.spec.n_max)
+        notes = list(ScenarioTemplates({}, n_used, n_scenario).notes())
+    # the baselines plan their own (unrestricted) shapes: with another engine they get no
+    # templates of Coral's to reuse, as those are restricted, and solve every one they need
+    baseline_templates: Mapping[str, Sequence[Template]] = (
+        {m: tuple(t for t in tpls if t.topology == "flow") for m, tpls in templates.items()}
+        if engine == "coral" else {m: () for m in templates})
+    if engine != "coral":
+        templates, dropped = _deployable(templates, engine, catalog)
+        if dropped:
+            notes.append(f"engine {engine}: {dropped} given templates it cannot run were left out")
+    # the baselines first: their plans, where Coral's columns hold them, start Coral's
+    # search, so that Coral's plan is never worse than one of them (`solve_allocation`'s
+    # `starts`), however the time limit cuts the search short
+    results: dict[str, Any] = {}
+    if baselines:
+        results, why = baselines_beside(scenario, baseline_templates, catalog, perf, n_used,
+                                      time_limit_s=time_limit_s, mip_gap=mip_gap)
+        if why:
+            notes.append(why)
+        elif engine != "coral":
+            notes.append(f"engine {engine} restricts Coral's plan only: the baselines are not "
+                         "engine-restricted (they solve their own templates as Coral's runtime "
+                         "runs them; Helix's candidate clusters are the homogeneous ones only)")
+    given = [start for start in (baseline_start(b) for b in results.values()) if start]
+    robust_planner = None if robust is None else RobustPlanner(
+        robust, perf=perf, catalog=catalog, slowed_perf=SlowedPerf,
+        template_dirs=getattr(templates, "template_dirs", None))
+    spot_planner = None
+    if spot is not None:
+        from coral.allocator.spot import SpotPlanError, SpotPlanner
+
+        if robust is not None:
+            raise SpotPlanError("--spot and --robust cannot be combined (yet)")
+        spot_planner = SpotPlanner(spot, catalog)
+    modes = (("aggregated",) if spot_planner is not None
+             else AUTO_MODES if scenario.mode == "auto" else (scenario.mode,))
+    tried = []
+    for mode in modes:
+        sub = scenario.in_mode(mode)
+        cols, chosen = columns_and_templates(sub, templates)
+        prob = sub.problem(cols, current=current, time_limit_s=time_limit_s, mip_gap=mip_gap)
+        # mode auto plans mixed last: it holds every plan of the other modes, which start it
+        starts = given + [dict(t[4].instances) for t in tried]
+        plan = (spot_planner.solve(prob, starts) if spot_planner is not None
+                else solve_allocation(prob, starts=starts) if robust_planner is None
+                else robust_planner.solve(sub, prob, chosen, starts=starts))
+        tried.append((mode, cols, chosen, prob, plan))
+    mode, columns, chosen, problem, plan = min(tried, key=lambda t: _plan_rank(t[4]))
+    extras: dict[str, Any] = {}
+    if robust_planner is not None:
+        robust_planner.check(mode, plan)
+        extras["robust"] = robust_planner.summary(mode)
+        notes.append(robust_planner.note(mode))
+    markets = None
+    if spot_planner is not None:
+        columns, chosen = spot_planner.columns(columns, chosen)
+        markets = spot_planner.markets()
+        extras["spot"] = spot_planner.summary()
+        notes.append(spot_planner.note())
+    if len(tried) > 1:
+        notes.append("mode auto: " + "; ".join(
+            f"{m} ${p.cost_usd_per_hour:,.2f}/hour serving {_served_share(p):.1%}"
+            for m, _, _, _, p in tried) + f" -> {mode}")
+    if not plan.meets_demand:
+        notes.append(infeasibility_message(problem, plan))
+    return PlanResult(
+        scenario=scenario.name,
+        level=scenario.level,
+        plan=plan,
+        instances=decode_instances(plan, columns, chosen, markets),
+        nmax=n_used,
+        scenario_nmax=n_scenario,
+        templates=sum(len(t) for t in templates.values()),
+        columns=len(columns),
+        baselines=results,
+        notes=tuple(notes),
+        mode=mode,
+        engine=engine,
+        slos={m.name: scenario_slo(scenario, m.name) for m in scenario.models},
+        priorities={m.name: float(m.priority) for m in scenario.models},
+        extras=extras,
+    )
+
+
+def _deployable(templates: Mapping[str, Sequence[Template]], engine: str, catalog: Catalog
+                ) -> tuple[dict[str, tuple[Template, ...]], int]:
+    """`templates` less those one instance of which `engine` cannot run (and how many)."""
+    out: dict[str, tuple[Template, ...]] = {}
+    dropped = 0
+    for model, tpls in templates.items():
+        keep = tuple(t for t in tpls if not t.feasible or not t.is_pipeline
+                     or not engine_violations(engine, t, catalog))
+        dropped += len(tpls) - len(keep)
+        out[model] = keep
+    return out, dropped
+
+
+def _served_share(plan: AllocationPlan) -> float:
+    demand = sum(plan.demand_rps.values())
+    return sum(plan.served_rps.values()) / demand if demand > 0 else 1.0
+
+
+def _plan_rank(plan: AllocationPlan) -> tuple[float, float, float]:
+    """The better of two plans of one scenario: the one meeting demand, then the one of more
+    priority-weighted goodput (what the allocator maximises under scarcity), then the
+    cheaper."""
+    return (0.0 if plan.meets_demand else 1.0, -round(plan.goodput, 9), plan.cost_usd_per_hour)

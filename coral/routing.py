@@ -13,15 +13,24 @@ router. A request skips an instance that is
    reconfiguration or a preemption notice), stopped or dead. It keeps its credit and its
    in-flight count, and takes requests again once marked routable;
 2. excluded for this request by the caller (the runtime's instances that already failed it);
-3. overloaded: more requests queued (in flight beyond its `slots`, the sequences it runs at
-   once) than the least queued candidate's queue per unit weight gives it, by more than
-   `load_slack` requests and by more than that fair count itself (twice its fair share).
+3. overloaded: more requests queued (in flight beyond its `slots`, the requests it serves
+   at once, `serving_slots`) than the least queued candidate's queue per unit weight gives
+   it, by more than `load_slack` requests and by more than that fair count itself (twice
+   its fair share).
    Counting the queue rather than everything in flight matters on heterogeneous instances:
    an instance holds about its rate times its latency in flight, and a deep pipeline's
    latency is several times a one-node instance's at the same rate, so an in-flight rule
    would push the deep pipeline's share onto the fast instances. The gateway cannot see a
    worker's queue, but it knows the plan's batch slots and its own in-flight counts, and the
    simulator counts the same, so both skip the same instances.
+
+What an instance serves at once depends on its kind (`serving_slots`): an aggregated or a
+decode instance runs its batch of sequences; a prefill instance's batch counts prompt tokens
+per pipeline round, so it runs that many tokens over the prompt length in prompts at once.
+Counting a prefill instance's tokens as sequences would put its slots in the thousands, so
+its queue would never show and a prefill instance slower than planned would keep its
+planned share while its prompts wait (with one GPU type slower than modelled, TTFT grows
+without bound there while the model's other instances have room).
 
 Skipped instances take no credit on that pick; the pick is the rotation over the rest. There
 is no "full" rule: an instance queues what it cannot batch, and the overload rule moves new
@@ -48,6 +57,22 @@ import numpy as np
 SWRR_PYTHON_MAX = 12
 #: Requests an instance may hold above its fair count before rule 3 can skip it.
 LOAD_SLACK = 4
+
+
+def serving_slots(role: str, batch: int, prompt_tokens: int | None = None) -> int:
+    """Requests an instance of `role` serves at once, the router's `slots` for it: `batch`
+    (stages x the smallest stage's batch) for an `aggregated` or `decode` instance, whose
+    batch counts sequences; for a `prefill` instance, whose batch counts prompt tokens per
+    pipeline round, the prompts of `prompt_tokens` that fill it (at least one; 0, all in
+    flight counted as queued, when the prompt length is not known). Both the simulator
+    and the gateway take an instance's slots from here."""
+    if batch < 0:
+        raise ValueError(f"batch {batch} must be >= 0")
+    if role != "prefill":
+        return batch
+    if not prompt_tokens or prompt_tokens <= 0:
+        return 0
+    return max(1, batch // int(prompt_tokens))
 
 
 def swrr_pick(weights: Sequence[float], credits: list[float],
@@ -130,7 +155,8 @@ class SwrrRouter:
         self.load_slack = load_slack  # None: no overload rule
         self.block = block
         self.in_flight = [0] * len(self.weights)
-        # sequences each instance runs at once (0: not known); in flight beyond them queues
+        # requests each instance serves at once (`serving_slots`; 0: not known); in flight
+        # beyond them queue
         self.slots = [0] * len(self.weights) if slots is None else [int(n) for n in slots]
         if len(self.slots) != len(self.weights) or any(n < 0 for n in self.slots):
             raise ValueError(f"router slots {tuple(self.slots)} must be >= 0, one per "

@@ -8,9 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from coral.routing import LOAD_SLACK, SwrrRouter, overloaded, swrr_pick
+from coral.routing import LOAD_SLACK, SwrrRouter, overloaded, serving_slots, swrr_pick
 from coral.runtime.model_router import ModelRouter
-from coral.sim.routing import SWRR_BLOCK, SimRouter
+from coral.sim import InstanceSpec, simulate, synthetic
+from coral.sim import routing as sim_routing
+from coral.sim.deployment import stages_from_nodes
+from coral.sim.routing import SWRR_BLOCK, SimRouter, instance_slots
+from coral.templates.slo import SloSpec
 
 
 class _RuntimeInstance:
@@ -21,8 +25,13 @@ class _RuntimeInstance:
         self.name, self.state, self.in_flight, self.served = name, "active", 0, 0
 
 
-def _sim_instance(weight: float, slots: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(spec=SimpleNamespace(weight=weight), max_seqs=slots)
+def _sim_instance(weight: float, batch: int = 0, role: str = "aggregated",
+                  prompt_tokens: int | None = None) -> SimpleNamespace:
+    """What `SimRouter` reads of a simulated instance: its spec (weight, role, SLO) and its
+    batch (`max_seqs`: sequences, or a prefill instance's prompt tokens per round)."""
+    slo = None if prompt_tokens is None else SimpleNamespace(input_tokens=prompt_tokens)
+    return SimpleNamespace(spec=SimpleNamespace(weight=weight, role=role, slo=slo),
+                           max_seqs=batch)
 
 
 def test_equal_weights_and_no_load_is_plain_smooth_round_robin():
@@ -67,6 +76,71 @@ def test_requests_a_deep_pipeline_runs_at_once_are_not_overload():
     assert rr._overloaded_all() == [0]
     # without slots the same loads read as the pipeline overloaded
     assert overloaded([48, 8], [1.0, 1.0], [0, 1], LOAD_SLACK) == [0]
+
+
+def test_each_kind_of_instance_serves_its_batch_in_requests():
+    """Aggregated and decode batches count sequences; a prefill batch counts prompt tokens
+    per round, so it serves that many over the prompt length in prompts (at least one)."""
+    assert serving_slots("aggregated", 48, 1024) == 48
+    assert serving_slots("decode", 256) == 256
+    assert serving_slots("prefill", 3 * 2048, 1024) == 6
+    assert serving_slots("prefill", 2048, 1500) == 1
+    assert serving_slots("prefill", 512, 1024) == 1  # a prompt longer than a round: one
+    assert serving_slots("prefill", 2048) == 0  # prompt length not known: all queued
+    with pytest.raises(ValueError):
+        serving_slots("decode", -1)
+    # the simulator reads a prefill instance's prompts at its SLO's prompt length
+    assert instance_slots(_sim_instance(1.0, 4096, "prefill", 1024)) == 4
+    assert instance_slots(_sim_instance(1.0, 64, "decode", 1024)) == 64
+    assert instance_slots(_sim_instance(1.0, 4096, "prefill")) == 0
+
+
+def test_a_prefill_instance_past_its_share_is_skipped():
+    """Two prefill instances of 4,096 tokens a round on 1,024-token prompts (4 at once each):
+    one holding 4 prompts beyond them while the other runs 2 is skipped. Read as
+    sequences (4,096 slots) the same loads were no queue at all, and the slow instance
+    kept its share however long its prompts waited."""
+    sim = SimRouter([_sim_instance(1.0, 4096, "prefill", 1024) for _ in range(2)])
+    sim.inflight[:] = [4 + LOAD_SLACK + 1, 2]
+    assert sim._rr.queued() == [LOAD_SLACK + 1, 0]
+    assert [sim.pick().slot for _ in range(3)] == [1, 1, 1]
+    tokens = SwrrRouter([1.0, 1.0], slots=[4096, 4096])
+    tokens.in_flight[:] = [4 + LOAD_SLACK + 1, 2]
+    assert tokens._overloaded_all() == []
+
+
+def test_a_prefill_instance_slower_than_its_weight_hands_its_excess_on(cat, perf, monkeypatch):
+    """Two identical one-L4 prefill instances of llama-3.1-8b, the first weighted twice its
+    speed (as a GPU type slower than modelled leaves it), at 85 % of what the two serve:
+    the first is sent 1.13x what it serves, queues, and the router moves what it cannot serve to the second, so its prompts
+    wait a few of its prefill rounds, not the ~10 s its planned share builds up when its
+    token batch reads as sequences."""
+    model = "llama-3.1-8b"
+    slo = SloSpec(tpot_s=0.1, ttft_s=3.0, percentile=0.9, input_tokens=1024,
+                  output_tokens=16)
+    rps = 4 / perf.iteration_seconds(model, "1x-l4", 32, 4096, 0, 0, first_stage=True,
+                                     last_stage=True)  # one instance's prompts/s
+
+    def inst(name: str, role: str, node: str, batch: int, weight: float) -> InstanceSpec:
+        return InstanceSpec(name, model, stages_from_nodes([(node, 0, 32, batch, 1.0)]),
+                            weight, 1.0, slo=slo, role=role, region="r")
+
+    insts = [inst("p0", "prefill", "1x-l4", 4096, 2 * rps),
+             inst("p1", "prefill", "1x-l4", 4096, rps),
+             inst("d", "decode", "1x-h100-sxm", 256, 100 * rps)]
+    reqs = synthetic(model, rate_rps=0.85 * 2 * rps, duration_s=60.0, seed=1,
+                     prompt_tokens=1024, output_tokens=16)
+
+    def p0_share_and_ttft_p90() -> tuple[float, float]:
+        res = simulate(insts, reqs, perf=perf, catalog=cat)
+        ttft = sorted(r.ttft_s for r in res.requests if r.instance == "p0")
+        return len(ttft) / len(reqs), ttft[int(0.9 * len(ttft))]
+
+    share, ttft_p90 = p0_share_and_ttft_p90()
+    assert share < 1.02 / 1.7 and ttft_p90 < slo.ttft_s  # what it serves, of 1.7 instances'
+    monkeypatch.setattr(sim_routing, "instance_slots", lambda i: i.max_seqs)  # as sequences
+    share, ttft_p90 = p0_share_and_ttft_p90()
+    assert share > 1.1 / 1.7 and ttft_p90 > 2 * slo.ttft_s
 
 
 def test_unroutable_and_excluded_instances_take_nothing():
@@ -143,8 +217,10 @@ def test_the_simulator_routes_as_the_gateway(seed):
     and the gateway's pick the same instances."""
     rng = random.Random(seed)
     weights = [3.0, 1.0, 2.0, 0.5, 2.0]
-    slots = [6, 0, 2, 1, 3]
-    sim_insts = [_sim_instance(w, n) for w, n in zip(weights, slots)]
+    sim_insts = [_sim_instance(3.0, 6), _sim_instance(1.0, 0), _sim_instance(2.0, 2048,
+                 "prefill", 1024), _sim_instance(0.5, 1, "decode"), _sim_instance(2.0, 3)]
+    slots = [instance_slots(i) for i in sim_insts]
+    assert slots == [6, 0, 2, 1, 3]
     sim = SimRouter(sim_insts)
     gw_insts = [_RuntimeInstance(f"i{k}", w, n) for k, (w, n) in enumerate(zip(weights, slots))]
     gateway = ModelRouter("m")

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from coral.errors import CoralError
 from coral.perf.pipeline import PipelineShape, ShapeError
+from coral.routing import serving_slots
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
 from coral.runtime.instance import RuntimeInstanceSpec
 
@@ -85,10 +86,12 @@ class PlannedInstance:
 
     @property
     def slots(self) -> int:
-        """Sequences one instance runs at once: stages x the smallest stage's batch (its
-        nodes' batches summed), as the simulator's step model has it."""
+        """Requests one instance serves at once (`coral.routing.serving_slots`, as the
+        simulator reads them): stages x the smallest stage's batch (its nodes' batches
+        summed) for an aggregated or decode row; a prefill row's batch counts prompt tokens
+        and the prompt length is the plan's SLO, not the row's, so 0 (all in flight queued)."""
         stages = self.stages()
-        return len(stages) * min(sum(n.batch for n in s) for s in stages)
+        return serving_slots(self.mode, len(stages) * min(sum(n.batch for n in s) for s in stages))
 
     @property
     def is_chain(self) -> bool:

@@ -1,16 +1,26 @@
 """The simulator's model router: the runtime's router (`coral.routing.SwrrRouter`, its skip
-rules included) over one model's simulated instances, weighted by planned capacity."""
+rules included) over one model's simulated instances, weighted by planned capacity, each
+instance's slots what it serves at once (`coral.routing.serving_slots`)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from coral.routing import LOAD_SLACK, SwrrRouter
+from coral.routing import LOAD_SLACK, SwrrRouter, serving_slots
 from coral.sim.scheduler import SimInstance
 
 #: Smooth weighted round robin picks are drawn up to this many at a time while no instance
 #: is skipped (the same picks as one at a time, see `SwrrRouter`).
 SWRR_BLOCK = 512
+
+
+def instance_slots(inst: SimInstance) -> int:
+    """Requests `inst` serves at once: its batch (`max_seqs`: sequences, or a prefill
+    instance's prompt tokens per round) read by its role, a prefill instance's prompts at
+    its SLO's prompt length."""
+    spec = inst.spec
+    slo = spec.slo
+    return serving_slots(spec.role, inst.max_seqs, slo.input_tokens if slo is not None else None)
 
 
 class SimRouter:
@@ -24,7 +34,7 @@ class SimRouter:
         self.insts = insts
         self._rr = SwrrRouter([max(i.spec.weight, 1e-12) for i in insts],
                               load_slack=load_slack, block=SWRR_BLOCK,
-                              slots=[i.max_seqs for i in insts])
+                              slots=[instance_slots(i) for i in insts])
         self.inflight = self._rr.in_flight
         self._pick = self._rr.pick
         for k, i in enumerate(insts):

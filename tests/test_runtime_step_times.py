@@ -148,3 +148,42 @@ def test_injected_slowdown_is_recovered_from_the_metrics(tmp_path, monkeypatch):
     assert scale["s1n1"] / scale["s1n0"] == pytest.approx(1.5, rel=0.25)
     (fit,) = out["node_types"]
     assert fit["node_type"] == "1x-l4" and fit["scale"] > 0
+
+
+def _l40s_metrics(tmp_path, perf, factor: float):
+    """Metrics of two 1x-l40s workers serving llama-3.1-8b (one stage each of 16 layers),
+    each step taking `factor` times what the perf model predicts."""
+    times = StepTimes("llama-3.1-8b", [(0, 16), (16, 32)], node_type="1x-l40s")
+    for stage, node in ((0, "s0n0"), (1, "s1n0")):
+        for p, b, c in ((512, 0, 0), (0, 16, 16 * 600), (0, 32, 32 * 700)):
+            t = perf.iteration_seconds("llama-3.1-8b", "1x-l40s", 16, p, b, c,
+                                       first_stage=stage == 0, last_stage=stage == 1)
+            times.record(node, stage, p, b, c, factor * t)
+    path = tmp_path / f"metrics-{factor}.txt"
+    path.write_text(GatewayMetrics().render({}, times.rows()))
+    return path
+
+
+def test_calibrate_says_what_the_measured_speeds_do_to_a_plan(tmp_path, perf, one_model_plan):
+    """`--plan`: the plan simulated as modelled and at the measured speeds; L40S workers
+    measured at the model's speed keep the plan's SLO, at 4x its time they miss it."""
+    def run(factor: float) -> dict:
+        res = runner.invoke(app, ["perf", "calibrate", "--from-metrics",
+                                  str(_l40s_metrics(tmp_path, perf, factor)), "--plan",
+                                  str(one_model_plan), "--duration", "30", "--json"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)["plan"]
+
+    same, slow = run(1.0), run(4.0)
+    assert same["gpu_factors"] == {"l40s": pytest.approx(1.0)}
+    assert slow["gpu_factors"] == {"l40s": pytest.approx(4.0)}
+    model = same["models"]["llama-3.1-8b"]
+    assert model["slo_met_modelled"] and model["slo_met_measured"]
+    assert model["slo_attainment_measured"] == model["slo_attainment_modelled"]
+    assert slow["models_missing"] == ["llama-3.1-8b"]
+    assert slow["models"]["llama-3.1-8b"]["tpot_s_measured"] > 3 * model["tpot_s_measured"]
+
+
+def test_calibrate_plan_needs_metrics(one_model_plan):
+    res = runner.invoke(app, ["perf", "calibrate", "--plan", str(one_model_plan)])
+    assert res.exit_code != 0 and "--plan needs --from-metrics" in res.output

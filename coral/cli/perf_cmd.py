@@ -212,7 +212,8 @@ def calibration_payload(cat: Catalog, cal, written: Path | None) -> dict:
 
 
 def _calibrate_from_metrics(path: Path, cat: Catalog, node_type: str | None,
-                            model: str | None, json: bool) -> None:
+                            model: str | None, json: bool, plan: Path | None = None,
+                            duration: float = 120.0) -> None:
     """`calibrate --from-metrics`: node types' efficiencies from a runtime's step times."""
     from coral.perf.model import PerfModel
     from coral.perf.step_calibration import node_scales, pooled, scaled_efficiencies
@@ -248,6 +249,8 @@ def _calibrate_from_metrics(path: Path, cat: Catalog, node_type: str | None,
                     "eta_elementwise": now.eta_elementwise,
                     "kernel_overhead_s": now.kernel_overhead_s},
         })
+    if plan is not None:
+        payload["plan"] = _plan_at_measured_speeds(plan, cat, workers, duration)
     if json:
         print_json(payload)
         return
@@ -265,6 +268,66 @@ def _calibrate_from_metrics(path: Path, cat: Catalog, node_type: str | None,
             f"{t['eta_compute']:.3f} (was {t['was']['eta_compute']:.3f}), η memory "
             f"{t['eta_memory']:.3f} (was {t['was']['eta_memory']:.3f}), kernel "
             f"{t['kernel_overhead_s'] * 1e6:.2f} µs", highlight=False)
+    if plan is not None:
+        _print_plan_at_measured_speeds(payload["plan"])
+
+
+def _plan_at_measured_speeds(plan: Path, cat: Catalog, workers: list, duration: float
+                             ) -> dict:
+    """What the measured speeds do to a plan: it is simulated as the perf model says and
+    with every GPU type the metrics measured running at its measured scale (the workers'
+    measured over predicted seconds, pooled per GPU type), as `coral simulate --slowdown`
+    runs it. A GPU type the plan does not use changes nothing."""
+    from coral.cli.simulate_cmd import simulate_plan_summary
+
+    if not duration > 0:
+        raise UserError(f"--duration must be > 0 s, got {duration:g}")
+    if not plan.is_file():
+        raise UserError(f"{plan}: no such plan file")
+    measured: dict[str, list[float]] = {}
+    for w in workers:
+        acc = measured.setdefault(cat.gpu_of(w.node_type).name, [0.0, 0.0])
+        acc[0] += w.measured_s
+        acc[1] += w.predicted_s
+    factors = {g: m / p for g, (m, p) in sorted(measured.items()) if p > 0}
+    nominal = simulate_plan_summary(plan, cat, factors=None, duration=duration)
+    slowed = simulate_plan_summary(plan, cat, factors=factors, duration=duration)
+    models = {}
+    for m, v in nominal["models"].items():
+        w = slowed["models"][m]
+        models[m] = {"slo_attainment_modelled": v["slo_attainment"],
+                     "slo_met_modelled": v["slo_met"],
+                     "slo_attainment_measured": w["slo_attainment"],
+                     "slo_met_measured": w["slo_met"],
+                     "ttft_s_measured": w["ttft_s_at_percentile"],
+                     "tpot_s_measured": w["tpot_s_at_percentile"]}
+    return {"plan": str(plan), "duration_s": duration, "gpu_factors": factors,
+            "slo_attainment_modelled": nominal["slo_attainment"],
+            "slo_attainment_measured": slowed["slo_attainment"],
+            "models_missing": sorted(m for m, v in models.items() if not v["slo_met_measured"]),
+            "models": models}
+
+
+def _print_plan_at_measured_speeds(p: dict) -> None:
+    factors = ", ".join(f"{g} x{f:.3f}" for g, f in p["gpu_factors"].items())
+    table = Table(title=f"{p['plan']} simulated for {p['duration_s']:g} s, as modelled and at "
+                  f"the measured speeds ({factors})", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("model", "attainment modelled", "attainment measured", "SLO met"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for m, v in p["models"].items():
+        table.add_row(m, f"{v['slo_attainment_modelled'] * 100:.1f}%",
+                      f"{v['slo_attainment_measured'] * 100:.1f}%",
+                      "yes" if v["slo_met_measured"] else "[red]no[/]")
+    console.print(table)
+    if p["models_missing"]:
+        console.print(f"[red]At the measured speeds the plan misses the SLO of "
+                      f"{', '.join(p['models_missing'])}[/]: re-plan with margin for them "
+                      "(`coral plan --robust R`, R at least the largest factor above 1 "
+                      "minus 1) or re-profile the GPU types measured.", highlight=False)
+    else:
+        console.print("At the measured speeds the plan still meets every model's SLO.",
+                      highlight=False)
 
 
 @app.command()
@@ -289,6 +352,15 @@ def calibrate(
         typer.Option("--model", help="With --from-metrics: the catalog model the workers "
                      "served (default: the metrics' model label)."),
     ] = None,
+    plan: Annotated[
+        Path | None,
+        typer.Option("--plan", help="With --from-metrics: a plan file to simulate as modelled "
+                     "and at the measured speeds, to see whether it still meets its SLOs."),
+    ] = None,
+    duration: Annotated[
+        float,
+        typer.Option("--duration", help="With --plan: seconds of arrivals per simulation."),
+    ] = 120.0,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:
@@ -301,8 +373,13 @@ def calibrate(
             if write:
                 raise UserError("--write writes the profile calibration; with --from-metrics "
                                 "the fitted figures are reported only")
-            _calibrate_from_metrics(from_metrics, open_catalog(catalog), node_type, model, json)
+            _calibrate_from_metrics(from_metrics, open_catalog(catalog), node_type, model, json,
+                                    plan, duration)
         return
+    with user_errors():
+        if plan is not None:
+            raise UserError("--plan needs --from-metrics: it simulates a plan at the speeds "
+                            "the metrics measured")
 
     with user_errors():
         cat = open_catalog(catalog)

@@ -191,6 +191,29 @@ def print_preemptions(p: dict) -> None:
         f"planned ${p['planned_cost_per_hour']:,.2f}/hour)", highlight=False)
 
 
+def simulate_plan_summary(plan: Path, cat: Any, *, factors: dict[str, float] | None,
+                          duration: float, seed: int = 0) -> dict:
+    """`coral simulate PLAN --slowdown ...`'s summary, with no files written and no progress
+    bar: for commands that judge a plan by simulating it (`coral perf calibrate --plan`)."""
+    from coral.sim.engine import SimConfig, Simulator
+    from coral.sim.metrics import summarize
+    from coral.templates.parallel import default_perf_factory
+
+    _, instances, slos, demand, _ = _load_deployment(
+        str(plan), cat=cat, nmax=SIMULATE_NMAX, templates_dir=Path("out/templates"),
+        level=None, quiet_stdout=True, show=False)
+    reqs = _workload(demand, slos, trace=None, rate=None, duration=duration, seed=seed,
+                     lengths="fixed")
+    perf = default_perf_factory(cat)
+    if factors:
+        from coral.sim.slowdown import SlowedPerf
+
+        perf = SlowedPerf(perf, cat, factors)
+    cfg = SimConfig(workers=min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
+    result = Simulator(instances, perf=perf, catalog=cat, config=cfg).run(reqs)
+    return _clean(summarize(result, slos))
+
+
 def simulate(
     plan_or_scenario: Annotated[str, typer.Argument(
         help="A plan JSON from `coral plan --out`, or a scenario (core, advanced, or a YAML "

@@ -60,6 +60,51 @@ def _instance(seed: int) -> tuple[AllocationProblem, SpotMarket]:
     return problem, SpotMarket(price, rate, prob)
 
 
+def _pd_instance(seed: int) -> tuple[AllocationProblem, SpotMarket]:
+    """One model served by a prefill and a decode template in region r1 and two more
+    templates of any mode (aggregated, prefill, decode) in either region, tokens per request
+    unequal: PD and mixed serving, each plan's capacity a per-region minimum of its halves.
+    Same sizes as `_instance` (at most 4 spot pools, 3^8 plans)."""
+    rng = random.Random(1000 + seed)
+    regions = ("r1", "r2")
+    node_types = ("g1", "g2", "g3")
+    spot_pools = rng.sample([(g, r) for g in node_types for r in regions], 4)
+    demand = ModelDemand("m0", round(rng.uniform(0.5, 1.5), 2), input_tokens=3.0,
+                         output_tokens=2.0)
+    shapes = [("prefill", "r1"), ("decode", "r1")] + [
+        (rng.choice(("aggregated", "prefill", "decode", "decode")), rng.choice(regions))
+        for _ in range(2)]
+    cols = []
+    for k, (mode, region) in enumerate(shapes):
+        nodes = {rng.choice(node_types): 1}
+        price = {region: round(rng.uniform(0.5, 2.0), 3)}
+        cap = round(rng.uniform(0.5, 2.0), 2) * demand.tokens_per_request(mode)
+        cols.append(TemplateColumn(f"m0-{mode}-t{k}", "m0", mode, nodes, cap, price))
+    avail = {(g, r): 2 for g in node_types for r in regions}
+    problem = AllocationProblem(demands=(demand,), templates=tuple(cols), regions=regions,
+                                availability=avail, startup_s=STARTUP_S, mip_gap=0.0,
+                                time_limit_s=30.0)
+    price = {p: round(rng.uniform(0.2, 0.6), 3) for p in spot_pools}
+    rate = {p: rng.uniform(0.001, 0.03) for p in spot_pools}
+    prob = {p: pool_down_probability(rate[p], 3600.0, STARTUP_S, 120.0) for p in spot_pools}
+    return problem, SpotMarket(price, rate, prob)
+
+
+def _served(demand: ModelDemand, held: list[tuple[TemplateColumn, str, int]]) -> float:
+    """Requests/s `held` (column, region, count) serve: aggregated capacity plus, per
+    region, the lesser of the prefill and decode halves in requests/s."""
+    agg, half = 0.0, {}
+    for t, r, n in held:
+        if t.mode == "aggregated":
+            agg += n * t.capacity
+        else:
+            key = (t.mode, r)
+            half[key] = half.get(key, 0.0) + n * t.capacity / demand.tokens_per_request(t.mode)
+    regions = {r for _, r in half}
+    return agg + sum(min(half.get(("prefill", r), 0.0), half.get(("decode", r), 0.0))
+                     for r in regions)
+
+
 def _brute_force(problem: AllocationProblem, market: SpotMarket, target: float
                  ) -> tuple[float, dict]:
     """The cheapest plan meeting the target, by trying every plan and every failure set."""
@@ -92,8 +137,8 @@ def _brute_force(problem: AllocationProblem, market: SpotMarket, target: float
         ok = True
         for d in problem.demands:
             def cap(down: set) -> float:
-                return sum(n * t.capacity for (t, _), n, ps in zip(entries, x, pools_of)
-                           if t.model == d.model and not (ps & down))
+                return _served(d, [(t, r, n) for (t, r), n, ps in zip(entries, x, pools_of)
+                                   if t.model == d.model and not (ps & down)])
             if cap(set()) < d.requests_per_s * (1 - 1e-9):
                 ok = False
                 break
@@ -133,19 +178,21 @@ def _exact_p_short(sp, model: str) -> float:
         for down in itertools.combinations(pools, k):
             prob = math.prod(sp.market.prob_down[p] if p in down else 1 - sp.market.prob_down[p]
                              for p in pools)
-            cap = sum(n * by_id[tid].capacity for (tid, r), n in sp.plan.instances.items()
-                      if by_id[tid].model == model and not (
-                          tid in sp.columns.base
-                          and any((g, r) in down for g in by_id[tid].node_counts)))
+            cap = _served(sp.columns.problem.demand_of(model), [
+                (by_id[tid], r, n) for (tid, r), n in sp.plan.instances.items()
+                if by_id[tid].model == model and not (
+                    tid in sp.columns.base
+                    and any((g, r) in down for g in by_id[tid].node_counts))])
             if cap < demand * (1 - 1e-9):
                 short += prob
     return short
 
 
+@pytest.mark.parametrize("instance", [_instance, _pd_instance], ids=["aggregated", "pd"])
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("target", [0.0, 0.9, 0.99])
-def test_scenario_ilp_matches_brute_force(seed: int, target: float) -> None:
-    problem, market = _instance(seed)
+def test_scenario_ilp_matches_brute_force(instance, seed: int, target: float) -> None:
+    problem, market = instance(seed)
     best, best_x = _brute_force(problem, market, target)
     if not math.isfinite(best):
         with pytest.raises(SpotPlanError):
@@ -161,16 +208,30 @@ def test_scenario_ilp_matches_brute_force(seed: int, target: float) -> None:
         assert sp.plan.capacity_rps[d.model] >= d.requests_per_s * (1 - 1e-9)
 
 
-def test_risk_target_changes_the_plan_somewhere() -> None:
+@pytest.mark.parametrize("instance", [_instance, _pd_instance], ids=["aggregated", "pd"])
+def test_risk_target_changes_the_plan_somewhere(instance) -> None:
     """The brute-force instances are not all trivial: on some, the risk model makes the
     cheapest plan dearer than the naive one (so the comparison above can fail)."""
     dearer = 0
     for seed in range(12):
-        problem, market = _instance(seed)
+        problem, market = instance(seed)
         naive, _ = _brute_force(problem, market, 0.0)
         safe, _ = _brute_force(problem, market, 0.99)
         dearer += math.isfinite(naive) and safe > naive + 1e-9
     assert dearer >= 1
+
+
+def test_pd_instances_pair_their_halves() -> None:
+    """The PD instances are PD where it matters: on some, the cheapest plan at 0.99 holds
+    prefill and decode halves together, spot among them, so a lost half strands the other."""
+    paired = 0
+    for seed in range(12):
+        problem, market = _pd_instance(seed)
+        best, x = _brute_force(problem, market, 0.99)
+        modes = {tid.split("-")[1] for tid, _ in x}
+        paired += math.isfinite(best) and {"prefill", "decode"} <= modes and any(
+            tid.endswith(SPOT_SUFFIX) and tid.split("-")[1] != "aggregated" for tid, _ in x)
+    assert paired >= 1
 
 
 def test_pool_down_probability_counts_the_replacement_time() -> None:
@@ -232,15 +293,57 @@ def test_plan_spot_end_to_end(tmp_path: Path) -> None:
     assert read_plan_file(tmp_path / "plan-0.99.json")["spot"]["risk_target"] == 0.99
 
 
-def test_plan_spot_refuses_pd_modes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["pd", "mixed"])
+def test_plan_spot_in_pd_and_mixed_modes(tmp_path: Path, mode: str) -> None:
+    """`--spot` plans prefill/decode columns too: the plan file's risk per model is the exact
+    one of its instances (PD halves paired per region), recomputed here over every failure
+    set of the pools it uses, and within the target."""
     sys.path.insert(0, str(Path(__file__).parent))
     from test_planning import _write_scenario
 
+    from coral.allocator.problem import ModelDemand
+
     scenario = _write_scenario(tmp_path)
-    result = CliRunner().invoke(app, ["plan", str(scenario), "--spot", "--mode", "pd",
-                                      "--no-baselines", "--templates-dir",
-                                      str(tmp_path / "templates")])
-    assert result.exit_code != 0 and "aggregated" in result.output
+    out = tmp_path / f"plan-{mode}.json"
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [
+        "plan", str(scenario), "--spot", "--mode", mode, "--no-baselines", "--workers", "1",
+        "--templates-dir", str(tmp_path / "templates"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(out.read_text())
+    assert payload["mode"] == mode
+    rows = payload["instances"]
+    if mode == "pd":
+        assert {r["mode"] for r in rows} <= {"prefill", "decode"}
+    prob = {}
+    from coral.catalog import default_catalog
+
+    catalog = default_catalog()
+    startup = 300.0
+    for r in rows:
+        if r["market"] == "spot":
+            for g in r["nodes"]:
+                rate = catalog.preemption_rate_per_hour(g, r["region"])
+                prob[(g, r["region"])] = pool_down_probability(
+                    rate, 3600.0, startup, catalog.preemption_notice_s(r["region"]))
+    pools = sorted(prob)
+    for model, risk in payload["spot"]["per_model"].items():
+        slo = payload["slos"][model]
+        demand = ModelDemand(model, payload["demand_rps"][model],
+                             input_tokens=slo["input_tokens"], output_tokens=slo["output_tokens"])
+        mine = [r for r in rows if r["model"] == model]
+        short = 0.0
+        for k in range(len(pools) + 1):
+            for down in itertools.combinations(pools, k):
+                p = math.prod(prob[q] if q in down else 1 - prob[q] for q in pools)
+                cols = [(TemplateColumn(f"{r['mode']}-{i}", model, r["mode"], {"g": 1},
+                                        r["capacity"], {r["region"]: 1.0}),
+                         r["region"], r["count"]) for i, r in enumerate(mine)
+                        if not (r["market"] == "spot" and any(
+                            (g, r["region"]) in down for g in r["nodes"]))]
+                if _served(demand, cols) < demand.requests_per_s * (1 - 1e-9):
+                    short += p
+        assert risk["p_short"] == pytest.approx(short, rel=1e-6, abs=1e-12)
+        assert risk["p_short"] <= 1 - 0.99 + 1e-12
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -3,36 +3,53 @@ template and keep every model's demand covered with a stated probability.
 
 Columns
 -------
-Every aggregated template column runs on demand at its price; where every node type of it
-has a spot price in a region (`NodeType.spot_price_in`), a copy of it runs there on spot at
-the sum of its nodes' spot prices. A spot copy's id is the template's id plus `@spot`, and it
-belongs to the pools (node type, region) of its nodes. Spot and on-demand nodes of one type
-and region draw on that region's one availability count.
+Every template column (aggregated, prefill or decode) runs on demand at its price; where
+every node type of it has a spot price in a region (`NodeType.spot_price_in`), a copy of it
+runs there on spot at the sum of its nodes' spot prices. A spot copy's id is the template's
+id plus `@spot`, and it belongs to the pools (node type, region) of its nodes. Spot and
+on-demand nodes of one type and region draw on that region's one availability count. A
+prefill half pairs with any decode half of its region, spot or on demand.
 
 The chance constraint (scenario-based ILP)
 -----------------------------------------
 Risk is modelled per pool (`spot_risk`): a pool is down in the window with probability
 `p = 1 - exp(-lambda (W + max(startup - notice, 0)))`, pools independent, every spot node of a
 down pool lost. For each model `m`, let `K_m` be the pools of its spot columns, and `S` a set
-of pools of `K_m` down, of probability `pi_S`. The ILP is::
+of pools of `K_m` down, of probability `pi_S`. `cap_j` is in requests/s (a PD half's tokens/s
+over the tokens a request takes); `A_m`, `P_{m,r}`, `D_{m,r}` are the model's aggregated,
+prefill and decode entries (of region `r`), and `alive(S)` the entries whose pools avoid `S`::
 
     minimise  sum_j price_j x_j + penalty_j max(x_j - current_j, 0)
-    s.t.      sum_{j in m} cap_j x_j                       >= demand_m         (all pools up)
-              sum_{j in m, pools_j disjoint from S} cap_j x_j >= demand_m z_{m,S}  (each S)
-              pi_{} + sum_S pi_S z_{m,S}                      >= target
-              sum_j nodes_{j,g} x_j                          <= avail_{g,r}
-              x_j integer >= 0,  z_{m,S} in {0, 1}
+    s.t.      serve_m(S) = sum_{j in A_m, alive(S)} cap_j x_j + sum_r d_{m,r,S}
+              sum_{j in P_{m,r}, alive(S)} cap_j x_j >= d_{m,r,S},  likewise D_{m,r}
+              serve_m({})                                 >= demand_m         (all pools up)
+              serve_m(S)                                  >= demand_m z_{m,S}  (each S)
+              pi_{} + sum_S pi_S z_{m,S}                  >= target
+              sum_j nodes_{j,g} x_j                       <= avail_{g,r}
+              x_j integer >= 0,  d >= 0,  z_{m,S} in {0, 1}
 
-`z_{m,S}` may be 1 only where the plan covers `m` with the pools of `S` down, so the left side
-of the probability row is the probability of the enumerated scenarios in which `m` is
-covered. With every subset of `K_m` enumerated this is *exact*: a plan is feasible if and only
-if each model is covered with probability at least the target, and the optimum is the
-cheapest such plan (`tests/test_spot.py` checks it against brute force over every plan and
-every failure set). A model of `core` has 24 spot pools, 2^24 failure sets: the sets are
-generated as plans need them (`spot_ilp`), never all enumerated.
-`penalty_j` is the start-up of an instance beyond the current deployment (keeping a running
-one is free, as on demand) and `price_j` a spot instance's expected $/hour with the
+Each failure set has its own pairing variables `d_{m,r,S}` (the on-demand ILP's pairing rows,
+`formulation.add_pd_pairing_rows`, written per set): at best they equal the lesser surviving
+half, so `serve_m(S)` reaches exactly what the plan serves with `S` down. `z_{m,S}` may be 1
+only where the plan covers `m` with the pools of `S` down, so the left side of the
+probability row is the probability of the enumerated scenarios in which `m` is covered.
+With every subset of `K_m` enumerated this is *exact*, for aggregated, PD and mixed columns
+alike: a plan is feasible if and only if each model is covered with probability at least the
+target, and the optimum is the cheapest such plan (`tests/test_spot.py` checks it against
+brute force over every plan and every failure set, on aggregated and on PD instances). A
+model of `core` has 24 spot pools, 2^24 failure sets: the sets are generated as plans need
+them (`spot_ilp`), never all enumerated. A plan's own risk is judged in closed form on every
+failure set of the pools it uses (`spot_risk.shortfall_probability`: per region the lesser of
+the two surviving halves), exactly up to `spot_risk.EXACT_POOLS` pools and as an upper bound
+beyond. `penalty_j` is the start-up of an instance beyond the current deployment (keeping a
+running one is free, as on demand) and `price_j` a spot instance's expected $/hour with the
 replacements its preemptions start (`spot_ilp`'s objective).
+
+What is approximated: the pool model itself (independent pools, a whole pool lost at once,
+the replacement time added to the window; `spot_risk`), and, where the search stops at the
+time limit, optimality (the plan returned meets the target; its gap is reported). The
+repair's moves for PD models (`spot_repair`) are heuristics: a single instance or a prefill
+and decode pair of one region; they only find starting plans, judged exactly.
 
 How it is solved: the naive spot problem (no scenario rows) by the allocator's decomposition
 (`ilp.solve_allocation`, spot columns at their expected price); where its exact risk meets
@@ -42,9 +59,10 @@ availability ties the models), and the whole ILP is solved by scenario generatio
 (`spot_ilp`): relaxations holding a growing family of failure sets, every plan checked
 against every failure set of the pools it uses. The plan returned always meets the target
 exactly (or conservatively beyond `spot_risk.EXACT_POOLS` pools, as reported); its gap is
-proven against the naive optimum's bound or the relaxation's, whichever is higher. Prefill/
-decode (PD) columns are not planned on spot: `--spot` plans aggregated serving. A risk target
-of 0 is the naive spot plan, the cheapest capacity with every pool up and no risk model.
+proven against the naive optimum's bound or the relaxation's, whichever is higher. A risk
+target of 0 is the naive spot plan, the cheapest capacity with every pool up and no risk
+model. Modes: `coral plan --spot --mode aggregated|pd|mixed|auto` plans the mode's columns
+(auto: each mode, the cheapest plan kept, as on demand).
 """
 
 from __future__ import annotations
@@ -65,19 +83,24 @@ from coral.allocator.problem import (
     make_plan,
 )
 from coral.allocator.spot_ilp import ScenarioFamily, SpotArrays, gap_of, scenario_generation
-from coral.allocator.spot_repair import ModelRisk, local_search, repair, uncovered
-from coral.allocator.spot_risk import (
-    Holding,
-    Pool,
-    pool_down_probability,
-    shortfall_probability,
+from coral.allocator.spot_market import (  # noqa: F401  (the spot planner's API, re-exported)
+    DEFAULT_RISK_TARGET,
+    DEFAULT_RISK_WINDOW_S,
+    HALF,
+    SPOT_SUFFIX,
+    SpotColumns,
+    SpotMarket,
+    SpotOptions,
+    SpotPlanError,
+    expected_price_problem,
+    instance_pools,
+    spot_arrays,
+    spot_columns,
 )
-from coral.errors import CoralError
+from coral.allocator.spot_repair import ModelRisk, local_search, repair, uncovered
+from coral.allocator.spot_risk import Holding, Pool, shortfall_probability
 
-SPOT_SUFFIX = "@spot"
 SPOT, ON_DEMAND = "spot", "on_demand"
-DEFAULT_RISK_TARGET = 0.99
-DEFAULT_RISK_WINDOW_S = 3600.0
 #: Most failure sets the repair judges a model on (beyond it, `scenario_depth` stops deeper).
 MAX_SCENARIOS_PER_MODEL = 4096
 #: Share of the risk budget the repair's table may leave out (counted as short).
@@ -87,91 +110,6 @@ NAIVE_SHARE = 0.3
 #: Share of the time limit by which the models re-planned alone are done (the whole ILP's
 #: scenario generation has the rest).
 BY_MODEL_SHARE = 0.9
-
-
-class SpotPlanError(CoralError, ValueError):
-    """A spot plan cannot be made as asked (bad option, no spot price, target out of reach)."""
-
-
-@dataclass(frozen=True)
-class SpotOptions:
-    """`coral plan --spot [--risk-target P] [--risk-window S]`."""
-
-    risk_target: float = DEFAULT_RISK_TARGET
-    window_s: float = DEFAULT_RISK_WINDOW_S
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.risk_target, (int, float)) and 0.0 <= self.risk_target < 1.0):
-            raise SpotPlanError(f"--risk-target must be in [0, 1), got {self.risk_target!r}")
-        if not (isinstance(self.window_s, (int, float)) and math.isfinite(self.window_s)
-                and self.window_s > 0):
-            raise SpotPlanError(f"--risk-window must be a number of seconds > 0, got "
-                                f"{self.window_s!r}")
-
-
-@dataclass(frozen=True)
-class SpotMarket:
-    """The spot figures of the pools a problem can use: price, rate, probability down."""
-
-    price: Mapping[Pool, float]  # $/hour of one spot node
-    rate_per_hour: Mapping[Pool, float]  # preemption events per node-hour
-    prob_down: Mapping[Pool, float]  # probability down over the window (`spot_risk`)
-
-    @classmethod
-    def from_catalog(cls, catalog: Any, pools: Sequence[Pool], options: SpotOptions,
-                     startup_s: float) -> "SpotMarket":
-        price, rate, prob = {}, {}, {}
-        for node_type, region in pools:
-            spot = catalog.node_type(node_type).spot_price_in(region)
-            if spot is None:
-                continue
-            key = (node_type, region)
-            price[key] = float(spot)
-            rate[key] = float(catalog.preemption_rate_per_hour(node_type, region))
-            prob[key] = pool_down_probability(rate[key], options.window_s, startup_s,
-                                              float(catalog.preemption_notice_s(region)))
-        return cls(price, rate, prob)
-
-
-@dataclass(frozen=True)
-class SpotColumns:
-    """The problem with spot copies added, and what each copy stands for."""
-
-    problem: AllocationProblem
-    base: Mapping[str, str]  # spot column id -> the template column it copies
-
-
-def spot_columns(problem: AllocationProblem, market: SpotMarket) -> SpotColumns:
-    """`problem` with a spot copy of every aggregated column in each region where all its
-    node types have a spot price (see the module)."""
-    bad = sorted({t.mode for t in problem.templates if t.mode != "aggregated"})
-    if bad:
-        raise SpotPlanError(f"--spot plans aggregated serving only; the problem holds {bad} "
-                            f"columns (use --mode aggregated)")
-    extra: list[TemplateColumn] = []
-    base: dict[str, str] = {}
-    for t in problem.templates:
-        prices: dict[str, float] = {}
-        for region in t.price_usd_per_hour:
-            each = [market.price.get((g, region)) for g in t.node_counts]
-            if all(p is not None for p in each):
-                prices[region] = sum(n * p for n, p in zip(t.node_counts.values(), each))
-        if not prices:
-            continue
-        sid = t.id + SPOT_SUFFIX
-        extra.append(TemplateColumn(sid, t.model, t.mode, dict(t.node_counts), t.capacity,
-                                    prices))
-        base[sid] = t.id
-    full = AllocationProblem(
-        demands=problem.demands, templates=(*problem.templates, *extra),
-        regions=problem.regions, availability=problem.availability, current=problem.current,
-        startup_s=problem.startup_s, time_limit_s=problem.time_limit_s,
-        mip_gap=problem.mip_gap)
-    return SpotColumns(full, base)
-
-
-def instance_pools(col: TemplateColumn, region: str) -> frozenset[Pool]:
-    return frozenset((g, region) for g in col.node_counts)
 
 
 @dataclass(frozen=True)
@@ -339,68 +277,10 @@ def improve_by_model(a: SpotArrays, families: Sequence[ScenarioFamily | None], b
     return x
 
 
-def spot_arrays(cols: SpotColumns, market: SpotMarket) -> SpotArrays:
-    """The entries (column, region) of the spot problem that availability allows and whose
-    model has demand, as `spot_ilp.SpotArrays`."""
-    full = cols.problem
-    models = tuple(d.model for d in full.demands)
-    m_of = {m: i for i, m in enumerate(models)}
-    entries = [(t, r) for t in full.templates for r in t.price_usd_per_hour
-               if t.model in m_of and _upper_bound(full, t, r) > 0]
-    pools = tuple(instance_pools(t, r) if t.id in cols.base else frozenset()
-                  for t, r in entries)
-    price = np.array([t.price_usd_per_hour[r] for t, r in entries])
-    rate = np.array([sum(market.rate_per_hour[p] for p in ps) for ps in pools])
-    hourly = price * (1.0 + rate * full.startup_s / 3600.0)
-    usage: dict[Pool, list[tuple[int, float]]] = {}
-    for j, (t, r) in enumerate(entries):
-        for g, n in t.node_counts.items():
-            usage.setdefault((g, r), []).append((j, float(n)))
-    rows = sorted(usage)
-    return SpotArrays(
-        keys=tuple((t.id, r) for t, r in entries),
-        model=np.array([m_of[t.model] for t, _ in entries], dtype=int),
-        cap=np.array([t.capacity for t, _ in entries], dtype=float),
-        hourly=hourly,
-        penalty=hourly * full.startup_s / 3600.0,
-        current=np.array([full.current.get((t.id, r), 0) for t, r in entries], dtype=float),
-        ub=np.array([_upper_bound(full, t, r) for t, r in entries]),
-        pools=pools,
-        usage=tuple((p, np.array([j for j, _ in usage[p]], dtype=int),
-                     np.array([n for _, n in usage[p]])) for p in rows),
-        avail=np.array([float(full.availability.get(p, 0)) for p in rows]),
-        models=models,
-        demand=np.array([d.requests_per_s for d in full.demands]),
-    )
-
-
-def expected_price_problem(cols: SpotColumns, market: SpotMarket) -> AllocationProblem:
-    """The spot problem as the allocator's problem: every spot column priced at its expected
-    $/hour with replacements (`spot_ilp`), so that `solve_allocation`'s objective (price and
-    start-ups beyond the current deployment) is the spot planner's."""
-    full = cols.problem
-    share = full.startup_s / 3600.0
-    templates = []
-    for t in full.templates:
-        if t.id in cols.base:
-            t = replace(t, price_usd_per_hour={
-                r: p * (1.0 + share * sum(market.rate_per_hour[(g, r)] for g in t.node_counts))
-                for r, p in t.price_usd_per_hour.items()})
-        templates.append(t)
-    return replace(full, templates=tuple(templates))
-
-
 def _plan_of(problem: AllocationProblem, a: SpotArrays, x: np.ndarray, status: PlanStatus,
              gap: float, t0: float, notes: tuple[str, ...]) -> AllocationPlan:
     return make_plan(problem, a.counts(x), status=status, gap=max(gap, 0.0),
                      solve_s=time.perf_counter() - t0, notes=notes)
-
-
-def _upper_bound(problem: AllocationProblem, t: TemplateColumn, region: str) -> float:
-    most = math.inf
-    for g, n in t.node_counts.items():
-        most = min(most, problem.availability.get((g, region), 0) // n)
-    return float(most)
 
 
 def _judge(plan: AllocationPlan, cols: SpotColumns, options: SpotOptions, market: SpotMarket,
@@ -419,7 +299,8 @@ def _judge(plan: AllocationPlan, cols: SpotColumns, options: SpotOptions, market
                 continue
             spot = tid in cols.base
             ps = instance_pools(t, region) if spot else frozenset()
-            holdings.append(Holding(n * t.capacity, ps))
+            holdings.append(Holding(n * t.capacity / d.tokens_per_request(t.mode), ps,
+                                    HALF[t.mode], region))
             c = n * t.price_usd_per_hour[region]
             cost += c
             if spot:
@@ -436,14 +317,17 @@ def _judge(plan: AllocationPlan, cols: SpotColumns, options: SpotOptions, market
 
 
 class SpotPlanner:
-    """`coral plan --spot` inside `plan_scenario`: solves the scenario's aggregated problem as
-    a spot plan, and the same problem on demand only, for the comparison in the plan file."""
+    """`coral plan --spot` inside `plan_scenario`: solves each mode's problem as a spot plan,
+    and the same problem on demand only, for the comparison in the plan file. Mode `auto`
+    solves one problem per mode; the planner keeps each, and `columns` takes up the one
+    of the mode chosen."""
 
     def __init__(self, options: SpotOptions, catalog: Any) -> None:
         self.options = options
         self.catalog = catalog
         self.result: SpotPlan | None = None
         self.on_demand: AllocationPlan | None = None
+        self.runs: list[tuple[frozenset[str], SpotPlan, AllocationPlan]] = []
 
     def solve(self, problem: AllocationProblem, starts: Sequence[Mapping[Any, int]] = ()
               ) -> AllocationPlan:
@@ -453,15 +337,23 @@ class SpotPlanner:
         if not market.price:
             raise SpotPlanError("no node type of this scenario has a spot price in its regions "
                                 "(the catalog's spot_prices)")
-        self.on_demand = solve_allocation(problem, starts=list(starts))
-        known = [*starts, dict(self.on_demand.instances)] if self.on_demand.meets_demand \
+        on_demand = solve_allocation(problem, starts=[s for s in starts if not any(
+            str(tid).endswith(SPOT_SUFFIX) for tid, _ in s)])
+        known = [*starts, dict(on_demand.instances)] if on_demand.meets_demand \
             else list(starts)
-        self.result = plan_spot(problem, market, self.options, starts=known)
-        return self.result.plan
+        result = plan_spot(problem, market, self.options, starts=known)
+        self.runs.append((frozenset(t.id for t in problem.templates), result, on_demand))
+        self.result, self.on_demand = result, on_demand
+        return result.plan
 
     def columns(self, columns: Sequence[TemplateColumn], templates: Mapping[str, Any]
                 ) -> tuple[list[TemplateColumn], dict[str, Any]]:
-        """The columns and templates `decode_instances` needs, spot copies included."""
+        """The columns and templates `decode_instances` needs, spot copies included, of the
+        problem whose columns are `columns` (the mode chosen)."""
+        ids = frozenset(c.id for c in columns)
+        for run_ids, result, on_demand in self.runs:
+            if run_ids == ids:
+                self.result, self.on_demand = result, on_demand
         assert self.result is not None
         base = self.result.columns.base
         cols = list(self.result.columns.problem.templates)
@@ -473,22 +365,26 @@ class SpotPlanner:
         assert self.result is not None
         return {sid: SPOT for sid in self.result.columns.base}
 
+    def best_on_demand(self) -> AllocationPlan | None:
+        """The cheapest on-demand plan meeting demand over the modes solved."""
+        plans = [od for _, _, od in self.runs if od.meets_demand]
+        return min(plans, key=lambda p: p.cost_usd_per_hour) if plans else None
+
     def summary(self) -> dict[str, Any]:
         assert self.result is not None
         out = self.result.summary()
-        od = self.on_demand
-        out["on_demand_usd_per_hour"] = (od.cost_usd_per_hour if od is not None
-                                         and od.meets_demand else None)
+        od = self.best_on_demand()
+        out["on_demand_usd_per_hour"] = od.cost_usd_per_hour if od is not None else None
         out["scenario_rows"] = self.result.scenario_rows
         return out
 
     def note(self) -> str:
         assert self.result is not None
-        r, od = self.result, self.on_demand
+        r, od = self.result, self.best_on_demand()
         worst = max(r.p_short.values(), default=0.0)
-        vs = (f"; on demand only ${od.cost_usd_per_hour:,.2f}/hour"
-              if od is not None and od.meets_demand else "")
-        return (f"spot (aggregated serving: --spot plans no prefill/decode pairs): "
+        modes = sorted({t.mode for t in r.columns.problem.templates})
+        vs = (f"; on demand only ${od.cost_usd_per_hour:,.2f}/hour" if od is not None else "")
+        return (f"spot ({', '.join(modes)} columns): "
                 f"{r.total_spot_share:.1%} of $/hour on spot, expected "
                 f"${r.expected_usd_per_hour:,.2f}/hour with replacements{vs}; risk target "
                 f"{r.options.risk_target:g} over {r.options.window_s:g} s, worst model short "

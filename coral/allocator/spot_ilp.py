@@ -46,7 +46,7 @@ from typing import Callable, Mapping, Sequence
 import highspy
 import numpy as np
 
-from coral.allocator.spot_risk import Pool
+from coral.allocator.spot_risk import AGGREGATED, DECODE, PREFILL, Pairing, Pool
 from coral.solvers import quiet_highs
 
 _INF = highspy.kHighsInf
@@ -62,7 +62,7 @@ class SpotArrays:
 
     keys: tuple[tuple[str, str], ...]  # (column id, region) per entry
     model: np.ndarray  # index into `models` per entry
-    cap: np.ndarray  # requests/s per instance
+    cap: np.ndarray  # requests/s per instance (a PD half: its tokens/s per request's tokens)
     hourly: np.ndarray  # expected $/hour per instance (with replacements)
     penalty: np.ndarray  # $ per instance started
     current: np.ndarray  # instances running now
@@ -72,6 +72,12 @@ class SpotArrays:
     avail: np.ndarray  # nodes per usage row
     models: tuple[str, ...]
     demand: np.ndarray  # requests/s per model
+    half: np.ndarray  # AGGREGATED, PREFILL or DECODE per entry (`spot_risk.Pairing`)
+    region: np.ndarray  # region index per entry (PD halves pair inside one region)
+
+    def pairing(self, entries: np.ndarray) -> Pairing:
+        """How the capacities of `entries` (of one model) combine into requests/s served."""
+        return Pairing.of(self.half[entries], self.region[entries])
 
     def objective(self, x: np.ndarray) -> float:
         return float(self.hourly @ x + self.penalty @ np.maximum(x - self.current, 0))
@@ -80,7 +86,14 @@ class SpotArrays:
         return all(float(n @ x[idx]) <= cap for (_, idx, n), cap in zip(self.usage, self.avail))
 
     def capacity(self, x: np.ndarray) -> np.ndarray:
-        return np.bincount(self.model, weights=self.cap * x, minlength=len(self.models))
+        """Requests/s each model serves with every pool up (PD halves paired per region)."""
+        if not (self.half != AGGREGATED).any():
+            return np.bincount(self.model, weights=self.cap * x, minlength=len(self.models))
+        out = np.zeros(len(self.models))
+        for m in range(len(self.models)):
+            mine = np.flatnonzero(self.model == m)
+            out[m] = float(self.pairing(mine).served(self.cap[mine] * x[mine]))
+        return out
 
     def counts(self, x: np.ndarray) -> dict[tuple[str, str], int]:
         return {self.keys[j]: int(x[j]) for j in np.flatnonzero(x > 0)}
@@ -114,7 +127,8 @@ class SpotArrays:
             cap=self.cap[mine], hourly=self.hourly[mine], penalty=self.penalty[mine],
             current=self.current[mine], ub=self.ub[mine],
             pools=tuple(self.pools[j] for j in mine), usage=tuple(usage),
-            avail=np.array(avail), models=(self.models[m],), demand=self.demand[m:m + 1])
+            avail=np.array(avail), models=(self.models[m],), demand=self.demand[m:m + 1],
+            half=self.half[mine], region=self.region[mine])
         return sub, mine
 
     def spot_pools_of(self, m: int) -> list[Pool]:
@@ -183,6 +197,44 @@ class ScenarioFamily:
         return math.prod(p if k in s else 1.0 - p for k, p in enumerate(self.prob_down))
 
 
+def add_cover_row(h: highspy.Highs, a: SpotArrays, alive: np.ndarray, demand: float,
+                  z: int | None, n_col: int) -> int:
+    """One model's capacity row over the entries `alive` (those outside the failure set)::
+
+        sum_{j in alive, aggregated} cap_j x_j + sum_r d_r >= demand z    (z = 1: all pools up)
+        sum_{j in alive, prefill in r} cap_j x_j >= d_r,  likewise decode,  d_r >= 0
+
+    `d_r` are this row's own pairing variables (requests/s that region `r`'s surviving
+    halves pair, as `formulation.add_pd_pairing_rows` pairs them with every pool up): at an
+    optimum `d_r` is the lesser half, so the row holds exactly when the plan serves `demand`
+    in the failure set. A region missing one of its halves pairs nothing and gets no `d_r`.
+    Returns the next free column."""
+    pd = alive[a.half[alive] != AGGREGATED]
+    agg = alive[a.half[alive] == AGGREGATED]
+    cols, vals = [agg], [a.cap[agg]]
+    for r in np.unique(a.region[pd]):
+        pre = pd[(a.region[pd] == r) & (a.half[pd] == PREFILL)]
+        dec = pd[(a.region[pd] == r) & (a.half[pd] == DECODE)]
+        if not len(pre) or not len(dec):
+            continue
+        h.addVar(0.0, demand)
+        for half in (pre, dec):
+            h.addRow(0.0, _INF, len(half) + 1, np.append(half, n_col).astype(np.int32),
+                     np.append(a.cap[half], -1.0))
+        cols.append(np.array([n_col]))
+        vals.append(np.array([1.0]))
+        n_col += 1
+    if z is None:
+        lb = demand
+    else:
+        lb = 0.0
+        cols.append(np.array([z]))
+        vals.append(np.array([-demand]))
+    idx = np.concatenate(cols).astype(np.int32)
+    h.addRow(lb, _INF, len(idx), idx, np.concatenate(vals).astype(float))
+    return n_col
+
+
 @dataclass
 class RoundResult:
     x: np.ndarray | None  # the relaxation's plan (None: nothing below the cut-off)
@@ -213,7 +265,7 @@ def solve_round(a: SpotArrays, families: Sequence[ScenarioFamily | None], budget
         h.addRow(-_INF, float(most), len(idx), idx.astype(np.int32), nodes.astype(float))
     for m, fam in enumerate(families):
         mine = np.flatnonzero(a.model == m)
-        h.addRow(float(a.demand[m]), _INF, len(mine), mine.astype(np.int32), a.cap[mine])
+        n_col = add_cover_row(h, a, mine, float(a.demand[m]), None, n_col)
         if fam is None or not fam.sets:
             continue
         index = {p: k for k, p in enumerate(fam.pools)}
@@ -227,9 +279,7 @@ def solve_round(a: SpotArrays, families: Sequence[ScenarioFamily | None], budget
             h.changeColIntegrality(z, highspy.HighsVarType.kInteger)
             n_col += 1
             z_of[down] = z
-            h.addRow(0.0, _INF, len(alive) + 1,
-                     np.append(alive, z).astype(np.int32),
-                     np.append(a.cap[alive], -a.demand[m]))
+            n_col = add_cover_row(h, a, alive, float(a.demand[m]), z, n_col)
         for down, z in z_of.items():
             for k in down:
                 sub = tuple(i for i in down if i != k)

@@ -35,9 +35,66 @@ class ModelRisk:
         self.alive = self.table.alive([a.pools[j] for j in self.entries]).astype(float)
         self.cap = a.cap[self.entries]
         self.need = float(a.demand[m]) * (1.0 - CAPACITY_REL_TOL)
+        self.pairing = a.pairing(self.entries)
+        self.paired = self.pairing.paired
+        # per entry: its PD region's column in the pairing (-1: aggregated) and its half
+        self.col = np.where(self.pairing.agg > 0, -1,
+                            np.argmax(self.pairing.prefill + self.pairing.decode, axis=1)
+                            if self.paired else -1)
+        self.is_prefill = self.pairing.prefill.sum(axis=1) > 0 if self.paired else None
 
     def scenario_capacity(self, x: np.ndarray) -> np.ndarray:
-        return self.alive @ (self.cap * x[self.entries])
+        """Requests/s served in each failure set of the table."""
+        if not self.paired:
+            return self.alive @ (self.cap * x[self.entries])
+        return self.pairing.served(self.alive * (self.cap * x[self.entries]))
+
+    def after(self, x: np.ndarray, moves: Sequence[Sequence[int]], step: int = 1
+              ) -> np.ndarray:
+        """(failure sets, moves): requests/s served in each failure set after `step`
+        instances of each of a move's entries (positions in `entries`; a move adds one
+        entry, or a prefill and a decode half of one region) are added to `x`."""
+        first = np.array([mv[0] for mv in moves], dtype=int)
+        delta = step * self.alive[:, first] * self.cap[first]
+        cap_s = self.scenario_capacity(x)
+        if not self.paired:
+            return cap_s[:, None] + delta
+        held = self.alive * (self.cap * x[self.entries])
+        pre, dec = held @ self.pairing.prefill, held @ self.pairing.decode
+        k = np.maximum(self.col[first], 0)
+        isp = self.is_prefill[first]
+        p0, d0 = pre[:, k], dec[:, k]
+        paired_gain = (np.minimum(p0 + delta * isp, d0 + delta * ~isp) - np.minimum(p0, d0))
+        out = cap_s[:, None] + np.where(self.col[first] < 0, delta, paired_gain)
+        for c, mv in enumerate(moves):
+            k = self.col[mv[0]]
+            if k < 0 or len(mv) == 1:
+                continue
+            out[:, c] = cap_s
+            p, d = pre[:, k].copy(), dec[:, k].copy()
+            for e in mv:
+                add = step * self.alive[:, e] * self.cap[e]
+                if self.is_prefill[e]:
+                    p += add
+                else:
+                    d += add
+            out[:, c] += np.minimum(p, d) - np.minimum(pre[:, k], dec[:, k])
+        return out
+
+    def pair_moves(self, cand: np.ndarray, unit: np.ndarray, per_half: int = 6
+                   ) -> list[tuple[int, int]]:
+        """(prefill, decode) moves of one region among candidates `cand` (positions in
+        `entries`), the `per_half` cheapest per request/s of each half and region: where a
+        region holds one half only, adding one instance alone serves nothing more."""
+        if not self.paired:
+            return []
+        moves = []
+        for k in range(self.pairing.prefill.shape[1]):
+            mine = cand[self.col[cand] == k]
+            halves = [mine[self.is_prefill[mine]], mine[~self.is_prefill[mine]]]
+            best = [h[np.argsort(unit[h] / self.cap[h])[:per_half]] for h in halves]
+            moves.extend((int(p), int(d)) for p in best[0] for d in best[1])
+        return moves
 
     def risk(self, x: np.ndarray) -> float:
         return float(self.table.prob @ (self.scenario_capacity(x) < self.need)) + self.table.left
@@ -82,12 +139,27 @@ def repair(a: SpotArrays, risks: Sequence[ModelRisk | None], x0: np.ndarray, bud
                 return None
             cap_s = r.scenario_capacity(x)
             short = np.maximum(r.need - cap_s, 0.0)
-            gain = r.alive[:, cand] * r.cap[cand]
-            after = np.maximum(r.need - cap_s[:, None] - gain, 0.0)
+            if r.paired:
+                moves = [(int(k),) for k in cand]
+                after = np.maximum(r.need - r.after(x, moves), 0.0)
+            else:
+                gain = r.alive[:, cand] * r.cap[cand]
+                after = np.maximum(r.need - cap_s[:, None] - gain, 0.0)
             less = r.table.prob @ (short[:, None] - after)
             best = int(np.argmax(less / unit[r.entries[cand]]))
             if less[best] <= 0:
-                return None
+                pairs = r.pair_moves(cand, unit[r.entries])
+                if not pairs:
+                    return None
+                after = np.maximum(r.need - r.after(x, pairs), 0.0)
+                less = r.table.prob @ (short[:, None] - after)
+                cost = np.array([unit[r.entries[list(mv)]].sum() for mv in pairs])
+                best = int(np.argmax(less / cost))
+                if less[best] <= 0:
+                    return None
+                for k in pairs[best]:
+                    move(int(r.entries[k]), +1)
+                continue
             move(int(r.entries[cand[best]]), +1)
         per_rps = unit[r.entries] / r.cap
         for k in np.argsort(-per_rps):
@@ -111,7 +183,10 @@ def exact_table(a: SpotArrays, m: int, x: np.ndarray, prob_down: Mapping[Pool, f
         return None
     table = ScenarioTable.build(pools, prob_down, len(pools) if len(pools) <= EXACT_POOLS
                                 else 2)
-    cap = table.alive([a.pools[j] for j in mine]) @ (a.cap[mine] * x[mine])
+    alive = table.alive([a.pools[j] for j in mine])
+    pairing = a.pairing(mine)
+    cap = (pairing.served(alive * (a.cap[mine] * x[mine])) if pairing.paired
+           else alive @ (a.cap[mine] * x[mine]))
     return table, cap, float(a.demand[m]) * (1.0 - CAPACITY_REL_TOL)
 
 
@@ -163,7 +238,10 @@ def local_search(a: SpotArrays, risks: Sequence[ModelRisk | None], x: np.ndarray
             # what dropping one instance saves, and adding one costs ($/hour plus start-up)
             save = a.hourly[ent] + np.where(x[ent] > a.current[ent], a.penalty[ent], 0.0)
             spend = a.hourly[ent] + np.where(x[ent] >= a.current[ent], a.penalty[ent], 0.0)
-            base = cap_s[:, None] - r.alive[:, used] * r.cap[used]  # (scenarios, used)
+            if r.paired:
+                base = r.after(x, [(int(k),) for k in used], -1)
+            else:
+                base = cap_s[:, None] - r.alive[:, used] * r.cap[used]  # (scenarios, used)
             ok = (base[0] >= r.need) & (r.table.prob @ (base < r.need) + r.table.left <= budget)
             if ok.any():
                 k = used[np.argmax(np.where(ok, save[used], -np.inf))]
@@ -178,7 +256,12 @@ def local_search(a: SpotArrays, risks: Sequence[ModelRisk | None], x: np.ndarray
                 cand = cand[cand != k]
                 if not len(cand):
                     continue
-                after = base[:, u:u + 1] + r.alive[:, cand] * r.cap[cand]
+                if r.paired:
+                    x[ent[k]] -= 1
+                    after = r.after(x, [(int(c),) for c in cand])
+                    x[ent[k]] += 1
+                else:
+                    after = base[:, u:u + 1] + r.alive[:, cand] * r.cap[cand]
                 good = (after[0] >= r.need) & (
                     r.table.prob @ (after < r.need) + r.table.left <= budget)
                 if good.any():

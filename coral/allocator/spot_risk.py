@@ -17,9 +17,15 @@ the window opens). So the pool is *down* in the window with probability::
 
     p = 1 - exp(-lambda * (W + max(startup_s - notice_s, 0)) / 3600)
 
-A model is short in a scenario (a set of pools down) when the capacity of its on-demand
-instances plus its spot instances outside the down pools is below its demand; its shortfall
-probability is the total probability of the scenarios in which it is short.
+A model is short in a scenario (a set of pools down) when the capacity its on-demand
+instances and its spot instances outside the down pools serve is below its demand; its
+shortfall probability is the total probability of the scenarios in which it is short.
+
+What a set of instances serves (`Pairing`): aggregated instances serve their capacity;
+prefill/decode (PD) halves pair inside one region, so region `r` serves
+`min(prefill_r / input_tokens, decode_r / output_tokens)` requests/s of the surviving
+halves, as `problem.model_capacity_rps` pairs a plan's halves with every pool up. Capacities
+here are in requests/s: a half's tokens/s divided by the tokens one request takes.
 """
 
 from __future__ import annotations
@@ -95,13 +101,57 @@ def scenario_depth(probs: Sequence[float], tolerance: float, max_scenarios: int
     return n, 0.0
 
 
+AGGREGATED, PREFILL, DECODE = 0, 1, 2
+"""A capacity's half (`Pairing`): an aggregated instance, or a prefill or decode half."""
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """How capacities of one model's holdings combine into requests/s served: `agg[h]` is 1
+    for an aggregated holding, `prefill[h, r]` (`decode[h, r]`) 1 for a prefill (decode)
+    half in the model's `r`-th PD region. Served = the aggregated sum plus, per region, the
+    lesser of its two halves' sums."""
+
+    agg: np.ndarray  # (holdings,)
+    prefill: np.ndarray  # (holdings, regions)
+    decode: np.ndarray  # (holdings, regions)
+
+    @classmethod
+    def of(cls, half: Sequence[int], region: Sequence[object]) -> "Pairing":
+        """From each holding's half (`AGGREGATED`, `PREFILL`, `DECODE`) and region (any
+        hashable; read for the halves only)."""
+        half = np.asarray(half, dtype=int).reshape(-1)
+        regions = sorted({region[h] for h in np.flatnonzero(half != AGGREGATED)}, key=str)
+        col = {r: k for k, r in enumerate(regions)}
+        prefill = np.zeros((len(half), len(regions)))
+        decode = np.zeros((len(half), len(regions)))
+        for h in np.flatnonzero(half != AGGREGATED):
+            (prefill if half[h] == PREFILL else decode)[h, col[region[h]]] = 1.0
+        return cls((half == AGGREGATED).astype(float), prefill, decode)
+
+    @property
+    def paired(self) -> bool:
+        """True when some holding is a PD half (served is then not a plain sum)."""
+        return self.prefill.shape[1] > 0
+
+    def served(self, capacity: np.ndarray) -> np.ndarray:
+        """Requests/s served from per-holding capacities `capacity` (..., holdings)."""
+        out = capacity @ self.agg
+        if self.paired:
+            out = out + np.minimum(capacity @ self.prefill, capacity @ self.decode).sum(-1)
+        return out
+
+
 @dataclass(frozen=True)
 class Holding:
     """Capacity of one model held by a plan's instances of one kind: `pools` empty for
-    on-demand instances, the pools of its nodes for spot ones."""
+    on-demand instances, the pools of its nodes for spot ones; `half` and `region` say how
+    it pairs (`Pairing`)."""
 
     capacity: float  # requests/s of all these instances together
     pools: frozenset[Pool]
+    half: int = AGGREGATED
+    region: str = ""
 
 
 def shortfall_probability(holdings: Sequence[Holding], demand: float,
@@ -120,10 +170,16 @@ def shortfall_probability(holdings: Sequence[Holding], demand: float,
     probs = [pool_prob[p] for p in pools]
     need = demand * (1.0 - rel_tol)
     depth = len(pools) if len(pools) <= EXACT_POOLS else 2
+    pairing = Pairing.of([h.half for h in holdings], [h.region for h in holdings])
     short = 0.0
     for down, prob in scenarios(probs, depth):
         dmask = sum(1 << i for i in down)
-        cap = sum(h.capacity for h, m in zip(holdings, masks) if not m & dmask)
+        if pairing.paired:
+            alive = np.array([0.0 if m & dmask else h.capacity
+                              for h, m in zip(holdings, masks)])
+            cap = float(pairing.served(alive))
+        else:
+            cap = sum(h.capacity for h, m in zip(holdings, masks) if not m & dmask)
         if cap < need:
             short += prob
     left = mass_beyond(probs, depth) if depth < len(pools) else 0.0

@@ -124,11 +124,6 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
         check_robust_r(robust)  # before the templates are built
     cat = open_catalog(catalog)
     scenario = load_scenario(scenario_ref, level=level, catalog=cat)
-    if spot is not None:
-        if mode not in (None, "auto", "aggregated"):
-            raise UserError(f"--spot plans aggregated serving; --mode {mode} is not supported "
-                            "with it")
-        mode = "aggregated"  # the spot plan's only mode: build no PD libraries for it
     if mode is not None:
         if mode not in MODES:
             raise UserError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -387,7 +382,7 @@ def plan(
         "is 1 + R times slower than modelled (e.g. 0.2); shows the nominal plan's cost "
         "beside it.")] = None,
     spot: Annotated[bool, typer.Option(
-        "--spot", help="Mix spot and on-demand instances (aggregated serving): every model's "
+        "--spot", help="Mix spot and on-demand instances of the mode's templates: every model's "
         "demand stays covered with probability >= --risk-target over --risk-window, pools "
         "(node type x region) preempted at the catalog's rates; --risk-target 0 gives the "
         "naive spot plan (no risk model).")] = False,

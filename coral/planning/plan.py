@@ -74,7 +74,7 @@ def plan_scenario(
     are not engine-restricted. `robust`: R of a plan that keeps every demand covered with any
     one GPU type `1 + R` times slower than modelled (`coral.allocator.robust`); the plan file
     then says so (`robust`), with the nominal plan's cost beside it. `spot`: a
-    `coral.allocator.spot.SpotOptions`, plan aggregated serving on spot and on-demand
+    `coral.allocator.spot.SpotOptions`, plan every mode's templates on spot and on-demand
     instances under a chance constraint (the plan file's `spot` object says what it risks).
     """
     engine = check_engine(engine)
@@ -132,8 +132,7 @@ def plan_scenario(
         if robust is not None:
             raise SpotPlanError("--spot and --robust cannot be combined (yet)")
         spot_planner = SpotPlanner(spot, catalog)
-    modes = (("aggregated",) if spot_planner is not None
-             else AUTO_MODES if scenario.mode == "auto" else (scenario.mode,))
+    modes = AUTO_MODES if scenario.mode == "auto" else (scenario.mode,)
     tried = []
     for mode in modes:
         sub = scenario.in_mode(mode)

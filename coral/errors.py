@@ -14,3 +14,9 @@ from __future__ import annotations
 
 class CoralError(Exception):
     """An error in the user's input or request; its message names the problem and the fix."""
+
+
+class InputError(CoralError, ValueError):
+    """A value the user gave (an option, a name, a number) that Coral cannot use: out of range,
+    unknown, or at odds with another one. Errors about one kind of input (a scenario file, a
+    plan file, a template library) have their own subclasses of `CoralError`."""

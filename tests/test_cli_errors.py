@@ -43,3 +43,75 @@ def test_a_bug_is_not_shown_as_a_user_error():
     with pytest.raises(RuntimeError, match="a bug"):
         with user_errors():
             raise RuntimeError("a bug")
+
+
+def test_input_errors_of_every_package_are_coral_errors():
+    """What rejects a user's scenario, plan, timeline, library, SLO or option value is a
+    `CoralError` (and still a `ValueError`), so the CLI shows it as one message."""
+    from coral.allocator.headroom import HeadroomError
+    from coral.allocator.plan_file import PlanFileError
+    from coral.allocator.scenario import ScenarioError
+    from coral.errors import InputError
+    from coral.planning.adapt_report import ReportError
+    from coral.planning.timeline import TimelineError
+    from coral.templates.slo import SloError
+    from coral.templates.store import LibraryError
+
+    for cls in (HeadroomError, PlanFileError, ScenarioError, InputError, ReportError,
+                TimelineError, SloError, LibraryError):
+        assert issubclass(cls, CoralError) and issubclass(cls, ValueError), cls
+
+
+def test_an_unknown_engine_is_an_input_error():
+    from coral.errors import InputError
+    from coral.templates.engine import check_engine
+
+    with pytest.raises(InputError, match="unknown engine 'vlm'"):
+        check_engine("vlm")
+
+
+BAD_SCENARIO = """\
+schema_version: 1
+name: tiny
+node_types: [1x-l4]
+models:
+  - {name: llama-3.1-8b, demand_rps: -3}
+regions:
+  - {name: aws-us-east-1}
+base_availability: {1x-l4: 8}
+"""
+
+
+def test_a_bad_scenario_entry_is_one_line_naming_file_and_entry(tmp_path):
+    from typer.testing import CliRunner
+
+    from coral.cli.main import app
+
+    path = tmp_path / "neg.yaml"
+    path.write_text(BAD_SCENARIO)
+    result = CliRunner().invoke(app, ["plan", str(path), "--nmax", "1"])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    text = " ".join(result.output.split())
+    assert "error:" in text and "neg.yaml" in text, text
+    assert "models[0]" in text and "demand_rps" in text, text
+    assert "Traceback" not in text
+
+
+def test_a_value_error_inside_the_planner_shows_as_a_bug(monkeypatch):
+    """A `ValueError` that is no user's (a broken invariant deep in the planner) leaves the CLI
+    as itself, with exit status 1, not as a one-line user error with status 2."""
+    from typer.testing import CliRunner
+
+    import coral.planning.libraries as libraries
+    from coral.cli.main import app
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr(libraries, "templates_for_scenario", broken)
+    result = CliRunner().invoke(app, ["plan", "core", "--nmax", "1", "--no-baselines"])
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, ValueError)
+    assert str(result.exception) == "an internal invariant broke"
+    assert "error:" not in result.output

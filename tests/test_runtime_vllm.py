@@ -38,7 +38,8 @@ def smollm2():
 def server(smollm2, tmp_path_factory):
     from coral.runtime.tiny import tiny_instance
     from coral.runtime.hf_export import export_hf
-    from coral.runtime.vllm import VllmServer, cpu_env, vllm_launch
+    from coral.runtime.vllm import vllm_launch
+    from coral.runtime.vllm_local import VllmServer, cpu_env
     from coral.runtime.worker import free_tcp_port
 
     python = os.environ.get("CORAL_VLLM_PYTHON") or sys.executable
@@ -82,7 +83,7 @@ def coral_tokens(model, instance, prompt: list[int]) -> list[int]:
 def test_vllm_split_matches_corals_split(smollm2, server):
     from coral.runtime.messages import SamplingParams
     from coral.runtime.tokenizer import GgufTokenizer
-    from coral.runtime.vllm import VllmBackend
+    from coral.runtime.vllm_local import VllmBackend
 
     srv, instance = server
     tok = GgufTokenizer(smollm2.weights)
@@ -100,7 +101,7 @@ def test_gateway_routes_to_vllm(smollm2, server):
     openai = pytest.importorskip("openai")
     from coral.runtime.gateway import ServerThread, create_app
     from coral.runtime.tokenizer import GgufTokenizer
-    from coral.runtime.vllm import VllmBackend
+    from coral.runtime.vllm_local import VllmBackend
 
     srv, instance = server
     tok = GgufTokenizer(smollm2.weights)

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from coral.errors import CoralError
+
 #: Inter-arrival coefficient of variation planned for when a scenario names none (Poisson).
 DEFAULT_ARRIVAL_CV = 1.0
 #: Output-length coefficient of variation planned for when a scenario names none. Measured on
@@ -46,11 +48,10 @@ DEFAULT_ARRIVAL_CV = 1.0
 DEFAULT_OUTPUT_CV = 1.0
 #: An SLO is judged over a window (tens of minutes), not in the steady state: near saturation
 #: the p90 of waits over such a window swings well above its steady-state value. So the
-#: steady-state tail is planned at this share of the SLO's (p97.5 for a p90 target).
-#: Measured (llama-3.1-8b, TPOT 0.1 s, TTFT 2 s at p90, fixed lengths): the highest load at
-#: which three 30-minute simulated windows all met the SLO was 0.891 / 0.595 / 0.967 / 0.716 /
-#: 0.858 of throughput on one L40S / L4 / H100 / A10G / A100-40GB; planned with this factor
-#: (M/M/c tail): 0.876 / 0.601 / 0.944 / 0.720 / 0.852.
+#: steady-state tail is planned at this share of the SLO's (p97.5 for a p90 target): with it,
+#: the planned load of one-node instances sits at the highest load at which simulated
+#: 30-minute windows still meet the SLO (figures in benchmarks/RESULTS.md, "Re-layering
+#: leftovers").
 WINDOW_TAIL_FACTOR = 0.25
 #: Smallest tail planned for: a p100 target cannot hold under random arrivals, so p100 is
 #: planned as p99.99.
@@ -63,7 +64,7 @@ NIC_UTILISATION = 0.8
 _RHO_TOL = 1e-4
 
 
-class HeadroomError(ValueError):
+class HeadroomError(CoralError, ValueError):
     """A queueing parameter is out of range."""
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from coral.errors import CoralError
 from coral.allocator.problem import AllocationPlan, TemplateColumn
 from coral.perf.pipeline import PipelineShape
 from coral.templates.build import Template
@@ -67,7 +68,7 @@ class PlannedInstances:
         }
 
 
-class PlanFileError(ValueError):
+class PlanFileError(CoralError, ValueError):
     """A file that should hold a plan written by `coral plan --out` does not."""
 
 

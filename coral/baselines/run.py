@@ -31,6 +31,7 @@ from coral.baselines.helix import helix
 from coral.baselines.homo import homo_independent, homo_joint, homogeneous_templates
 from coral.baselines.melange import melange
 from coral.catalog.loader import Catalog
+from coral.errors import InputError
 from coral.templates.build import Solver, Template
 from coral.templates.operating_points import OperatingPointTables, PerfLike
 from coral.templates.types import Mode, Topology
@@ -44,7 +45,7 @@ BASELINES: tuple[str, ...] = ("coral", "homo", "homo-independent", "melange", "c
 def _check_names(names: Sequence[str]) -> tuple[str, ...]:
     for name in names:
         if name not in BASELINES:
-            raise ValueError(f"unknown baseline {name!r}; choose among {', '.join(BASELINES)}."
+            raise InputError(f"unknown baseline {name!r}; choose among {', '.join(BASELINES)}."
                              f"{did_you_mean(name, BASELINES)}")
     return tuple(n for n in BASELINES if n in names)
 
@@ -79,7 +80,7 @@ def run_baselines(
     names = _check_names(BASELINES if baselines is None else list(baselines))
     given = check_templates(scenario, templates)
     if n_max is not None and n_max < 1:
-        raise ValueError(f"n_max must be >= 1, got {n_max}")
+        raise InputError(f"n_max must be >= 1, got {n_max}")
     if node_types is not None:
         check_node_types(catalog, node_types)
     if builder is None:

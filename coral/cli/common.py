@@ -44,19 +44,14 @@ class UserError(CoralError):
     """An error caused by the user's input; printed without a traceback."""
 
 
-#: User errors that do not derive from `CoralError` yet: the templates, allocator and baselines
-#: packages raise `ValueError`s (`ScenarioError`, `LibraryError`, `SloError`, ...) and bare
-#: `ValueError`s for bad input, and a missing file is the user's to fix. They read as user
-#: errors until those raise `CoralError`s; every other exception is shown as the bug it is.
-LEGACY_USER_ERRORS: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)
-
-
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn expected input errors into a one-message exit with status 2."""
+    """Turn a user's error into one message and exit status 2: a `CoralError`, or a file the
+    user named that is not there (`FileNotFoundError`). Anything else is a bug in Coral and
+    leaves with its traceback (exit status 1)."""
     try:
         yield
-    except (CoralError, *LEGACY_USER_ERRORS) as exc:
+    except (CoralError, FileNotFoundError) as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=2) from None
 

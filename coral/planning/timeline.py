@@ -39,6 +39,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from coral.errors import CoralError
 from coral.allocator.problem import NodeRegion
 from coral.allocator.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
 from coral.catalog.loader import Catalog
@@ -47,7 +48,7 @@ from coral.messages import did_you_mean, field_problem
 TIMELINE_SCHEMA_VERSION = 1
 
 
-class TimelineError(ValueError):
+class TimelineError(CoralError, ValueError):
     """A timeline file is missing, malformed, or names what its scenario does not hold."""
 
 

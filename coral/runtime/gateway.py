@@ -22,12 +22,11 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Literal, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coral.runtime.backends import (
@@ -38,6 +37,16 @@ from coral.runtime.backends import (
 )
 from coral.runtime.messages import SamplingParams
 from coral.runtime.metrics import GatewayMetrics
+from coral.runtime.openai_api import (
+    RETRIABLE_CODE,
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    RequestBody,
+    backend_error,
+    model_health,
+    validation_error,
+)
 from coral.runtime.tokenizer import ByteTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -47,118 +56,10 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 #: Chat requests without max_tokens get at most this many (OpenAI: up to the context).
 DEFAULT_CHAT_MAX_TOKENS = 256
-MAX_STOP_SEQUENCES = 4
 #: Non-streamed requests whose instance was lost mid-generation are run again this many times.
 MAX_REQUEST_RETRIES = 2
-#: Error code of a request whose instance was lost after its stream began (safe to resend).
-RETRIABLE_CODE = "instance_lost"
-#: Error code of a request whose model has no ready instance (HTTP 503, safe to resend).
-UNAVAILABLE_CODE = "model_unavailable"
-#: Retry-After of a request cut by a lost instance: the model's other instances, or its
-#: replacement, usually take it at once.
-LOST_RETRY_AFTER_S = 1
 #: How long a stopping server lets requests in flight finish before it closes them.
 GRACEFUL_SHUTDOWN_S = 30.0
-
-
-# ---------------------------------------------------------------- request bodies
-class _Body(BaseModel):
-    # Unknown OpenAI fields (top_p, user, logit_bias, ...) are accepted and ignored.
-    model_config = ConfigDict(extra="ignore")
-
-    model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    stop: str | list[str] | None = None
-    stream: bool = False
-    seed: int | None = None
-    n: int = Field(default=1, ge=1, le=1, description="Only one choice per request.")
-
-    def stop_list(self) -> list[str]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stops) > MAX_STOP_SEQUENCES:
-            raise ApiError(400, f"'stop' has {len(stops)} sequences; at most "
-                           f"{MAX_STOP_SEQUENCES} are allowed", param="stop")
-        return [s for s in stops if s]
-
-
-class CompletionRequest(_Body):
-    prompt: str | list[str]
-
-
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
-        return self.content or ""
-
-
-class ChatRequest(_Body):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-
-
-# ---------------------------------------------------------------- errors
-class ApiError(Exception):
-    """An error returned to the client in OpenAI's shape."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 retry_after_s: int | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = (
-            status, message, type, param, code)
-        self.retry_after_s = retry_after_s
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        headers = ({"Retry-After": str(self.retry_after_s)}
-                   if self.retry_after_s is not None else None)
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
-
-
-def backend_error(exc: BackendError, model: str) -> ApiError:
-    """The client's view of a backend failure: always retriable (503), never its fault."""
-    if isinstance(exc, ModelUnavailableError):
-        return ApiError(503, f"{exc}. Please retry after {exc.retry_after_s} s.",
-                        type="service_unavailable", code=UNAVAILABLE_CODE,
-                        retry_after_s=exc.retry_after_s)
-    if isinstance(exc, RetriableBackendError):
-        return ApiError(503, f"The model instance serving this request was lost: {exc}. "
-                        "Please retry the request.", type="server_error", code=RETRIABLE_CODE,
-                        retry_after_s=LOST_RETRY_AFTER_S)
-    return ApiError(503, f"The backend of model '{model}' failed: {exc}", type="server_error",
-                    code="backend_unavailable", retry_after_s=LOST_RETRY_AFTER_S)
-
-
-def model_health(backend: Any) -> dict[str, Any]:
-    """A backend's own health (`ready`, `degraded`, `unavailable`), or `ready` for backends
-    that are always there (echo, an engine in this process, a vLLM server)."""
-    health = getattr(backend, "health", None)
-    return health() if callable(health) else {"status": "ready"}
-
-
-def _validation_error(exc: RequestValidationError) -> ApiError:
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    if first.get("type") == "json_invalid":
-        return ApiError(400, "The request body is not valid JSON.", code="invalid_json")
-    what = f"'{param}'" if param else "the request body"
-    return ApiError(400, f"Invalid value for {what}: {first.get('msg')}.", param=param,
-                    code="invalid_value" if param else None)
 
 
 # ---------------------------------------------------------------- generation
@@ -204,7 +105,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_error(exc).response()
+        return validation_error(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -249,7 +150,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                            code="model_not_found")
         return models[name]
 
-    def prepare(body: _Body, prompt: str, default_max: int | None
+    def prepare(body: RequestBody, prompt: str, default_max: int | None
                 ) -> tuple[Backend, list[int], int, SamplingParams, list[str]]:
         backend = backend_of(body.model)
         ids = tok_of(body.model).encode(prompt)
@@ -268,7 +169,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                                   body.seed if body.seed is not None else secrets.randbits(31))
         return backend, ids, max_tokens, sampling, body.stop_list()
 
-    async def run(body: _Body, endpoint: str, backend: Backend, ids: list[int], max_tokens: int,
+    async def run(body: RequestBody, endpoint: str, backend: Backend, ids: list[int], max_tokens: int,
                   sampling: SamplingParams, stops: list[str], outcome: _Outcome
                   ) -> AsyncIterator[str]:
         """Yield text deltas; fills `outcome`; applies stop sequences."""
@@ -315,7 +216,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
             stats.observe_request(body.model, len(ids), len(generated),
                                   None if first_s is None else first_s - t0, tpot)
 
-    async def collect(body: _Body, endpoint: str, args: tuple) -> _Outcome:
+    async def collect(body: RequestBody, endpoint: str, args: tuple) -> _Outcome:
         """Run a non-streamed request to the end; rerun it from the prompt when its instance was
         lost mid-generation (nothing was sent to the client yet)."""
         for attempt in range(MAX_REQUEST_RETRIES + 1):
@@ -331,7 +232,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                 log.warning("rerunning a %s request after: %s", endpoint, exc.message)
         raise AssertionError("unreachable")
 
-    async def started(body: _Body, endpoint: str, args: tuple, outcome: _Outcome
+    async def started(body: RequestBody, endpoint: str, args: tuple, outcome: _Outcome
                       ) -> AsyncIterator[str]:
         """A streamed request's text deltas, run up to its first text before the response
         starts: a request that cannot be served gets an HTTP error (503 and Retry-After) the
@@ -378,7 +279,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
             yield "data: [DONE]\n\n"
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    def counted_prepare(body: _Body, endpoint: str, prompt: str, default_max: int | None):
+    def counted_prepare(body: RequestBody, endpoint: str, prompt: str, default_max: int | None):
         try:
             return prepare(body, prompt, default_max)
         except ApiError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from coral.errors import InputError
 from coral.perf.step import DEFAULT_MAX_BATCHED_TOKENS
 
 #: Contexts are rounded up to 1/CONTEXT_BUCKETS of their power of two (about 3 % at 32).
@@ -33,10 +34,10 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in ("fast", "naive"):
-            raise ValueError(f"mode must be 'fast' or 'naive', got {self.mode!r}")
+            raise InputError(f"mode must be 'fast' or 'naive', got {self.mode!r}")
         if self.max_batched_tokens < 1:
-            raise ValueError(f"max_batched_tokens must be >= 1, got {self.max_batched_tokens}")
+            raise InputError(f"max_batched_tokens must be >= 1, got {self.max_batched_tokens}")
         if self.context_buckets < 0:
-            raise ValueError(f"context_buckets must be >= 0, got {self.context_buckets}")
+            raise InputError(f"context_buckets must be >= 0, got {self.context_buckets}")
         if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+            raise InputError(f"workers must be >= 1, got {self.workers}")

@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch
+from coral.errors import InputError
 from coral.templates.engine import DEFAULT_ENGINE, check_engine, deployable_combo, engine_topology
 from coral.templates.enumerate import (
     DEFAULT_NMAX,
@@ -255,7 +256,7 @@ def build_library(
     topology = check_topology(engine_topology(engine, topology))
     batches = check_batches(batches)
     if time_limit_s <= 0:
-        raise ValueError(f"time limit must be > 0 s, got {time_limit_s}")
+        raise InputError(f"time limit must be > 0 s, got {time_limit_s}")
     say = on_message or (lambda msg: log.info("%s", msg))
     t_start = time.perf_counter()
 

@@ -25,6 +25,7 @@ from enum import Enum
 from typing import Any, Iterable, Literal
 
 from coral.catalog.loader import Catalog
+from coral.errors import InputError
 from coral.templates.types import Topology
 
 Engine = Literal["coral", "vllm"]
@@ -48,7 +49,7 @@ def max_nodes(engine: str, mode: str) -> int | None:
 def check_engine(engine: str) -> Engine:
     value = engine.value if isinstance(engine, Enum) else engine
     if value not in ENGINES:
-        raise ValueError(f"unknown engine {value!r}; choose one of {', '.join(ENGINES)}")
+        raise InputError(f"unknown engine {value!r}; choose one of {', '.join(ENGINES)}")
     return value  # type: ignore[return-value]
 
 
@@ -58,7 +59,7 @@ def engine_topology(engine: str, topology: str | None = None) -> Topology:
     engine = check_engine(engine)
     if engine == "vllm":
         if topology not in (None, "chain"):
-            raise ValueError(f"engine vllm runs one node per pipeline stage (topology chain); "
+            raise InputError(f"engine vllm runs one node per pipeline stage (topology chain); "
                              f"topology {topology!r} is not deployable on it")
         return "chain"
     return (topology or "flow")  # type: ignore[return-value]

@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch
+from coral.errors import InputError
 
 try:
     from coral.perf.model import MEMORY_RESERVE_FRACTION
@@ -79,18 +80,18 @@ def multisets_count(types: int, size: int) -> int:
 def parse_combo(text: str) -> list[str]:
     """`1x-l4,1x-l4,4x-a100-40gb` or `1x-l4*2,4x-a100-40gb` -> node-type names."""
     if not text or not text.strip():
-        raise ValueError("empty combination: give node types separated by commas, "
+        raise InputError("empty combination: give node types separated by commas, "
                          "e.g. 1x-l4,1x-l4,4x-a100-40gb (or 1x-l4*2,4x-a100-40gb)")
     names: list[str] = []
     for raw in text.split(","):
         part = raw.strip()
         if not part:
-            raise ValueError(f"bad combination {text!r}: empty entry between commas")
+            raise InputError(f"bad combination {text!r}: empty entry between commas")
         count = 1
         if "*" in part:
             name, _, num = part.partition("*")
             if not num.strip().isdigit() or int(num) < 1:
-                raise ValueError(f"bad combination entry {part!r}: expected NAME*COUNT with "
+                raise InputError(f"bad combination entry {part!r}: expected NAME*COUNT with "
                                  "COUNT a positive integer")
             part, count = name.strip(), int(num)
         names.extend([part] * count)
@@ -112,11 +113,11 @@ def enumerate_combinations(
     """Every kept combination of `model`, with the counts of the cut ones."""
     arch = catalog.model(model) if isinstance(model, str) else model
     if nmax < 1:
-        raise ValueError(f"nmax must be >= 1, got {nmax}")
+        raise InputError(f"nmax must be >= 1, got {nmax}")
     if not rho > 0:
-        raise ValueError(f"rho must be > 0, got {rho}")
+        raise InputError(f"rho must be > 0, got {rho}")
     if min_kv_tokens < 0:
-        raise ValueError(f"min_kv_tokens must be >= 0, got {min_kv_tokens}")
+        raise InputError(f"min_kv_tokens must be >= 0, got {min_kv_tokens}")
 
     excluded: dict[str, str] = {}
     names = list(catalog.node_types) if node_types is None else list(dict.fromkeys(node_types))

@@ -55,6 +55,7 @@ import numpy as np
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch, NodeType
+from coral.errors import InputError
 from coral.perf.step import NET_LATENCY_S
 from coral.templates.slo import SloSpec
 from coral.templates.types import Mode, NodeSpec, OperatingPoint, PlacementProblem, Topology
@@ -100,20 +101,20 @@ class PerfLike(Protocol):
 
 def check_mode(mode: str) -> Mode:
     if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     return mode  # type: ignore[return-value]
 
 
 def check_topology(topology: str) -> Topology:
     if topology not in TOPOLOGIES:
-        raise ValueError(f"unknown topology {topology!r}; choose one of {', '.join(TOPOLOGIES)}")
+        raise InputError(f"unknown topology {topology!r}; choose one of {', '.join(TOPOLOGIES)}")
     return topology  # type: ignore[return-value]
 
 
 def check_batches(batches: Iterable[int]) -> tuple[int, ...]:
     out = tuple(sorted({int(b) for b in batches}))
     if not out or out[0] < 1:
-        raise ValueError(f"batch sizes must be positive integers, got {list(batches)}")
+        raise InputError(f"batch sizes must be positive integers, got {list(batches)}")
     return out
 
 

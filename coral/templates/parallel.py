@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from coral.catalog.loader import Catalog
+from coral.errors import InputError
 from coral.templates.solve import Outcome, Solver, Task, solve_task
 from coral.templates.operating_points import OperatingPointTables, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
@@ -255,7 +256,7 @@ def make_backend(
     if workers is None:
         workers = os.cpu_count() or 1
     if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+        raise InputError(f"workers must be >= 1, got {workers}")
     if workers == 1:
         return SerialBackend(spec, perf)
     return ProcessBackend(spec, workers)

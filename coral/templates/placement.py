@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import Literal
 
+from coral.errors import InputError
 from coral.templates.path_lp import path_lp_bound
 from coral.templates.placement_chain import best_chain, best_replicas, solve_chain
 from coral.templates.placement_ilp import solve_ilp
@@ -44,12 +45,12 @@ def solve_placement(problem: PlacementProblem, *, time_limit_s: float = 60.0,
     t0 = time.perf_counter()
     if method == "naive":
         if problem.topology == "flow":
-            raise ValueError("the naive MILP models the chain and dag topologies")
+            raise InputError("the naive MILP models the chain and dag topologies")
         return solve_ilp(problem, naive=True, time_limit_s=time_limit_s)
     if method not in ("auto", "ilp"):
-        raise ValueError(f"unknown placement method {method!r}")
+        raise InputError(f"unknown placement method {method!r}")
     if method == "ilp" and problem.topology == "flow":
-        raise ValueError("the flow topology is solved exactly by the staged DP; "
+        raise InputError("the flow topology is solved exactly by the staged DP; "
                          "the MILP models the chain and dag topologies")
     if problem.topology == "dag" or method != "auto":
         prep = prepare(problem, path_filter=True)

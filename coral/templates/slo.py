@@ -20,10 +20,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from coral.errors import CoralError
 from coral.catalog.schema import ModelArch
 
 
-class SloError(ValueError):
+class SloError(CoralError, ValueError):
     """An SLO or workload value is missing, malformed or impossible."""
 
 

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Sequence
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch
+from coral.errors import InputError
 from coral.templates.engine import (
     DEFAULT_ENGINE,
     check_engine,
@@ -57,7 +58,7 @@ def _default_solver() -> Solver:
 def canonical_combo(catalog: Catalog, combo: Iterable[str]) -> Combo:
     names = [str(n).strip() for n in combo]
     if not names:
-        raise ValueError("a combination needs at least one node type")
+        raise InputError("a combination needs at least one node type")
     for name in names:
         catalog.node_type(name)  # unknown names raise with suggestions
     return tuple(sorted(names))
@@ -120,7 +121,7 @@ def build_template(
                                max_group=None if topology == "flow" else 1, floor=floor,
                                batches=tables.batches)
     elif engine == "vllm":
-        raise ValueError("vLLM templates are searched under the step model (one pipeline over "
+        raise InputError("vLLM templates are searched under the step model (one pipeline over "
                          "every node); a custom solver or method does not apply")
     else:
         # the placement problem of the memoised operating points (not needed by the search)

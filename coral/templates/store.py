@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from coral.errors import CoralError
 from coral.catalog.loader import Catalog
 from coral.templates.solve import Outcome
 from coral.templates.template import Template
@@ -43,7 +44,7 @@ MANIFEST = "manifest.json"
 RECORDS = "templates.jsonl"
 
 
-class LibraryError(ValueError):
+class LibraryError(CoralError, ValueError):
     """A library directory is missing, malformed or not a library."""
 
 

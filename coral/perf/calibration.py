@@ -41,7 +41,7 @@ from coral.perf.efficiencies import (
     efficiencies_file,
 )
 from coral.perf.layer_costs import layer_coefficients, tile_padded_tokens_array
-from coral.perf.model import PROFILED_KERNELS_PER_LAYER, ROOFLINE_P
+from coral.perf.kernel_time import elementwise_seconds, kernel_seconds
 from coral.perf.vidur_profiles import (
     VIDUR_GPUS,
     VidurProfiles,
@@ -107,7 +107,7 @@ class _Points:
     peak_bw: np.ndarray
     mm_flops: np.ndarray  # (4, n): qkv, o, up, down FLOPs the kernels do (whole row tiles)
     mm_bytes: np.ndarray  # (4, n): weights + activations bytes
-    ew_bytes: np.ndarray  # (n,)
+    ew_bytes: np.ndarray  # (5, n): norm, norm, rope, activation, add
     measured_s: np.ndarray
 
     def __len__(self) -> int:
@@ -121,7 +121,7 @@ def _points(profiles: VidurProfiles, catalog: Catalog) -> _Points:
     peak_bw = np.empty(n)
     mm_flops = np.empty((4, n))
     mm_bytes = np.empty((4, n))
-    ew_bytes = np.empty(n)
+    ew_bytes = np.empty((5, n))
     for vgpu, vmodel in profiles.groups():
         gpu = catalog.gpu(VIDUR_GPUS[vgpu])
         arch = model_arch(profiles, vmodel)
@@ -136,21 +136,26 @@ def _points(profiles: VidurProfiles, catalog: Catalog) -> _Points:
             for i, mm in enumerate((coef.qkv, coef.o, coef.up, coef.down)):
                 mm_flops[i, rows] = mm.flops_per_token * tq
                 mm_bytes[i, rows] = mm.weight_bytes + mm.bytes_per_token * t
-            ew_bytes[rows] = coef.profiled_elementwise_bytes_per_token * t
+            for i, per_token in enumerate(coef.profiled_elementwise_kernels):
+                ew_bytes[i, rows] = per_token * t
     return _Points(
         tokens, peak_flops, peak_bw, mm_flops, mm_bytes, ew_bytes, profiles.layer_ms * 1e-3
     )
 
 
-def _predict(pts: _Points, eta_c: float, eta_m: float, eta_e: float, t_k: float) -> np.ndarray:
+def predict_kernels(pts: _Points, eta_c: float, eta_m: float, eta_e: float, t_k: float
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of each profiled kernel: the four matmuls (4, n) and the five element-wise
+    kernels (5, n)."""
     compute = pts.mm_flops / (pts.peak_flops * eta_c)
     memory = pts.mm_bytes / (pts.peak_bw * eta_m)
-    roof = (compute**ROOFLINE_P + memory**ROOFLINE_P) ** (1.0 / ROOFLINE_P)
-    return (
-        roof.sum(axis=0)
-        + pts.ew_bytes / (pts.peak_bw * eta_e)
-        + PROFILED_KERNELS_PER_LAYER * t_k
-    )
+    return (kernel_seconds(compute, memory, t_k),
+            elementwise_seconds(pts.ew_bytes / (pts.peak_bw * eta_e), t_k))
+
+
+def _predict(pts: _Points, eta_c: float, eta_m: float, eta_e: float, t_k: float) -> np.ndarray:
+    matmuls, elementwise = predict_kernels(pts, eta_c, eta_m, eta_e, t_k)
+    return matmuls.sum(axis=0) + elementwise.sum(axis=0)
 
 
 def _errors(pts: _Points, params: tuple[float, float, float, float]) -> np.ndarray:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coral.catalog.loader import Catalog
-from coral.perf.calibration import _fit_gpu, _points
+from coral.perf.calibration import _fit_gpu, _points, predict_kernels
 from coral.perf.efficiencies import Efficiencies, EfficiencyTable
-from coral.perf.model import ROOFLINE_P, PerfModel
+from coral.perf.model import PerfModel
 from coral.perf.profile_table import ProfileTable
 from coral.perf.sustained import scale_borrowed
 from coral.perf.validation import compare, fit_tables, load_tables, PACKAGED_PROFILES
@@ -41,7 +41,6 @@ VIDUR_CLASSES: dict[str, tuple[str, ...]] = {
     "elementwise": ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act",
                     "add"),
 }
-_ELEMENTWISE_KERNELS = 5  # the element-wise class's kernels, as Vidur times them
 
 
 @dataclass(frozen=True)
@@ -119,14 +118,11 @@ def _vidur_errors(catalog: Catalog, vgpu: str, eff: Efficiencies
     profiles = load_vidur_profiles()
     sub = profiles.select(profiles.gpu == vgpu)
     pts = _points(sub, catalog)
-    fl = pts.peak_flops * eff.eta_compute
-    bw = pts.peak_bw * eff.eta_memory
-    roof = ((pts.mm_flops / fl) ** ROOFLINE_P + (pts.mm_bytes / bw) ** ROOFLINE_P) ** (
-        1.0 / ROOFLINE_P) + eff.kernel_overhead_s
+    roof, ew = predict_kernels(pts, eff.eta_compute, eff.eta_memory, eff.eta_elementwise,
+                               eff.kernel_overhead_s)
     predicted = {
         "qkv": roof[0], "o_proj": roof[1], "mlp_up": roof[2], "mlp_down": roof[3],
-        "elementwise": pts.ew_bytes / (pts.peak_bw * eff.eta_elementwise)
-        + _ELEMENTWISE_KERNELS * eff.kernel_overhead_s,
+        "elementwise": ew.sum(axis=0),
     }
     predicted["layer"] = sum(predicted[c] for c in VIDUR_CLASSES)
     measured = {c: sum(sub.op_ms[op] for op in ops) * 1e-3 for c, ops in VIDUR_CLASSES.items()}

@@ -57,12 +57,15 @@ class LayerCoefficients:
     @property
     def profiled_elementwise_bytes_per_token(self) -> float:
         """Element-wise bytes of the operators Vidur profiles (no KV-cache write)."""
-        return (
-            self.norm_bytes_per_token
-            + self.rope_bytes_per_token
-            + self.act_bytes_per_token
-            + self.add_bytes_per_token
-        )
+        return sum(self.profiled_elementwise_kernels)
+
+    @property
+    def profiled_elementwise_kernels(self) -> tuple[float, float, float, float, float]:
+        """Bytes per token of each element-wise kernel Vidur profiles: the two norms, rope,
+        the MLP activation and the residual add (each kernel pays its own fixed time)."""
+        half = 0.5 * self.norm_bytes_per_token
+        return (half, half, self.rope_bytes_per_token, self.act_bytes_per_token,
+                self.add_bytes_per_token)
 
 
 def layer_coefficients(model: ModelArch, tp: int) -> LayerCoefficients:

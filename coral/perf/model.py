@@ -70,6 +70,7 @@ from coral.perf.layer_costs import (
     layer_coefficients,
     tile_padded_tokens,
 )
+from coral.perf.kernel_time import ROOFLINE_P, elementwise_seconds, kernel_seconds  # noqa: F401
 from coral.perf.sustained import scale_borrowed
 
 #: Version of the formula; bump it when a change to this module changes predictions.
@@ -93,13 +94,6 @@ PERF_MODEL_VERSION = f"{FORMULA_VERSION}+{_efficiencies_digest()}"
 
 # ---- named constants ----
 
-#: Exponent of the smoothed maximum of compute and memory time per operator group. Chosen
-#: once on the A100-80GB and H100 profiles together with the efficiencies (in-sample squared
-#: log error over p in 1.5..4 with tile-padded matmuls: lowest at 2.5; 1.5 suited the model
-#: without row tiles, whose smoothing stood in for the padding) and fixed, so each GPU type
-#: has four fitted figures.
-ROOFLINE_P = 2.5
-_INV_P = 1.0 / ROOFLINE_P
 
 #: Fraction of a node's memory kept free for activations, workspace and allocator slack
 #: (vLLM's default gpu_memory_utilization is 0.9).
@@ -186,8 +180,8 @@ class _Consts:
     __slots__ = (
         "refs", "model", "node", "gpu", "eff", "coef", "num_layers", "tp", "flops", "bw", "bw_e",
         "t_kernel", "kernels", "ar_bw", "ar_lat", "hidden_bytes", "vocab", "hidden", "dt",
-        "table", "lm_head", "ew_bytes_per_token", "up_routed_extra", "down_routed_extra",
-        "grouped_bw",
+        "table", "lm_head", "ew_kernels", "up_routed_extra", "down_routed_extra",
+        "grouped_bw", "fixed_kernels",
     )
 
 
@@ -264,9 +258,8 @@ class PerfModel:
         k.refs = (model, node)
         k.model, k.node, k.gpu, k.eff = arch, node_t, gpu, eff
         k.coef = layer_coefficients(arch, tp)
-        k.ew_bytes_per_token = (
-            k.coef.profiled_elementwise_bytes_per_token + k.coef.kv_write_bytes_per_token
-        )
+        # bytes per token of each element-wise kernel of a served layer
+        ew_kernels = [*k.coef.profiled_elementwise_kernels, k.coef.kv_write_bytes_per_token]
         k.up_routed_extra = k.down_routed_extra = 0.0
         k.grouped_bw = 1.0 / self.grouped_gemm_bandwidth  # time factor on expert weight bytes
         if arch.moe is not None:
@@ -275,7 +268,7 @@ class PerfModel:
             fe = m.expert_ffn_size / tp
             h = float(arch.hidden_size)
             # the weighted sum of each token's k expert outputs: k rows read, one written
-            k.ew_bytes_per_token += (m.experts_per_token + 1) * h * arch.dtype_bytes
+            ew_kernels.append((m.experts_per_token + 1) * h * arch.dtype_bytes)
             # grouped GEMMs: FLOPs per token added to the routed experts' matmuls
             routed_up = 2.0 * h * nu * m.experts_per_token * fe
             routed_down = 2.0 * m.experts_per_token * fe * h
@@ -287,10 +280,15 @@ class PerfModel:
         k.bw = gpu.mem_bandwidth_gb_per_s * 1e9 * eff.eta_memory
         k.bw_e = gpu.mem_bandwidth_gb_per_s * 1e9 * eff.eta_elementwise
         k.t_kernel = eff.kernel_overhead_s
+        k.ew_kernels = tuple(ew_kernels)
         kernels = PROFILED_KERNELS_PER_LAYER + KV_WRITE_KERNELS
         if arch.moe is not None:
             kernels += MOE_EXTRA_KERNELS + (SHARED_EXPERT_KERNELS if arch.moe.shared_experts else 0)
         k.kernels = kernels
+        # kernels with no modelled work of their own (MoE routing, shared-expert glue): the
+        # matmuls, attention and element-wise kernels (the expert-output sum among them) are
+        # timed by their work
+        k.fixed_kernels = kernels - 4 - len(k.ew_kernels)
         k.ar_bw = gpu.intra_node_link_gb_per_s * 1e9 * ALLREDUCE_BANDWIDTH_FRACTION
         k.ar_lat = ALLREDUCE_LATENCY_S[gpu.intra_node_link]
         k.dt = float(arch.dtype_bytes)
@@ -309,22 +307,24 @@ class PerfModel:
     def _allreduce(self, k: _Consts, nbytes: float) -> float:
         return 2.0 * (k.tp - 1) / k.tp * nbytes / k.ar_bw + k.ar_lat
 
+    @staticmethod
+    def _kernel(tc: float, tm: float, tk: float, parts: list[float]) -> None:
+        """Add one kernel's time to parts [compute, memory, overhead]: its work to the bound
+        that limits it, its fixed time to the overhead."""
+        parts[0 if tc >= tm else 1] += kernel_seconds(tc, tm, 0.0)
+        parts[2] += tk
+
     def _layer(self, k: _Consts, p: int, b: int, ctx: int) -> tuple[float, float, float, float]:
         """(compute, memory, comm, overhead) seconds of ONE layer by the roofline."""
         coef = k.coef
         t = p + b
         tq = tile_padded_tokens(t)  # rows the dense matmuls' kernels compute
-        fl, bw = k.flops, k.bw
-        comp = mem = 0.0
+        fl, bw, tk = k.flops, k.bw, k.t_kernel
+        parts = [0.0, 0.0, k.fixed_kernels * tk]
         # matmuls
         for mm in (coef.qkv, coef.o):
-            tc = mm.flops_per_token * tq / fl
-            tm = (mm.weight_bytes + mm.bytes_per_token * t) / bw
-            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
-            if tc >= tm:
-                comp += tg
-            else:
-                mem += tg
+            self._kernel(mm.flops_per_token * tq / fl,
+                         (mm.weight_bytes + mm.bytes_per_token * t) / bw, tk, parts)
         if coef.moe_experts:
             touched = expected_distinct_experts(coef.moe_experts, coef.moe_top_k, t)
             w_up = touched * coef.expert_up_bytes + coef.fixed_up_bytes
@@ -338,66 +338,44 @@ class PerfModel:
             mlp = ((coef.up, coef.up.weight_bytes, 0.0), (coef.down, coef.down.weight_bytes, 0.0))
             rows = tq
         for mm, w, grouped in mlp:
-            tc = (mm.flops_per_token + grouped) * rows / fl
-            tm = (w + mm.bytes_per_token * t) / bw
-            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
-            if tc >= tm:
-                comp += tg
-            else:
-                mem += tg
-        kernels = k.kernels
+            self._kernel((mm.flops_per_token + grouped) * rows / fl,
+                         (w + mm.bytes_per_token * t) / bw, tk, parts)
         # attention
+        qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
         if p:
-            qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
-            tc = 2.0 * p * (p + 1) * qg / fl
-            tm = p * (2.0 * qg + 2.0 * kvg) * k.dt / bw
-            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
-            if tc >= tm:
-                comp += tg
-            else:
-                mem += tg
-            kernels += 1
+            self._kernel(2.0 * p * (p + 1) * qg / fl,
+                         p * (2.0 * qg + 2.0 * kvg) * k.dt / bw, tk, parts)
         if b:
-            qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
-            tc = 4.0 * ctx * qg / fl
-            tm = (ctx * 2.0 * kvg + b * 2.0 * qg) * k.dt / bw
-            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
-            if tc >= tm:
-                comp += tg
-            else:
-                mem += tg
-            kernels += 1
+            self._kernel(4.0 * ctx * qg / fl,
+                         (ctx * 2.0 * kvg + b * 2.0 * qg) * k.dt / bw, tk, parts)
         # element-wise
-        mem += t * k.ew_bytes_per_token / k.bw_e
+        for nbytes in k.ew_kernels:
+            parts[1] += t * nbytes / k.bw_e
+            parts[2] += tk
         comm = 2.0 * self._allreduce(k, t * k.hidden_bytes) if k.tp > 1 else 0.0
-        return comp, mem, comm, kernels * k.t_kernel
+        return parts[0], parts[1], comm, parts[2]
 
     def _extras(
         self, k: _Consts, p: int, b: int, first: bool, last: bool
     ) -> tuple[float, float, float, float]:
         """(compute, memory, comm, overhead) of the embedding and/or final norm + LM head."""
-        comp = mem = comm = over = 0.0
+        parts = [0.0, 0.0, 0.0]
+        comm = 0.0
+        tk = k.t_kernel
         if first:
             t = p + b
-            mem += 2.0 * t * k.hidden_bytes / k.bw_e
-            over += k.t_kernel
+            self._kernel(0.0, 2.0 * t * k.hidden_bytes / k.bw_e, tk, parts)
             if k.tp > 1:  # vocab-parallel embedding: partial rows are summed
                 comm += self._allreduce(k, t * k.hidden_bytes)
         if last:
             n = b + (1 if p else 0)
-            mem += 2.0 * n * k.hidden_bytes / k.bw_e
+            self._kernel(0.0, 2.0 * n * k.hidden_bytes / k.bw_e, tk, parts)
             mm = k.lm_head
-            tc = mm.flops_per_token * tile_padded_tokens(n) / k.flops
-            tm = (mm.weight_bytes + mm.bytes_per_token * n) / k.bw
-            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
-            if tc >= tm:
-                comp += tg
-            else:
-                mem += tg
-            over += 2 * k.t_kernel
+            self._kernel(mm.flops_per_token * tile_padded_tokens(n) / k.flops,
+                         (mm.weight_bytes + mm.bytes_per_token * n) / k.bw, tk, parts)
             if k.tp > 1:  # all-gather of the vocab-sharded logits
                 comm += (k.tp - 1) / k.tp * n * k.vocab * k.dt / k.ar_bw + k.ar_lat
-        return comp, mem, comm, over
+        return parts[0], parts[1], comm, parts[2]
 
     def _check(self, k: _Consts, layers: int, p: int, b: int, ctx: int) -> None:
         if not 1 <= layers <= k.num_layers:
@@ -493,11 +471,12 @@ class PerfModel:
         total = 0.0
         tq = tile_padded_tokens(tokens)
         for mm in (coef.qkv, coef.o, coef.up, coef.down):
-            tc = mm.flops_per_token * tq / k.flops
-            tm = (mm.weight_bytes + mm.bytes_per_token * tokens) / k.bw
-            total += (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
-        total += tokens * coef.profiled_elementwise_bytes_per_token / k.bw_e
-        return total + PROFILED_KERNELS_PER_LAYER * k.t_kernel
+            total += kernel_seconds(mm.flops_per_token * tq / k.flops,
+                                    (mm.weight_bytes + mm.bytes_per_token * tokens) / k.bw,
+                                    k.t_kernel)
+        for nbytes in coef.profiled_elementwise_kernels:
+            total += elementwise_seconds(tokens * nbytes / k.bw_e, k.t_kernel)
+        return total
 
     def stage_weight_bytes(
         self,

@@ -3,11 +3,12 @@
 Each measured GPU type (a100-80gb, h100-sxm, a40 from Vidur's operator profiles; h200 from the
 shipped whole-layer tables) is predicted with the figures a GPU type without a profile gets,
 borrowed from fits on the other types only; `--no-sustained` borrows without the sustained-
-throughput scaling (the model before it). Prints, per held-out type, |predicted/measured - 1|
+throughput scaling (the model before it); `--no-elementwise` carries the element-wise figure by
+the DRAM ratio alone instead of the SM-issue/DRAM ceilings (perf model 4). Prints, per held-out type, |predicted/measured - 1|
 median and max for prefill and decode separately (whole layers; the h200's dense models), per
 operator class, and the h200's MoE layers.
 
-    python benchmarks/perf_holdout.py [--no-sustained] [--json]
+    python benchmarks/perf_holdout.py [--no-sustained] [--no-elementwise] [--json]
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-sustained", action="store_true",
                     help="borrow figures without the sustained-throughput scaling")
+    ap.add_argument("--no-elementwise", action="store_true",
+                    help="carry element-wise figures by the DRAM ratio, not the SM/DRAM ceilings")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    results = leave_one_gpu_out(default_catalog(), sustained=not args.no_sustained)
+    results = leave_one_gpu_out(default_catalog(), sustained=not args.no_sustained,
+                                elementwise=not args.no_elementwise)
     rows = []
     for r in results:
         e = r.figures

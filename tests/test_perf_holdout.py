@@ -7,7 +7,13 @@ import pytest
 from coral.catalog import load_catalog
 from coral.perf.holdout import leave_one_gpu_out, moe_leave_one_model_out
 from coral.perf.model import PerfModel
-from coral.perf.sustained import compute_fraction, memory_fraction, scale_borrowed
+from coral.perf.sustained import (
+    compute_fraction,
+    elementwise_ceiling,
+    elementwise_rate,
+    memory_fraction,
+    scale_borrowed,
+)
 
 CATALOG = load_catalog()
 
@@ -42,19 +48,53 @@ def test_borrowed_figures_are_scaled_and_own_fits_are_not():
         donor.eta_compute * compute_fraction(CATALOG.gpu("l4"), CATALOG))
     assert l4.eta_memory == donor.eta_memory
     assert scale_borrowed(donor, CATALOG.gpu("a40"), CATALOG.gpu("a100-80gb"), CATALOG) is donor
-    # a power-capped card's prefill is slower than its datasheet peak and donor suggest
+    # a power-capped card's prefill is slower than its datasheet peak and donor suggest (its
+    # element-wise kernels, DRAM-bound on GDDR6, are credited more than the donor's share)
     plain = PerfModel(CATALOG, efficiencies=donor)  # one set of figures: applied as it is
-    assert perf.iteration_seconds("llama-3.1-8b", "1x-l4", 8, 2048) > 1.3 * (
+    assert perf.iteration_seconds("llama-3.1-8b", "1x-l4", 8, 2048) > 1.25 * (
         plain.iteration_seconds("llama-3.1-8b", "1x-l4", 8, 2048))
 
 
+def test_elementwise_bandwidth_follows_the_sms_on_hbm_and_dram_on_gddr():
+    perf = PerfModel(CATALOG)
+    rate = perf.elementwise_rate
+    # fitted on the A100's and H100's own element-wise figures: a few bytes per SM per clock
+    assert rate == pytest.approx(elementwise_rate(perf.efficiencies, CATALOG))
+    assert 5.0 < rate < 8.5
+    gpu = CATALOG.gpu
+    h100, h200 = perf.efficiencies_for("h100-sxm"), perf.efficiencies_for("h200")
+    # same SMs and clock as its H100 donor: the same element-wise bytes/s (SM-bound), not
+    # more for the H200's faster HBM3e
+    assert h200.eta_elementwise * 4800 == pytest.approx(
+        min(h100.eta_elementwise * 3350,
+            elementwise_ceiling(gpu("h100-sxm"), h100.eta_memory, rate) / 1e9), rel=1e-6)
+    # a GDDR6 card is DRAM-bound: its ceiling is its weight-streaming bandwidth
+    a40 = perf.efficiencies_for("a40")
+    assert elementwise_ceiling(gpu("a40"), a40.eta_memory, rate) == pytest.approx(
+        696e9 * a40.eta_memory)
+    assert a40.eta_elementwise > perf.efficiencies_for("a100-80gb").eta_elementwise
+    # no SM count: the DRAM ratio alone, as before
+    bare = gpu("l4").model_copy(update={"sustained": gpu("l4").sustained.model_copy(
+        update={"sm_count": None})})
+    donor = perf.efficiencies.entries["a100-80gb"]
+    assert scale_borrowed(donor, bare, gpu("a100-80gb"), CATALOG, rate).eta_elementwise == (
+        pytest.approx(donor.eta_elementwise))
+
+
 def test_leave_one_gpu_out_medians():
-    """Issue 22's target: median within 10 % per held-out GPU type, prefill and decode."""
-    for r in leave_one_gpu_out(CATALOG):
+    """Issue 22's target: median within 10 % per held-out GPU type, prefill and decode; the
+    prefill maxima that meet its 25 % stay within it (A100, H100, the H200's dense and MoE
+    layers; see benchmarks/RESULTS.md, "Perf model 5")."""
+    results = {r.gpu: r for r in leave_one_gpu_out(CATALOG)}
+    for r in results.values():
         for kind in ("prefill", "decode"):
             err = r.kind(kind)
             assert err.n > 0
             assert err.median_abs <= 0.10, (r.gpu, kind, err.median_abs)
+    for gpu in ("a100-80gb", "h100-sxm"):
+        assert results[gpu].kind("prefill").max_abs <= 0.25, gpu
+    for cls in ("dense layer", "moe layer"):
+        assert results["h200"].errors[(cls, "prefill")].max_abs <= 0.25, cls
 
 
 def test_moe_leave_one_model_out_median():

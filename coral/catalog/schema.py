@@ -50,7 +50,9 @@ class SustainedFigures(Sourced):
     `gemm_tflops` is a published dense bf16/fp16 matmul throughput measured under sustained
     load on this GPU type, and `copy_gb_per_s` a measured device-to-device copy bandwidth
     (read + write), when one exists. `coral.perf.sustained` turns them into the fraction of
-    each peak the GPU type sustains.
+    each peak the GPU type sustains. `sm_count` (streaming multiprocessors) with the boost clock
+    gives the rate at which the SMs can issue element-wise loads and stores, which bounds
+    element-wise kernels on HBM cards before DRAM does.
     """
 
     board_power_w: float = Field(gt=0, description="Board power (TDP), W.")
@@ -62,6 +64,8 @@ class SustainedFigures(Sourced):
         default=None, gt=0, description="Measured sustained dense matmul TFLOP/s.")
     copy_gb_per_s: float | None = Field(
         default=None, gt=0, description="Measured device copy bandwidth (read + write), GB/s.")
+    sm_count: int | None = Field(
+        default=None, gt=0, description="Streaming multiprocessors (datasheet/whitepaper).")
 
 
 class GpuType(Sourced):

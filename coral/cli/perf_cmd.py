@@ -165,14 +165,16 @@ def calibration_payload(cat: Catalog, cal, written: Path | None) -> dict:
     """JSON-able report of a calibration against every GPU type in the catalog."""
     from coral.perf.model import ROOFLINE_P
 
-    from coral.perf.sustained import compute_fraction, memory_fraction, scale_borrowed
+    from coral.perf.sustained import (
+        compute_fraction, elementwise_rate, memory_fraction, scale_borrowed)
 
     table = cal.table()
+    rate = elementwise_rate(table, cat)
     gpus = []
     for gpu in cat.gpus.values():
         eff = table.for_gpu(gpu)
         if eff.borrowed_from:  # as the perf model uses it: scaled to sustained throughput
-            eff = scale_borrowed(eff, gpu, cat.gpu(eff.borrowed_from), cat)
+            eff = scale_borrowed(eff, gpu, cat.gpu(eff.borrowed_from), cat, rate)
         fit = cal.fits.get(gpu.name)
         gpus.append({
             "gpu": gpu.name,

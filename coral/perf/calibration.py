@@ -42,6 +42,7 @@ from coral.perf.efficiencies import (
 )
 from coral.perf.layer_costs import layer_coefficients, tile_padded_tokens_array
 from coral.perf.kernel_time import elementwise_seconds, kernel_seconds
+from coral.perf.sustained import elementwise_rate, scale_borrowed
 from coral.perf.vidur_profiles import (
     VIDUR_GPUS,
     VidurProfiles,
@@ -298,9 +299,12 @@ def calibrate(catalog: Catalog | None = None, *, cross_model: bool = True) -> Ca
         fits[report.gpu] = report
     table = EfficiencyTable({g: f.efficiencies for g, f in fits.items()})
     held: list[HeldOutReport] = []
+    rate = elementwise_rate(table, catalog)
     for vgpu in HELD_OUT_VIDUR_GPUS:
         gpu = catalog.gpu(VIDUR_GPUS[vgpu])
         eff = table.for_gpu(gpu)
+        if eff.borrowed_from:  # as the perf model borrows: scaled to sustained throughput
+            eff = scale_borrowed(eff, gpu, catalog.gpu(eff.borrowed_from), catalog, rate)
         held.append(
             _held_out(
                 f"{gpu.name} (GPU type not fitted)",

@@ -25,7 +25,7 @@ from coral.perf.calibration import _fit_gpu, _points, predict_kernels
 from coral.perf.efficiencies import Efficiencies, EfficiencyTable
 from coral.perf.model import PerfModel
 from coral.perf.profile_table import ProfileTable
-from coral.perf.sustained import scale_borrowed
+from coral.perf.sustained import elementwise_rate, scale_borrowed
 from coral.perf.validation import compare, fit_tables, load_tables, PACKAGED_PROFILES
 from coral.perf.vidur_profiles import VIDUR_GPUS, load_vidur_profiles
 
@@ -103,13 +103,22 @@ def training_fits(catalog: Catalog, held_out: str, h200_tables: list[ProfileTabl
     return EfficiencyTable(entries)
 
 
+def _per_operator(table: EfficiencyTable) -> EfficiencyTable:
+    """The fits on per-operator profiles (Vidur's), where element-wise kernels are timed on
+    their own; a whole-layer table's element-wise figure is not separable from the rest (the
+    h200 fit runs into its bound, 1.0)."""
+    vidur = set(VIDUR_GPUS.values())
+    return EfficiencyTable({g: e for g, e in table.entries.items() if g in vidur})
+
+
 def held_out_figures(catalog: Catalog, table: EfficiencyTable, gpu: str,
-                     sustained: bool) -> Efficiencies:
+                     sustained: bool, elementwise: bool = True) -> Efficiencies:
     """What the perf model gives `gpu` without its own profile, from `table`."""
     gpu_t = catalog.gpu(gpu)
     eff = table.for_gpu(gpu_t)
     if sustained and eff.borrowed_from:
-        eff = scale_borrowed(eff, gpu_t, catalog.gpu(eff.borrowed_from), catalog)
+        rate = elementwise_rate(_per_operator(table), catalog) if elementwise else None
+        eff = scale_borrowed(eff, gpu_t, catalog.gpu(eff.borrowed_from), catalog, rate)
     return eff
 
 
@@ -146,15 +155,16 @@ def _table_errors(catalog: Catalog, tables: list[ProfileTable], eff: Efficiencie
     return {k: Errors(np.array(v)) for k, v in out.items()}
 
 
-def leave_one_gpu_out(catalog: Catalog, *, sustained: bool = True,
+def leave_one_gpu_out(catalog: Catalog, *, sustained: bool = True, elementwise: bool = True,
                       h200_tables: list[ProfileTable] | None = None) -> list[HeldOutGpu]:
-    """Every measured GPU type predicted from fits on the others."""
+    """Every measured GPU type predicted from fits on the others (`elementwise`: carry the
+    element-wise figure by the SM-issue/DRAM ceilings, else by the DRAM ratio alone)."""
     if h200_tables is None:
         h200_tables = load_tables([PACKAGED_PROFILES / "h200"])
     results = []
     for vgpu, name in [*_vidur_gpu_names().items(), ("", "h200")]:
         table = training_fits(catalog, name, h200_tables)
-        eff = held_out_figures(catalog, table, name, sustained)
+        eff = held_out_figures(catalog, table, name, sustained, elementwise)
         res = HeldOutGpu(name, eff)
         if vgpu:
             res.errors = _vidur_errors(catalog, vgpu, eff)

@@ -71,13 +71,14 @@ from coral.perf.layer_costs import (
     tile_padded_tokens,
 )
 from coral.perf.kernel_time import ROOFLINE_P, elementwise_seconds, kernel_seconds  # noqa: F401
-from coral.perf.sustained import scale_borrowed
+from coral.perf.sustained import elementwise_rate, scale_borrowed
 
 #: Version of the formula; bump it when a change to this module changes predictions.
 #: 2: borrowed efficiencies scaled to the borrower's sustained throughput (coral.perf.sustained).
 #: 3: MoE layers as grouped expert GEMMs, the engine's MoE kernels and the expert-output sum.
 #: 4: dense matmuls' compute over whole row tiles of tokens, with ROOFLINE_P at 2.5.
-FORMULA_VERSION = 4
+#: 5: borrowed element-wise figures carried by the SM-issue/DRAM ceilings (coral.perf.sustained).
+FORMULA_VERSION = 5
 
 
 def _efficiencies_digest() -> str:
@@ -133,7 +134,7 @@ MOE_EXTRA_KERNELS = 4
 #: such cost is inside their fitted eta_compute. Fitted on the shipped H200 MoE tables
 #: (`coral.perf.holdout.fit_grouped_gemm`; leave-one-model-out in benchmarks/RESULTS.md
 #: "MoE layers"); approximate.
-GROUPED_GEMM_K0 = 3500.0
+GROUPED_GEMM_K0 = 3000.0
 
 #: Weight streaming of grouped expert GEMMs as a fraction of a dense matmul's (eta_memory):
 #: a few tokens per expert leave each expert's small GEMM too few tiles to keep the memory
@@ -216,6 +217,11 @@ class PerfModel:
         elif isinstance(efficiencies, Mapping):
             efficiencies = EfficiencyTable(efficiencies)
         self.efficiencies = efficiencies
+        #: element-wise bytes per SM per clock of the table's fitted HBM types (borrowing)
+        self.elementwise_rate = (
+            elementwise_rate(efficiencies, catalog)
+            if isinstance(efficiencies, EfficiencyTable) else None
+        )
         self._tables: dict[tuple[str, str], MeasuredTable] = {}
         for table in tables:
             self._tables[(table.model, table.node_type)] = table
@@ -231,7 +237,8 @@ class PerfModel:
         if eff.borrowed_from and eff.borrowed_from in self.catalog.gpus:
             # a borrowed fit describes the donor's clocks and memory; carry it to this GPU
             # type's sustained throughput (a power-capped board holds less than its donor)
-            eff = scale_borrowed(eff, gpu_t, self.catalog.gpu(eff.borrowed_from), self.catalog)
+            eff = scale_borrowed(eff, gpu_t, self.catalog.gpu(eff.borrowed_from), self.catalog,
+                                 self.elementwise_rate)
         return eff
 
     def has_table(self, model: str | ModelArch, node: str | NodeType) -> bool:

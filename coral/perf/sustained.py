@@ -18,15 +18,25 @@ A GPU type without its own profile borrows a profiled type's efficiencies
 of the two types' sustained fractions, so a power-capped card (L4, T4) is not credited with
 the clock a well-powered donor holds. Energy per FLOP is taken as constant with clock, which
 is pessimistic where a capped board also lowers its voltage; the base-clock floor bounds that.
+
+Element-wise kernels (norms, rope, activation, residual add) are not held by DRAM alone: on
+HBM cards the SMs cannot issue their loads and stores fast enough (Vidur's profiles: about
+6.4 bytes per SM per clock on both the A100 and the H100, half their DRAM bandwidth), while a
+GDDR6 card's DRAM is slower than its SMs (the A40: 76 % of its 696 GB/s). Their bandwidth is
+bounded by `elementwise_ceiling`, the lesser of the DRAM bandwidth a weight-streaming matmul
+reaches and the SMs' issue rate at `elementwise_rate` bytes per SM per clock, fitted on the
+fitted HBM types; a borrowed element-wise figure is carried by the ratio of the two types'
+ceilings, so it follows the SMs between HBM cards and DRAM to and from GDDR cards.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import GpuType
-from coral.perf.efficiencies import Efficiencies
+from coral.perf.efficiencies import Efficiencies, EfficiencyTable
 
 
 def _tflops_per_watt(catalog: Catalog, process: str) -> float | None:
@@ -68,18 +78,66 @@ def memory_fraction(gpu: GpuType, catalog: Catalog) -> float:
     return min(1.0, max(same)) if same else 1.0
 
 
+def _sm_issue(gpu: GpuType) -> float | None:
+    """SMs x boost clock (SM-cycles per second), None when the catalog lacks either."""
+    s = gpu.sustained
+    if s is None or s.sm_count is None:
+        return None
+    return s.sm_count * s.boost_clock_mhz * 1e6
+
+
+def elementwise_rate(table: EfficiencyTable, catalog: Catalog) -> float | None:
+    """Element-wise bytes per SM per clock of the fitted HBM types in `table` (geometric mean
+    of each type's fitted element-wise bandwidth over its SMs x boost clock), None if none."""
+    logs = []
+    for name, eff in table.entries.items():
+        if eff.borrowed_from or name not in catalog.gpus:
+            continue
+        gpu = catalog.gpu(name)
+        issue = _sm_issue(gpu)
+        if issue is None or not gpu.sustained or not gpu.sustained.memory.startswith("hbm"):
+            continue
+        logs.append(math.log(eff.eta_elementwise * gpu.mem_bandwidth_gb_per_s * 1e9 / issue))
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def elementwise_ceiling(gpu: GpuType, eta_memory: float, rate: float | None) -> float:
+    """Bytes/s element-wise kernels can reach on `gpu`: the lesser of its DRAM bandwidth at
+    `eta_memory` and its SMs' issue rate at `rate` bytes per SM per clock (DRAM alone when
+    either figure is missing)."""
+    dram = gpu.mem_bandwidth_gb_per_s * 1e9 * eta_memory
+    issue = _sm_issue(gpu)
+    if rate is None or issue is None:
+        return dram
+    return min(dram, rate * issue)
+
+
 def scale_borrowed(eff: Efficiencies, gpu: GpuType, donor: GpuType,
-                   catalog: Catalog) -> Efficiencies:
-    """A donor's efficiencies carried to `gpu` by the ratio of their sustained fractions."""
+                   catalog: Catalog, elementwise_rate: float | None = None) -> Efficiencies:
+    """A donor's efficiencies carried to `gpu` by the ratio of their sustained fractions; the
+    element-wise figure by the ratio of their element-wise ceilings when `elementwise_rate`
+    (bytes per SM per clock) is given and both types list SMs and clocks."""
     c = compute_fraction(gpu, catalog) / compute_fraction(donor, catalog)
     m = memory_fraction(gpu, catalog) / memory_fraction(donor, catalog)
-    if c == 1.0 and m == 1.0:
+    eta_m = min(1.0, eff.eta_memory * m)
+    if elementwise_rate is not None and _sm_issue(gpu) and _sm_issue(donor):
+        # the donor's element-wise bandwidth as a fraction of its ceiling (at most all of it:
+        # a figure above the ceiling was not measured apart from the rest of a layer)
+        share = min(1.0, eff.eta_elementwise * donor.mem_bandwidth_gb_per_s * 1e9
+                    / elementwise_ceiling(donor, eff.eta_memory, elementwise_rate))
+        eta_e = min(1.0, share * elementwise_ceiling(gpu, eta_m, elementwise_rate)
+                    / (gpu.mem_bandwidth_gb_per_s * 1e9))
+        how = f"element-wise x{eta_e / eff.eta_elementwise:.3f} (SM issue or DRAM)"
+    else:
+        eta_e = min(1.0, eff.eta_elementwise * m)
+        how = ""
+    if c == 1.0 and m == 1.0 and eta_e == eff.eta_elementwise:
         return eff
     return replace(
         eff,
         eta_compute=min(1.0, eff.eta_compute * c),
-        eta_memory=min(1.0, eff.eta_memory * m),
-        eta_elementwise=min(1.0, eff.eta_elementwise * m),
+        eta_memory=eta_m,
+        eta_elementwise=eta_e,
         fitted_on=f"{eff.fitted_on}; scaled to sustained throughput (compute x{c:.3f}, "
-                  f"memory x{m:.3f})",
+                  f"memory x{m:.3f}{', ' + how if how else ''})",
     )

@@ -37,8 +37,9 @@ that every GPU reads in full are counted in full). Operator groups:
 `eta_m`, `eta_e` and the per-kernel time `t_kernel` are the GPU's `Efficiencies`, fitted to
 Vidur's measured operator times (see `coral.perf.calibration`); a GPU type without a fit
 borrows a profiled type's, scaled by the two types' sustained throughput
-(`coral.perf.sustained`: board power, clocks, measured matmul and copy figures). TP communication is a ring
-all-reduce of the layer's activations twice per layer. When a measured table exists for a
+(`coral.perf.sustained`: board power, clocks, measured matmul and copy figures; the
+element-wise figure by the lesser of DRAM and the SMs' issue rate, which holds element-wise
+kernels on HBM cards). TP communication is a ring all-reduce of the layer's activations twice per layer. When a measured table exists for a
 (model, node type) it replaces the per-layer formula.
 
 `iteration_seconds` is on the hot path of the template builder (called millions of times):
@@ -70,8 +71,10 @@ from coral.perf.layer_costs import (
     layer_coefficients,
     tile_padded_tokens,
 )
-from coral.perf.kernel_time import ROOFLINE_P, elementwise_seconds, kernel_seconds  # noqa: F401
+from coral.perf.kernel_time import ROOFLINE_P, elementwise_seconds, kernel_seconds
 from coral.perf.sustained import elementwise_rate, scale_borrowed
+
+_INV_P = 1.0 / ROOFLINE_P
 
 #: Version of the formula; bump it when a change to this module changes predictions.
 #: 2: borrowed efficiencies scaled to the borrower's sustained throughput (coral.perf.sustained).
@@ -181,8 +184,8 @@ class _Consts:
     __slots__ = (
         "refs", "model", "node", "gpu", "eff", "coef", "num_layers", "tp", "flops", "bw", "bw_e",
         "t_kernel", "kernels", "ar_bw", "ar_lat", "hidden_bytes", "vocab", "hidden", "dt",
-        "table", "lm_head", "ew_kernels", "up_routed_extra", "down_routed_extra",
-        "grouped_bw", "fixed_kernels",
+        "table", "lm_head", "ew_bytes_per_token", "up_routed_extra", "down_routed_extra",
+        "grouped_bw",
     )
 
 
@@ -287,15 +290,11 @@ class PerfModel:
         k.bw = gpu.mem_bandwidth_gb_per_s * 1e9 * eff.eta_memory
         k.bw_e = gpu.mem_bandwidth_gb_per_s * 1e9 * eff.eta_elementwise
         k.t_kernel = eff.kernel_overhead_s
-        k.ew_kernels = tuple(ew_kernels)
+        k.ew_bytes_per_token = sum(ew_kernels)
         kernels = PROFILED_KERNELS_PER_LAYER + KV_WRITE_KERNELS
         if arch.moe is not None:
             kernels += MOE_EXTRA_KERNELS + (SHARED_EXPERT_KERNELS if arch.moe.shared_experts else 0)
         k.kernels = kernels
-        # kernels with no modelled work of their own (MoE routing, shared-expert glue): the
-        # matmuls, attention and element-wise kernels (the expert-output sum among them) are
-        # timed by their work
-        k.fixed_kernels = kernels - 4 - len(k.ew_kernels)
         k.ar_bw = gpu.intra_node_link_gb_per_s * 1e9 * ALLREDUCE_BANDWIDTH_FRACTION
         k.ar_lat = ALLREDUCE_LATENCY_S[gpu.intra_node_link]
         k.dt = float(arch.dtype_bytes)
@@ -314,24 +313,24 @@ class PerfModel:
     def _allreduce(self, k: _Consts, nbytes: float) -> float:
         return 2.0 * (k.tp - 1) / k.tp * nbytes / k.ar_bw + k.ar_lat
 
-    @staticmethod
-    def _kernel(tc: float, tm: float, tk: float, parts: list[float]) -> None:
-        """Add one kernel's time to parts [compute, memory, overhead]: its work to the bound
-        that limits it, its fixed time to the overhead."""
-        parts[0 if tc >= tm else 1] += kernel_seconds(tc, tm, 0.0)
-        parts[2] += tk
-
     def _layer(self, k: _Consts, p: int, b: int, ctx: int) -> tuple[float, float, float, float]:
-        """(compute, memory, comm, overhead) seconds of ONE layer by the roofline."""
+        """(compute, memory, comm, overhead) seconds of ONE layer by the roofline: each kernel's
+        time is `coral.perf.kernel_time.kernel_seconds`, written out here because this is the
+        template builder's hot path."""
         coef = k.coef
         t = p + b
         tq = tile_padded_tokens(t)  # rows the dense matmuls' kernels compute
-        fl, bw, tk = k.flops, k.bw, k.t_kernel
-        parts = [0.0, 0.0, k.fixed_kernels * tk]
+        fl, bw = k.flops, k.bw
+        comp = mem = 0.0
         # matmuls
         for mm in (coef.qkv, coef.o):
-            self._kernel(mm.flops_per_token * tq / fl,
-                         (mm.weight_bytes + mm.bytes_per_token * t) / bw, tk, parts)
+            tc = mm.flops_per_token * tq / fl
+            tm = (mm.weight_bytes + mm.bytes_per_token * t) / bw
+            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+            if tc >= tm:
+                comp += tg
+            else:
+                mem += tg
         if coef.moe_experts:
             touched = expected_distinct_experts(coef.moe_experts, coef.moe_top_k, t)
             w_up = touched * coef.expert_up_bytes + coef.fixed_up_bytes
@@ -345,44 +344,66 @@ class PerfModel:
             mlp = ((coef.up, coef.up.weight_bytes, 0.0), (coef.down, coef.down.weight_bytes, 0.0))
             rows = tq
         for mm, w, grouped in mlp:
-            self._kernel((mm.flops_per_token + grouped) * rows / fl,
-                         (w + mm.bytes_per_token * t) / bw, tk, parts)
+            tc = (mm.flops_per_token + grouped) * rows / fl
+            tm = (w + mm.bytes_per_token * t) / bw
+            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+            if tc >= tm:
+                comp += tg
+            else:
+                mem += tg
+        kernels = k.kernels
         # attention
-        qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
         if p:
-            self._kernel(2.0 * p * (p + 1) * qg / fl,
-                         p * (2.0 * qg + 2.0 * kvg) * k.dt / bw, tk, parts)
+            qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
+            tc = 2.0 * p * (p + 1) * qg / fl
+            tm = p * (2.0 * qg + 2.0 * kvg) * k.dt / bw
+            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+            if tc >= tm:
+                comp += tg
+            else:
+                mem += tg
+            kernels += 1
         if b:
-            self._kernel(4.0 * ctx * qg / fl,
-                         (ctx * 2.0 * kvg + b * 2.0 * qg) * k.dt / bw, tk, parts)
+            qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
+            tc = 4.0 * ctx * qg / fl
+            tm = (ctx * 2.0 * kvg + b * 2.0 * qg) * k.dt / bw
+            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+            if tc >= tm:
+                comp += tg
+            else:
+                mem += tg
+            kernels += 1
         # element-wise
-        for nbytes in k.ew_kernels:
-            parts[1] += t * nbytes / k.bw_e
-            parts[2] += tk
+        mem += t * k.ew_bytes_per_token / k.bw_e
         comm = 2.0 * self._allreduce(k, t * k.hidden_bytes) if k.tp > 1 else 0.0
-        return parts[0], parts[1], comm, parts[2]
+        return comp, mem, comm, kernels * k.t_kernel
 
     def _extras(
         self, k: _Consts, p: int, b: int, first: bool, last: bool
     ) -> tuple[float, float, float, float]:
         """(compute, memory, comm, overhead) of the embedding and/or final norm + LM head."""
-        parts = [0.0, 0.0, 0.0]
-        comm = 0.0
-        tk = k.t_kernel
+        comp = mem = comm = over = 0.0
         if first:
             t = p + b
-            self._kernel(0.0, 2.0 * t * k.hidden_bytes / k.bw_e, tk, parts)
+            mem += 2.0 * t * k.hidden_bytes / k.bw_e
+            over += k.t_kernel
             if k.tp > 1:  # vocab-parallel embedding: partial rows are summed
                 comm += self._allreduce(k, t * k.hidden_bytes)
         if last:
             n = b + (1 if p else 0)
-            self._kernel(0.0, 2.0 * n * k.hidden_bytes / k.bw_e, tk, parts)
+            mem += 2.0 * n * k.hidden_bytes / k.bw_e
             mm = k.lm_head
-            self._kernel(mm.flops_per_token * tile_padded_tokens(n) / k.flops,
-                         (mm.weight_bytes + mm.bytes_per_token * n) / k.bw, tk, parts)
+            tc = mm.flops_per_token * tile_padded_tokens(n) / k.flops
+            tm = (mm.weight_bytes + mm.bytes_per_token * n) / k.bw
+            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+            if tc >= tm:
+                comp += tg
+            else:
+                mem += tg
+            over += 2 * k.t_kernel
             if k.tp > 1:  # all-gather of the vocab-sharded logits
                 comm += (k.tp - 1) / k.tp * n * k.vocab * k.dt / k.ar_bw + k.ar_lat
-        return parts[0], parts[1], comm, parts[2]
+        return comp, mem, comm, over
 
     def _check(self, k: _Consts, layers: int, p: int, b: int, ctx: int) -> None:
         if not 1 <= layers <= k.num_layers:

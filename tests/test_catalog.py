@@ -117,6 +117,17 @@ def test_every_model_and_gpu_is_sourced_and_dated(cat: Catalog) -> None:
         assert entry.source.strip() and entry.date is not None, entry.name
 
 
+def test_every_gpu_lists_sms_and_clocks(cat: Catalog) -> None:
+    """The element-wise ceiling (coral.perf.sustained) needs SMs and the boost clock."""
+    for gpu in cat.gpus.values():
+        s = gpu.sustained
+        assert s is not None and s.sm_count and s.boost_clock_mhz, gpu.name
+        assert "sm_count" in s.source, gpu.name
+    sms = {g.name: g.sustained.sm_count for g in cat.gpus.values()}
+    assert sms["h100-sxm"] == sms["h200"] == 132 and sms["h100-pcie"] == 114
+    assert sms["a100-80gb"] == 108 and sms["a40"] == 84 and sms["l4"] == 58 and sms["t4"] == 40
+
+
 def test_known_prices_and_nics(cat: Catalog) -> None:
     assert cat.node_type("1x-l4").price_in("aws-us-east-1") == pytest.approx(0.8048)
     assert cat.node_type("1x-l4").price_in("gcp-us-central1") == pytest.approx(0.7068)

@@ -14,8 +14,9 @@ element-wise kernels' floors differ by kernel (Vidur's residual add holds 1-2 µ
 tokens, its RMSNorm 4-8 µs) while one fixed time per GPU type stands for all of them.
 
 The calibration (`coral.perf.calibration`), the hold-out (`coral.perf.holdout`) and the perf
-model (`coral.perf.model`) all time kernels through these two functions, so the three cannot
-drift apart.
+model (`coral.perf.model.PerfModel.profiled_ops_seconds`) time kernels through these two
+functions; the perf model's layer formula writes the same arithmetic out on the template
+builder's hot path.
 """
 
 from __future__ import annotations

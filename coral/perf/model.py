@@ -39,8 +39,9 @@ Vidur's measured operator times (see `coral.perf.calibration`); a GPU type witho
 borrows a profiled type's, scaled by the two types' sustained throughput
 (`coral.perf.sustained`: board power, clocks, measured matmul and copy figures; the
 element-wise figure by the lesser of DRAM and the SMs' issue rate, which holds element-wise
-kernels on HBM cards). TP communication is a ring all-reduce of the layer's activations twice per layer. When a measured table exists for a
-(model, node type) it replaces the per-layer formula.
+kernels on HBM cards). TP communication is a ring all-reduce of the layer's activations twice
+per layer. When a measured table exists for a (model, node type) it replaces the per-layer
+formula.
 
 `iteration_seconds` is on the hot path of the template builder (called millions of times):
 per (model, node) constants are computed once and the call itself is plain float arithmetic.
@@ -97,7 +98,6 @@ def _efficiencies_digest() -> str:
 PERF_MODEL_VERSION = f"{FORMULA_VERSION}+{_efficiencies_digest()}"
 
 # ---- named constants ----
-
 
 #: Fraction of a node's memory kept free for activations, workspace and allocator slack
 #: (vLLM's default gpu_memory_utilization is 0.9).

@@ -25,12 +25,17 @@ router. A request skips an instance that is
    simulator counts the same, so both skip the same instances.
 
 What an instance serves at once depends on its kind (`serving_slots`): an aggregated or a
-decode instance runs its batch of sequences; a prefill instance's batch counts prompt tokens
-per pipeline round, so it runs that many tokens over the prompt length in prompts at once.
-Counting a prefill instance's tokens as sequences would put its slots in the thousands, so
-its queue would never show and a prefill instance slower than planned would keep its
-planned share while its prompts wait (with one GPU type slower than modelled, TTFT grows
-without bound there while the model's other instances have room).
+decode instance runs its batch of sequences, and a request arriving while it has a free slot
+joins its next step. A prefill instance's batch counts prompt tokens per round (one step of
+chunked prefill through its stages, many times a decode step), and a prompt arriving during
+a round waits for the next: at its planned rate it holds the round in
+progress and the one forming, twice its token batch over the prompt length in prompts; a
+queue beyond both means it falls behind. Counting its tokens as sequences would put its
+slots in the thousands, so its queue would never show, and a prefill instance slower than
+planned would keep its planned share while its prompts wait (with one GPU type slower than
+modelled, TTFT grew without bound there while the model's other instances had room);
+counting only the round in progress would read each round forming as a queue and move
+requests about at the planned load.
 
 Skipped instances take no credit on that pick; the pick is the rotation over the rest. There
 is no "full" rule: an instance queues what it cannot batch, and the overload rule moves new
@@ -57,22 +62,26 @@ import numpy as np
 SWRR_PYTHON_MAX = 12
 #: Requests an instance may hold above its fair count before rule 3 can skip it.
 LOAD_SLACK = 4
+#: Rounds of prompts a prefill instance holds at its planned rate: the one in progress and
+#: the one forming (`serving_slots`).
+PREFILL_ROUNDS = 2
 
 
 def serving_slots(role: str, batch: int, prompt_tokens: int | None = None) -> int:
     """Requests an instance of `role` serves at once, the router's `slots` for it: `batch`
     (stages x the smallest stage's batch) for an `aggregated` or `decode` instance, whose
     batch counts sequences; for a `prefill` instance, whose batch counts prompt tokens per
-    pipeline round, the prompts of `prompt_tokens` that fill it (at least one; 0, all in
-    flight counted as queued, when the prompt length is not known). Both the simulator
-    and the gateway take an instance's slots from here."""
+    round, the prompts of `prompt_tokens` that fill a round (at least one) in the round in
+    progress and the one forming (see the module docstring); 0, all in flight counted as
+    queued, when the prompt length is not known. Both the simulator and the gateway take an
+    instance's slots from here."""
     if batch < 0:
         raise ValueError(f"batch {batch} must be >= 0")
     if role != "prefill":
         return batch
     if not prompt_tokens or prompt_tokens <= 0:
         return 0
-    return max(1, batch // int(prompt_tokens))
+    return PREFILL_ROUNDS * max(1, batch // int(prompt_tokens))
 
 
 def swrr_pick(weights: Sequence[float], credits: list[float],

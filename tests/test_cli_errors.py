@@ -31,6 +31,17 @@ def test_user_errors_are_coral_errors_and_print_one_line(cls, capsys):
     assert "the trace file has no rows; to fix: give one with rows" in capsys.readouterr().err
 
 
+def test_a_missing_dependency_is_a_user_error_printed_as_plain_text(capsys):
+    """Brackets in a message (an extra's name) are text, not console markup."""
+    from coral.templates.parallel import MissingDependencyError
+
+    with pytest.raises(typer.Exit) as info:
+        with user_errors():
+            raise MissingDependencyError("Ray is not installed: pip install coral-serving[ray]")
+    assert info.value.exit_code == 2
+    assert "pip install coral-serving[ray]" in capsys.readouterr().err
+
+
 def test_errors_that_were_value_errors_still_are():
     """Callers that catch the old base keep working."""
     for cls in USER_ERRORS:

@@ -180,3 +180,10 @@ def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(monkeypatch):
              "coral.d": {"coral.a"}}
     monkeypatch.setattr(f"{__name__}._import_graph", lambda: graph)
     assert _cycles() == [frozenset({"coral.a", "coral.b", "coral.c"})]
+
+
+def test_a_module_is_in_its_packages_layer():
+    assert _layer("coral.planning.plan") == "planning"
+    assert _layer("coral.evaluation.sections") == "evaluation"
+    assert _layer("coral.solvers.highs") == "solvers"
+    assert _layer("coral.errors") == "base" and _layer("coral") == "base"

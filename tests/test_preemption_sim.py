@@ -221,10 +221,12 @@ levels:
 """
 
 
-def test_simulate_preemptions_end_to_end(tmp_path, monkeypatch):
-    """`coral plan tiny.yaml --spot` then `coral simulate --preemptions` with every pool
-    preempted about twice a minute: events reclaim spot instances, each is re-planned by the
-    allocator (the plan's spot options kept), and no request is left unfinished."""
+@pytest.mark.parametrize("mode", ["aggregated", "pd"])
+def test_simulate_preemptions_end_to_end(tmp_path, monkeypatch, mode):
+    """`coral plan tiny.yaml --spot [--mode pd]` then `coral simulate --preemptions` with
+    every pool preempted about twice a minute: events reclaim spot instances (prefill and
+    decode halves too), each is re-planned by the allocator (the plan's mode and spot options
+    kept), and no request is left unfinished."""
     import json
 
     from typer.testing import CliRunner
@@ -236,10 +238,13 @@ def test_simulate_preemptions_end_to_end(tmp_path, monkeypatch):
     scenario.write_text(TINY_SCENARIO)
     plan, tpl = tmp_path / "plan.json", tmp_path / "templates"
     runner = CliRunner()
-    res = runner.invoke(app, ["plan", str(scenario), "--spot", "--no-baselines",
-                              "--templates-dir", str(tpl), "--out", str(plan)])
+    res = runner.invoke(app, ["plan", str(scenario), "--spot", "--mode", mode,
+                              "--no-baselines", "--templates-dir", str(tpl), "--out", str(plan)])
     assert res.exit_code == 0, res.output
-    assert any(r["market"] == "spot" for r in json.loads(plan.read_text())["instances"])
+    rows = json.loads(plan.read_text())["instances"]
+    assert any(r["market"] == "spot" for r in rows)
+    assert {r["mode"] for r in rows} <= ({"aggregated"} if mode == "aggregated"
+                                         else {"prefill", "decode"})
     monkeypatch.setattr(Catalog, "preemption_rate_per_hour", lambda self, g, r: 120.0)
     res = runner.invoke(app, ["simulate", str(plan), "--preemptions", "--duration", "60",
                               "--replan-scenario", str(scenario), "--templates-dir", str(tpl),

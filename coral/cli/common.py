@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Iterator
 
 import typer
+from rich.markup import escape
 from rich.console import Console
 
 from coral.errors import CoralError
@@ -52,7 +53,9 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except (CoralError, FileNotFoundError) as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # the message is plain text: a name like coral-serving[ray] is not markup
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(code=2) from None
 
 

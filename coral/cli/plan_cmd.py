@@ -115,7 +115,7 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
     from coral.planning.libraries import templates_for_scenario
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
-    from coral.templates.parallel import MissingDependencyError, default_perf_factory
+    from coral.templates.parallel import default_perf_factory
 
     _check_common(nmax, workers, time_limit, gap)
     if robust is not None:
@@ -131,14 +131,11 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
     show = sys.stderr.isatty() if progress is None else progress
     perf = default_perf_factory(cat)
     with native_stdout_to_stderr(quiet_stdout):
-        try:
-            templates = templates_for_scenario(
-                scenario, cat, perf, out_root=templates_dir,
-                workers=workers or os.cpu_count() or 1, nmax=nmax, progress=show,
-                on_message=_say, engine=engine,
-            )
-        except MissingDependencyError as exc:
-            raise UserError(escape(str(exc))) from None
+        templates = templates_for_scenario(
+            scenario, cat, perf, out_root=templates_dir,
+            workers=workers or os.cpu_count() or 1, nmax=nmax, progress=show,
+            on_message=_say, engine=engine,
+        )
         from coral.allocator.jit import warm_up
 
         with _busy("loading the allocator's compiled kernels...", show):
@@ -303,7 +300,6 @@ def adapt(
     from coral.planning.adapt import run_timeline
     from coral.planning.adapt_report import write_outputs
     from coral.planning.timeline import load_timeline
-    from coral.templates.parallel import MissingDependencyError
 
     with user_errors():
         _check_common(nmax, workers, time_limit)
@@ -312,20 +308,17 @@ def adapt(
         show = sys.stderr.isatty() if progress is None else progress
         folder = out if out is not None else Path("out/adapt") / tl.name
         with native_stdout_to_stderr(json):
-            try:
-                def said(r: Any) -> None:
-                    if show:
-                        _say(f"period {r.name}: ${r.cost_usd_per_hour:,.2f}/hour, "
-                             f"{pct(r.served_fraction)} served, {r.started} started, "
-                             f"{r.stopped} stopped ({r.status}, {r.solve_s:.1f} s)")
+            def said(r: Any) -> None:
+                if show:
+                    _say(f"period {r.name}: ${r.cost_usd_per_hour:,.2f}/hour, "
+                         f"{pct(r.served_fraction)} served, {r.started} started, "
+                         f"{r.stopped} stopped ({r.status}, {r.solve_s:.1f} s)")
 
-                result = run_timeline(
-                    tl, catalog=cat, out_root=templates_dir,
-                    workers=workers or os.cpu_count() or 1, nmax=nmax, progress=show,
-                    time_limit_s=time_limit, on_message=_say, on_period=said,
-                )
-            except MissingDependencyError as exc:
-                raise UserError(escape(str(exc))) from None
+            result = run_timeline(
+                tl, catalog=cat, out_root=templates_dir,
+                workers=workers or os.cpu_count() or 1, nmax=nmax, progress=show,
+                time_limit_s=time_limit, on_message=_say, on_period=said,
+            )
             result = write_outputs(result, folder)
     if json:
         print_json(result.to_dict())

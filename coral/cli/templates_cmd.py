@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from coral.cli.common import (
@@ -272,7 +271,6 @@ def build(
     """Build (or resume) the template library of a model: enumerate, solve, prune."""
     from coral.templates.build import build_library
     from coral.templates.store import default_library_dir
-    from coral.templates.parallel import MissingDependencyError
 
     reports = []
     with user_errors():
@@ -304,18 +302,15 @@ def build(
             err_console.print(f"[dim]{msg}[/]", highlight=False, soft_wrap=True)
 
         for m in _modes(mode):
-            try:
-                with native_stdout_to_stderr(json):
-                    _, report = build_library(
-                        arch, cat, slo=slo, mode=m, topology=topology,  # type: ignore[arg-type]
-                        engine=eng, nmax=nmax, rho=rho, node_types=node_list,
-                        regions=region_list, batches=_batches(batches),
-                        out=default_library_dir(out, arch.name, m, eng),
-                        workers=workers, ray_address=ray, time_limit_s=time_limit,
-                        method=method, progress=show_progress, on_message=say,
-                    )
-            except MissingDependencyError as exc:
-                raise UserError(escape(str(exc))) from None
+            with native_stdout_to_stderr(json):
+                _, report = build_library(
+                    arch, cat, slo=slo, mode=m, topology=topology,  # type: ignore[arg-type]
+                    engine=eng, nmax=nmax, rho=rho, node_types=node_list,
+                    regions=region_list, batches=_batches(batches),
+                    out=default_library_dir(out, arch.name, m, eng),
+                    workers=workers, ray_address=ray, time_limit_s=time_limit,
+                    method=method, progress=show_progress, on_message=say,
+                )
             reports.append(report)
     if json:
         payload = [r.summary() for r in reports]

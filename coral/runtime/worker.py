@@ -3,7 +3,8 @@
 Topology: every worker binds a PULL socket; it PUSHes activations to the nodes of the next
 stage (one PUSH socket each, the node chosen by weight and kept per request, since that node
 holds the request's KV cache), and the last stage PUSHes sampled tokens to the driver's PULL
-socket. Every worker also sends a heartbeat to the driver each `heartbeat_s`.
+socket. Every worker also sends a heartbeat to the driver each `heartbeat_s`, from a thread
+of its own, so that a long step does not read as a dead worker.
 
 Messages are pickled dataclasses (`coral.runtime.messages`): bind to loopback or a trusted
 private network only.
@@ -139,13 +140,13 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
     # waiting for a core another process holds is the host's load, not the node's speed. An
     # accelerator's is wall time (its results come back to the host within the step).
     clock = time.thread_time if str(device).startswith("cpu") else time.perf_counter
-    last_beat = 0.0
+    stop = threading.Event()
+    beats = threading.Thread(target=_send_heartbeats, name="coral-heartbeat", daemon=True,
+                             args=(ctx, topology.driver_address, me.node_id, stage_index,
+                                   stage, heartbeat_s, stop))
+    beats.start()
     try:
         while True:
-            now = time.time()
-            if now - last_beat >= heartbeat_s:
-                driver.send_pyobj(Heartbeat(me.node_id, stage_index, now, len(stage.caches)))
-                last_beat = now
             if not poller.poll(timeout=int(heartbeat_s * 1000)):
                 continue
             msg = inbox.recv_pyobj()
@@ -165,7 +166,29 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
                     downstream[node].send_pyobj(Batch(tuple(group), msg.batch_id))
             driver.send_pyobj(_timing(me.node_id, stage_index, msg.items, seconds))
     finally:
+        stop.set()
+        beats.join(timeout=2 * heartbeat_s)
         ctx.destroy(linger=0)
+
+
+def _send_heartbeats(ctx: object, driver_address: str, node_id: str, stage_index: int,
+                     stage: object, heartbeat_s: float, stop: threading.Event) -> None:
+    """A worker's heartbeats, from their own thread and socket (a ZeroMQ socket belongs to
+    one thread): a step longer than the driver's heartbeat timeout (a long prompt on a slow
+    node) must not read as a dead worker. The process dying or stopping still silences them;
+    a step that never ends is the driver's step timeout's to catch."""
+    import zmq
+
+    sock = ctx.socket(zmq.PUSH)  # type: ignore[attr-defined]
+    sock.connect(driver_address)
+    try:
+        while True:
+            sock.send_pyobj(Heartbeat(node_id, stage_index, time.time(),
+                                      len(stage.caches)))  # type: ignore[attr-defined]
+            if stop.wait(heartbeat_s):
+                return
+    finally:
+        sock.close(linger=0)
 
 
 def _timing(node_id: str, stage: int, items: Sequence[WorkItem], seconds: float) -> StageTiming:

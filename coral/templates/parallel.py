@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
 from coral.templates.solve import Outcome, Solver, Task, solve_task
+from coral.errors import CoralError
 from coral.templates.operating_points import OperatingPointTables, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
 from coral.templates.types import Mode, Topology
@@ -34,8 +35,9 @@ from coral.templates.types import Mode, Topology
 RAY_INSTALL_HINT = "pip install coral-serving[ray]"
 
 
-class MissingDependencyError(RuntimeError):
-    """An optional dependency was asked for and is not installed."""
+class MissingDependencyError(CoralError, RuntimeError):
+    """An optional dependency was asked for and is not installed (the message says how to
+    install it)."""
 
 
 def default_perf_factory(catalog: Catalog) -> PerfLike:

@@ -24,7 +24,11 @@ planned utilisation is the largest `rho` with `P(W > TTFT_slo - TTFT_predicted)`
 Multi-stage templates: the solver's flow model of a pipeline is more optimistic than the way
 the simulator (and vLLM) run one, so when the planner is given the perf model the rate and TPOT
 are taken from the simulator's own step-cost model at full occupancy where those are worse
-(`coral.perf.step`).
+(`coral.perf.step`). TPOT is judged at the SLO's percentile, not the mean: near its planned
+rate an instance is full for more than the SLO's tail of the time, and a request decoding
+then sees the busy step with the prompt chunks the scheduler forms (`Saturation.tail_step_s`:
+steps with a full token budget and steps with none, dearer on average than steps of mean
+prompts), so that step must meet the target and sets the rate.
 
 It is per instance: a load-aware router that pools instances of a model does at least as
 well, so with many instances the plan errs safe.
@@ -59,6 +63,11 @@ MIN_TAIL = 1e-4
 #: Share of a NIC's bandwidth a PD half is planned to fill with KV-cache hand-overs: they
 #: queue at the NIC (one at a time), and the waits count in the request's TPOT.
 NIC_UTILISATION = 0.8
+#: Rounds a prompt sent to a busy prefill instance waits before the queue model's wait: a
+#: prefill instance serves its prompts in rounds (a step of its whole token chunk), not in
+#: slots that free one by one, so an arrival first waits out the round in progress, between
+#: none and one round (half on average, the share planned for).
+PREFILL_RESIDUAL_ROUNDS = 0.5
 #: Below this share of the percentile's tail budget the bisection stops refining, so the
 #: planned utilisation is within this of the exact root.
 _RHO_TOL = 1e-4
@@ -154,8 +163,12 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
     `saturation` (a `coral.perf.step.Saturation`): the rate and TPOT the instance reaches at
     full occupancy as the simulator runs it; when lower / longer than the template's own
     figures they are used instead, and `utilisation` is still relative to the template's
-    throughput (so it also carries that shortfall). A template whose simulated step at full
-    occupancy exceeds the TPOT target gets utilisation 0: busy, it would miss TPOT.
+    throughput (so it also carries that shortfall). An aggregated instance is judged by its
+    step with the prompt chunks the scheduler forms when it is full (`tail_step_s`, not the
+    step of mean prompts): near its planned rate it is full more than the SLO's tail of the
+    time, so the percentile's requests see that step for TPOT, and it sets the rate the
+    queue is sized against for TTFT. A template whose step at full occupancy exceeds the
+    TPOT target gets utilisation 0: busy, it would miss TPOT.
     """
     if arrival_cv < 0 or output_cv < 0:
         raise HeadroomError(f"coefficients of variation must be >= 0, got arrival_cv="
@@ -172,13 +185,14 @@ def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
     cs = output_cv * decode_s / service if service > 0 else 0.0
     scale = 1.0
     if saturation is not None and rps > 0:
-        if saturation.step_s > slo.tpot_s * (1.0 + 1e-9):
+        step_s, busy = saturation.tail_step_s, saturation.tail_rps
+        if step_s > slo.tpot_s * (1.0 + 1e-9):
             # busy, it would miss TPOT as the simulator runs it: not plannable
             return Headroom(0.0, 0, service, slack)
-        if saturation.rps < rps:
-            scale, rps = saturation.rps / rps, saturation.rps
-        if saturation.step_s > tpot:
-            decode_s = max(slo.output_tokens - 1, 0) * saturation.step_s
+        if busy < rps:
+            scale, rps = busy / rps, busy
+        if step_s > tpot:
+            decode_s = max(slo.output_tokens - 1, 0) * step_s
             service = ttft + decode_s
             cs = output_cv * decode_s / service if service > 0 else 0.0
     return _queue_headroom(slo, rps, scale, service, slack, arrival_cv, cs)
@@ -200,8 +214,11 @@ def _queue_headroom(slo: Any, rps: float, scale: float, service: float, slack: f
 def _pd_headroom(template: Any, rps: float, ttft: float, tpot: float, arrival_cv: float,
                  output_cv: float, saturation: Any) -> Headroom:
     """PD halves, judged as the simulator measures them (`coral.sim.pd`): TTFT ends when the
-    prefill instance emits the first token, so a prefill instance's queue may take all the
-    slack its prefill leaves; the KV hand-over and the wait for a decode slot fall between
+    prefill instance emits the first token, so a prefill instance's queue may take the slack
+    its prefill leaves, less the rest of the round in progress (`PREFILL_RESIDUAL_ROUNDS`):
+    a prefill instance serves its prompts in rounds, so on top of the wait for a place in a
+    round (the queue model's `c` slots) a prompt waits out the round it arrived in; the KV
+    hand-over and the wait for a decode slot fall between
     the first and second token, so a decode instance's queue and the transfer share the
     TPOT slack of the tokens after the first, `(O - 1) (TPOT target - step)`. Both halves
     send or receive every prompt's KV cache over their slowest NIC: each is planned at no
@@ -225,7 +242,8 @@ def _pd_headroom(template: Any, rps: float, ttft: float, tpot: float, arrival_cv
             nic_rps = NIC_UTILISATION / transfer
             scale, rps = scale * nic_rps / rps, nic_rps
     if template.mode == "prefill":
-        return _queue_headroom(slo, rps, scale, ttft, slo.ttft_s - ttft, arrival_cv, 0.0)
+        slack = slo.ttft_s - (1.0 + PREFILL_RESIDUAL_ROUNDS) * ttft
+        return _queue_headroom(slo, rps, scale, ttft, slack, arrival_cv, 0.0)
     slack = after_first * (slo.tpot_s - tpot) - transfer
     return _queue_headroom(slo, rps, scale, after_first * tpot, slack, arrival_cv, output_cv)
 

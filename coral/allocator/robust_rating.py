@@ -57,8 +57,8 @@ log = logging.getLogger(__name__)
 
 #: The ratings of a library's templates, stored beside it.
 RATINGS_FILE = "robust.json"
-#: 2: per template key, per slowdown ("nominal" or "GPU=F"), the `StepRating` fields.
-RATINGS_FORMAT = 2
+#: 3: per template key, per slowdown ("nominal" or "GPU=F"), the `StepRating` fields.
+RATINGS_FORMAT = 3
 
 #: perf, catalog, {GPU type: factor} -> the perf model with those GPU types slowed
 #: (`coral.sim.slowdown.SlowedPerf`; passed in, as the simulator sits above the allocator).
@@ -75,10 +75,13 @@ class StepRating:
     sequences: int
     kv_transfer_s: float
     micro_batch: int = 0  # sequences per stage it was rated at (0: the template's own)
+    chunked_step_s: float | None = None  # `Saturation.chunked_step_s`
+    chunked_rps: float | None = None  # `Saturation.chunked_rps`
 
     def saturation(self) -> Saturation:
         return Saturation(rps=self.rps, step_s=self.step_s, sequences=self.sequences,
-                          kv_transfer_s=self.kv_transfer_s)
+                          kv_transfer_s=self.kv_transfer_s, chunked_step_s=self.chunked_step_s,
+                          chunked_rps=self.chunked_rps)
 
 
 def with_micro_batch(shape: PipelineShape, micro_batch: int) -> PipelineShape:
@@ -116,7 +119,8 @@ def step_rating(template: Template, perf: Any, catalog: Any, *, micro_batch: int
         ttft = 0.0
     return StepRating(rps=sat.rps, step_s=sat.step_s, ttft_step_s=ttft,
                       sequences=sat.sequences, kv_transfer_s=sat.kv_transfer_s,
-                      micro_batch=micro_batch)
+                      micro_batch=micro_batch, chunked_step_s=sat.chunked_step_s,
+                      chunked_rps=sat.chunked_rps)
 
 
 def within_tpot(template: Template, perf: Any, catalog: Any) -> StepRating:
@@ -125,20 +129,20 @@ def within_tpot(template: Template, perf: Any, catalog: Any) -> StepRating:
     none does)."""
     full = step_rating(template, perf, catalog)
     target = template.slo.tpot_s * (1.0 + 1e-9)
-    if template.mode == "prefill" or full.step_s <= target:
+    if template.mode == "prefill" or full.saturation().tail_step_s <= target:
         return full
     lo, hi = 0, own_micro_batch(template.shape)  # meets at lo (0: none yet), misses at hi
     best = None
     while hi - lo > 1:
         mid = (lo + hi) // 2
         r = step_rating(template, perf, catalog, micro_batch=mid)
-        if r.step_s <= target:
+        if r.saturation().tail_step_s <= target:
             lo, best = mid, r
         else:
             hi = mid
     if best is None and lo == 0:
         r = step_rating(template, perf, catalog, micro_batch=1)
-        best = r if r.step_s <= target else None
+        best = r if r.saturation().tail_step_s <= target else None
     return full if best is None else best
 
 
@@ -238,13 +242,14 @@ class RatingStore:
         per = table.setdefault(template_key(template), {})
         hit = per.get(slowdown)
         if hit is not None:
-            rps, step, ttft, seqs, kv, micro = hit
-            return StepRating(rps, step, ttft, int(seqs), kv, int(micro))
+            rps, step, ttft, seqs, kv, micro, chunked_step, chunked_rps = hit
+            return StepRating(rps, step, ttft, int(seqs), kv, int(micro), chunked_step,
+                              chunked_rps)
         perf = self._perf_for(slowdown)
         r = (step_rating(template, perf, self.catalog) if slowdown == "nominal"
              else within_tpot(template, perf, self.catalog))
         per[slowdown] = [r.rps, r.step_s, r.ttft_step_s, r.sequences, r.kv_transfer_s,
-                         r.micro_batch]
+                         r.micro_batch, r.chunked_step_s, r.chunked_rps]
         self.computed += 1
         self._dirty.add(self.template_dirs.get(f"{template.model}/{template.mode}", ""))
         return r

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 from coral.perf.pipeline import PipelineShape
@@ -233,6 +234,24 @@ class Saturation:
     #: PD halves: one prompt's KV cache over this instance's slowest NIC, with the fixed
     #: hand-over latency (0 for aggregated instances, which hand nothing over)
     kv_transfer_s: float = 0.0
+    #: Aggregated: the mean step and the rate with the prompt chunks the scheduler forms
+    #: under a backlog (`prompt_mix`) rather than the mean prompts of `busy_steps`: what a
+    #: request sees while the instance is full, as the SLO percentile's requests do when it
+    #: runs near its planned rate. None: `step_s` and `rps` (other modes; ratings made
+    #: without it)
+    chunked_step_s: float | None = None
+    chunked_rps: float | None = None
+
+    @property
+    def tail_step_s(self) -> float:
+        """The step the SLO percentile's requests see: TPOT when the instance is full."""
+        return self.step_s if self.chunked_step_s is None else max(self.step_s,
+                                                                   self.chunked_step_s)
+
+    @property
+    def tail_rps(self) -> float:
+        """The rate of a full instance stepping `tail_step_s`."""
+        return self.rps if self.chunked_rps is None else min(self.rps, self.chunked_rps)
 
 
 def busy_steps(mode: str, stages: int, seqs: int, input_tokens: int, output_tokens: int
@@ -258,6 +277,69 @@ def busy_steps(mode: str, stages: int, seqs: int, input_tokens: int, output_toke
     if frac > 0:
         steps += ((frac, ((k + 1) * i_tok, seqs, context, m)),)
     return steps
+
+
+#: Prompt tokens of a busy step are rounded up to a multiple of this (between none and the
+#: budget's remainder, which are kept exact) so that a template costs a few dozen steps.
+PROMPT_MIX_QUANTUM = 128
+#: The prompt mix's chain stops when a step changes no share by more than this.
+_MIX_TOL = 1e-7
+#: Shares below this are dropped from the prompt mix (and the rest renormalised).
+_MIX_MIN_SHARE = 1e-5
+
+
+@lru_cache(maxsize=4096)
+def prompt_mix(seqs: int, input_tokens: int, output_tokens: int,
+               max_batched_tokens: int) -> tuple[tuple[float, int], ...]:
+    """Shares of a busy aggregated instance's steps by prompt tokens, ((share, tokens), ...):
+    the steps the scheduler forms under a backlog, where the SLO percentile's requests run.
+
+    Every slot decodes; a sequence finishing frees its slot to the head of the queue, whose
+    prompt joins the step's chunks (first come, first served) in the token budget left after
+    the decodes, `cap = max_batched_tokens - seqs`; what does not fit waits, as a chunk, for
+    the next step. Finishers per step are Poisson with mean `seqs / O` (many sequences at
+    every stage of their output), so a step carries `min(carry + F I, cap)` prompt tokens.
+    The chain's stationary shares have the mean of `busy_steps` (`seqs I / O` tokens a step)
+    but not its steps: a step is cheap with no prompt and dear with a full budget, and the
+    step time is convex in its tokens (matmul tiles, the budget's last tokens in a new wave),
+    so the mean step — every request's TPOT when the instance is full — is longer than the
+    step of mean prompts. Tokens between 0 and `cap` are rounded up to `PROMPT_MIX_QUANTUM`.
+    An approximation of the scheduler with Poisson finishers (fixed output lengths finish in
+    step with their admissions, a pattern it does not follow); `busy_steps` when the budget
+    cannot take the mean (the budget, not the slots, binds: `busy_rps`)."""
+    i_tok, o_tok = input_tokens, output_tokens
+    cap = max_batched_tokens - seqs
+    lam = seqs / o_tok
+    if cap <= 0 or lam * i_tok >= cap:
+        return tuple((share, step[0]) for share, step in
+                     busy_steps("aggregated", 1, seqs, i_tok, o_tok))
+    kmax = int(lam + 10.0 * math.sqrt(lam) + 10.0)
+    pois = [math.exp(k * math.log(lam) - lam - math.lgamma(k + 1)) for k in range(kmax + 1)]
+    carry: dict[int, float] = {0: 1.0}
+    tokens: dict[int, float] = {}
+    for _ in range(10_000):
+        nxt: dict[int, float] = {}
+        tokens = {}
+        for c, pc in carry.items():
+            for k, pk in enumerate(pois):
+                total = c + k * i_tok
+                p = total if total < cap else cap
+                w = pc * pk
+                tokens[p] = tokens.get(p, 0.0) + w
+                nxt[total - p] = nxt.get(total - p, 0.0) + w
+        nxt = {c: w for c, w in nxt.items() if w > 1e-12}
+        delta = sum(abs(w - carry.get(c, 0.0)) for c, w in nxt.items())
+        carry = nxt
+        if delta < _MIX_TOL:
+            break
+    q = PROMPT_MIX_QUANTUM
+    shares: dict[int, float] = {}
+    for p, w in tokens.items():
+        key = p if p in (0, cap) else min(cap, -(-p // q) * q)
+        shares[key] = shares.get(key, 0.0) + w
+    kept = {p: w for p, w in shares.items() if w >= _MIX_MIN_SHARE}
+    total_w = sum(kept.values())
+    return tuple((w / total_w, p) for p, w in sorted(kept.items()))
 
 
 def busy_rps(mode: str, seqs: int, step_s: float, input_tokens: int, output_tokens: int,
@@ -299,7 +381,14 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
         dt += share * layout.step_cost(*step)[0]
     rps = busy_rps(mode, b, dt, i_tok, o_tok, max_batched_tokens)
     sequences = -(-b // i_tok) if mode == "prefill" else b  # prefill: prompts per step
-    return Saturation(rps=rps, step_s=dt, sequences=sequences, kv_transfer_s=kv_s)
+    chunked_step, chunked_rps = dt, rps
+    if mode == "aggregated":
+        context, m = int(b * (i_tok + o_tok / 2)), min(layout.n_stages, b)
+        chunked_step = sum(share * layout.step_cost(p, b, context, m)[0]
+                           for share, p in prompt_mix(b, i_tok, o_tok, max_batched_tokens))
+        chunked_rps = busy_rps(mode, b, chunked_step, i_tok, o_tok, max_batched_tokens)
+    return Saturation(rps=rps, step_s=dt, sequences=sequences, kv_transfer_s=kv_s,
+                      chunked_step_s=chunked_step, chunked_rps=chunked_rps)
 
 
 def template_saturation(template: Any, *, perf: Any, catalog: Any,

@@ -128,3 +128,45 @@ def test_headroom_of_a_template(cat, perf):
     assert bursty.utilisation < h.utilisation < smooth.utilisation
     with pytest.raises(ValueError, match="coefficients of variation"):
         template_headroom(tpl, arrival_cv=-1)
+
+
+def test_tpot_is_judged_by_the_busy_step_the_scheduler_forms(cat, perf):
+    """A full instance's steps carry no prompt or a full token budget (chunked prefill takes
+    prompts first come, first served), dearer on average than steps of mean prompts: the
+    simulator's busy TPOT is that chunked step's, not the mean-prompt step's. A TPOT target
+    between the two is missed busy, so such an instance is not planned; at the SLO it was
+    built for, one instance alone at its planned rate meets the SLO at its percentile."""
+    from dataclasses import replace
+
+    from coral.templates.solve import build_template
+
+    tpl = build_template(MODEL, ["1x-l40s", "1x-l40s"], SLO, "aggregated", "flow", perf, cat)
+    sat = saturation(tpl, perf=perf, catalog=cat)
+    assert sat.step_s < sat.chunked_step_s == sat.tail_step_s
+    assert sat.tail_rps < sat.rps
+    busy = _summary(tpl, 1.5 * tpl.throughput_rps, cat, perf)
+    assert busy["tpot_s_at_percentile"] > 0.5 * (sat.step_s + sat.chunked_step_s)
+    tight = SLO.model_copy(update={"tpot_s": 0.5 * (sat.step_s + sat.chunked_step_s)})
+    between = replace(tpl, slo=tight)
+    assert template_headroom(between, saturation=sat).utilisation == 0.0
+    planned_rps = planned_capacity(tpl, saturation=sat) * tpl.throughput_rps / tpl.throughput
+    at = _summary(tpl, planned_rps, cat, perf)
+    assert at["slo_met"], at
+    assert at["tpot_s_at_percentile"] <= SLO.tpot_s
+
+
+def test_prompt_mix_keeps_the_mean_and_fills_the_budget():
+    """The busy steps' prompt tokens: the mean of `busy_steps` (every request's prompt over
+    its output), in steps of none and of the whole budget left after the decodes."""
+    from coral.perf.step import PROMPT_MIX_QUANTUM, prompt_mix
+
+    seqs, i_tok, o_tok, budget = 256, 1024, 256, 2048
+    mix = prompt_mix(seqs, i_tok, o_tok, budget)
+    shares = dict((p, w) for w, p in mix)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    mean = sum(p * w for p, w in shares.items())
+    assert seqs * i_tok / o_tok - 1.0 <= mean <= seqs * i_tok / o_tok + PROMPT_MIX_QUANTUM
+    assert shares[0] > 0.2 and shares[budget - seqs] > 0.3
+    assert max(shares) == budget - seqs
+    # a budget that cannot take the mean: every step full, as busy_steps has it
+    assert prompt_mix(512, 1024, 256, 2048) == ((1.0, 2048),)

@@ -13,7 +13,8 @@ instance on TTFT, a decode instance on TPOT, which holds the KV hand-over and th
 decode slot).
 
     python benchmarks/rating_check.py PLAN.json [--seeds 0 1 2 3] [--factors 1.0 1.1]
-                                                [--duration 300] [--json OUT.json]
+                                                [--duration 300] [--lengths fixed]
+                                                [--only TEXT] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def _partner(plan: dict, row: dict) -> dict | None:
 
 
 def check_row(plan: dict, row: dict, slos: dict, *, factor: float, seed: int,
-              duration_s: float, perf: Any, catalog: Any) -> Check:
+              duration_s: float, perf: Any, catalog: Any, lengths: str = "fixed") -> Check:
     """Simulate `row`'s template alone at `factor` x its planned rate."""
     from coral.sim.engine import SimConfig, Simulator
     from coral.sim.workload import synthetic
@@ -87,7 +88,8 @@ def check_row(plan: dict, row: dict, slos: dict, *, factor: float, seed: int,
         n = max(1, math.ceil(factor * rate / (PARTNER_LOAD * float(partner["capacity_rps"]))))
         specs += _one(partner, n, "partner", slos)
     reqs = synthetic(row["model"], rate_rps=factor * rate, duration_s=duration_s, seed=seed,
-                     prompt_tokens=slo.input_tokens, output_tokens=slo.output_tokens)
+                     prompt_tokens=slo.input_tokens, output_tokens=slo.output_tokens,
+                     length_dist=lengths)  # type: ignore[arg-type]
     result = Simulator(specs, perf=perf, catalog=catalog, config=SimConfig()).run(reqs)
     rs = result.requests
     q = 100.0 * slo.percentile
@@ -122,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--factors", type=float, nargs="+", default=[1.0, 1.1])
     ap.add_argument("--duration", type=float, default=300.0)
+    ap.add_argument("--lengths", default="fixed", choices=["fixed", "lognormal"],
+                    help="Request lengths: the SLO's shape, or lognormal around it.")
     ap.add_argument("--only", default="", help="Only template ids containing this text.")
     ap.add_argument("--json", type=Path, default=None, help="Write every check here.")
     args = ap.parse_args(argv)
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     checks: list[Check] = []
     rows = [r for r in distinct_rows(plan) if args.only in r["template_id"]]
     print(f"{args.plan.name}: {len(rows)} templates alone, seeds {args.seeds}, "
-          f"{args.duration:g} s of Poisson arrivals each; attainment % (the half's own SLO "
+          f"{args.duration:g} s of Poisson arrivals each, {args.lengths} lengths; attainment % (the half's own SLO "
           f"for PD rows), TTFT / TPOT at the SLO percentile in ms (worst seed); * : missed")
     head = "| template | mode | planned req/s | " + " | ".join(
         f"x{f:g}: attainment min-max | TTFT / TPOT" for f in args.factors) + " |"
@@ -144,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for f in args.factors:
             runs = [check_row(plan, row, slos, factor=f, seed=s, duration_s=args.duration,
-                              perf=perf, catalog=catalog) for s in args.seeds]
+                              perf=perf, catalog=catalog, lengths=args.lengths)
+                    for s in args.seeds]
             checks += runs
             lo = min(c.attainment for c in runs) * 100
             hi = max(c.attainment for c in runs) * 100

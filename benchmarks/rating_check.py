@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     checks: list[Check] = []
     rows = [r for r in distinct_rows(plan) if args.only in r["template_id"]]
     print(f"{args.plan.name}: {len(rows)} templates alone, seeds {args.seeds}, "
-          f"{args.duration:g} s of Poisson arrivals each, {args.lengths} lengths; attainment % (the half's own SLO "
-          f"for PD rows), TTFT / TPOT at the SLO percentile in ms (worst seed); * : missed")
+          f"{args.duration:g} s of Poisson arrivals each, {args.lengths} lengths; "
+          f"attainment % (the half's own SLO for PD rows), TTFT / TPOT at the SLO percentile "
+          f"in ms (worst seed); * : missed")
     head = "| template | mode | planned req/s | " + " | ".join(
         f"x{f:g}: attainment min-max | TTFT / TPOT" for f in args.factors) + " |"
     print(head)

@@ -11,6 +11,11 @@ activation send (`tokens x hidden bytes / NIC + NET_LATENCY_S`). With stage time
 step (every micro-batch one token further) lasts `max(sum_s T_s, m * max_s T_s)`: the latency
 of the path, or the bottleneck stage busy with every micro-batch (the period of a cyclic
 pipeline with `m` identical jobs). `max_seqs = stages x the smallest stage batch`.
+
+Busy, an aggregated instance's steps are not all alike: chunked prefill fills a step's token
+budget first come, first served, so steps carry no prompt or a full budget (`prompt_mix`);
+`saturation` gives the rate and step both by mean prompts per step (`busy_steps`, what the
+template search rates by) and by that mix (what a request at the SLO percentile sees).
 """
 
 from __future__ import annotations
@@ -301,8 +306,8 @@ def prompt_mix(seqs: int, input_tokens: int, output_tokens: int,
     every stage of their output), so a step carries `min(carry + F I, cap)` prompt tokens.
     The chain's stationary shares have the mean of `busy_steps` (`seqs I / O` tokens a step)
     but not its steps: a step is cheap with no prompt and dear with a full budget, and the
-    step time is convex in its tokens (matmul tiles, the budget's last tokens in a new wave),
-    so the mean step — every request's TPOT when the instance is full — is longer than the
+    step time rises faster than its tokens near a full budget (the matmuls' row tiles and
+    waves), so the mean step — every request's TPOT when the instance is full — is longer than the
     step of mean prompts. Tokens between 0 and `cap` are rounded up to `PROMPT_MIX_QUANTUM`.
     An approximation of the scheduler with Poisson finishers (fixed output lengths finish in
     step with their admissions, a pattern it does not follow); `busy_steps` when the budget
@@ -367,7 +372,10 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
     A prefill instance busy runs steps of its whole token chunk (stages x the smallest stage's
     batch, which counts prompt tokens), so it serves `chunk / (I x step)` requests/s and a
     prompt sees one such step; a decode instance busy runs every slot decoding with no prompt
-    in its steps, so it serves `b / (O x step)` requests/s at TPOT `step`.
+    in its steps, so it serves `b / (O x step)` requests/s at TPOT `step`. An aggregated
+    instance's rate and step are also given with the prompt chunks the scheduler forms
+    (`prompt_mix`; `chunked_step_s`, `chunked_rps`): the template search rates by the mean
+    prompts, the planner judges TPOT at the SLO percentile by the chunked step.
     """
     layout = build_step_model(model, stages_from_shape(shape), perf, catalog)
     b = layout.max_seqs

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from coral.perf.pipeline import PipelineShape
 
 #: Latency of one activation hand-over between two nodes, s (one network hop plus the
@@ -289,6 +291,10 @@ def busy_steps(mode: str, stages: int, seqs: int, input_tokens: int, output_toke
 PROMPT_MIX_QUANTUM = 128
 #: The prompt mix's chain stops when a step changes no share by more than this.
 _MIX_TOL = 1e-7
+#: Most steps of the prompt mix's chain (near a full budget it mixes slowly).
+_MIX_MAX_STEPS = 5000
+#: Carried prompt tokens the chain tracks, in budgets (more is counted as this much).
+_MIX_MAX_CARRY = 64
 #: Shares below this are dropped from the prompt mix (and the rest renormalised).
 _MIX_MIN_SHARE = 1e-5
 
@@ -308,7 +314,8 @@ def prompt_mix(seqs: int, input_tokens: int, output_tokens: int,
     but not its steps: a step is cheap with no prompt and dear with a full budget, and the
     step time rises faster than its tokens near a full budget (the matmuls' row tiles and
     waves), so the mean step — every request's TPOT when the instance is full — is longer than the
-    step of mean prompts. Tokens between 0 and `cap` are rounded up to `PROMPT_MIX_QUANTUM`.
+    step of mean prompts. Tokens between 0 and `cap` are rounded up to `PROMPT_MIX_QUANTUM`,
+    and carried chunks to the nearest multiple of it (which bounds the chain's states).
     An approximation of the scheduler with Poisson finishers (fixed output lengths finish in
     step with their admissions, a pattern it does not follow); `busy_steps` when the budget
     cannot take the mean (the budget, not the slots, binds: `busy_rps`)."""
@@ -319,29 +326,28 @@ def prompt_mix(seqs: int, input_tokens: int, output_tokens: int,
         return tuple((share, step[0]) for share, step in
                      busy_steps("aggregated", 1, seqs, i_tok, o_tok))
     kmax = int(lam + 10.0 * math.sqrt(lam) + 10.0)
-    pois = [math.exp(k * math.log(lam) - lam - math.lgamma(k + 1)) for k in range(kmax + 1)]
-    carry: dict[int, float] = {0: 1.0}
-    tokens: dict[int, float] = {}
-    for _ in range(10_000):
-        nxt: dict[int, float] = {}
-        tokens = {}
-        for c, pc in carry.items():
-            for k, pk in enumerate(pois):
-                total = c + k * i_tok
-                p = total if total < cap else cap
-                w = pc * pk
-                tokens[p] = tokens.get(p, 0.0) + w
-                nxt[total - p] = nxt.get(total - p, 0.0) + w
-        nxt = {c: w for c, w in nxt.items() if w > 1e-12}
-        delta = sum(abs(w - carry.get(c, 0.0)) for c, w in nxt.items())
-        carry = nxt
+    k = np.arange(kmax + 1)
+    pois = np.exp(k * math.log(lam) - lam - np.array([math.lgamma(x + 1) for x in k]))
+    q = PROMPT_MIX_QUANTUM
+    # carried chunks on a grid of q tokens (nearest), up to _MIX_MAX_CARRY budgets
+    n_states = int(_MIX_MAX_CARRY * cap // q) + 1
+    total = np.arange(n_states)[:, None] * q + k[None, :] * i_tok
+    took = np.minimum(total, cap)
+    nxt_state = np.minimum((total - took + q // 2) // q, n_states - 1).ravel()
+    carry = np.zeros(n_states)
+    carry[0] = 1.0
+    for _ in range(_MIX_MAX_STEPS):
+        new = np.bincount(nxt_state, weights=(carry[:, None] * pois[None, :]).ravel(),
+                          minlength=n_states)
+        delta = float(np.abs(new - carry).sum())
+        carry = new
         if delta < _MIX_TOL:
             break
-    q = PROMPT_MIX_QUANTUM
+    weights = (carry[:, None] * pois[None, :]).ravel()
+    grid = np.where((took > 0) & (took < cap), np.minimum(cap, -(-took // q) * q), took).ravel()
     shares: dict[int, float] = {}
-    for p, w in tokens.items():
-        key = p if p in (0, cap) else min(cap, -(-p // q) * q)
-        shares[key] = shares.get(key, 0.0) + w
+    for p, w in zip(grid.tolist(), weights.tolist()):
+        shares[p] = shares.get(p, 0.0) + w
     kept = {p: w for p, w in shares.items() if w >= _MIX_MIN_SHARE}
     total_w = sum(kept.values())
     return tuple((w / total_w, p) for p, w in sorted(kept.items()))

@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reference", type=float, default=0.0, metavar="S",
                     help="also solve each draw for up to S seconds at a "
-                         f"{REFERENCE_GAP:.1%} gap, and print each timed plan's gap proven "
+                         f"{REFERENCE_GAP * 100:.1f}%% gap, and print each timed plan's gap proven "
                          "with that solve's bound too: how far from the optimum the plans "
                          "are where the timed solve could not prove it")
     ap.add_argument("--json", default=None, help="also write the rows to this file")

@@ -1,5 +1,6 @@
-"""Spot plans under preemptions: `core` (n_max 3) planned on demand, with `--spot`, and the
-naive spot plan (`--spot --risk-target 0`), each simulated with preemptions; prints every
+"""Spot plans under preemptions: `core` (n_max 3, mode auto: every serving mode tried, the
+cheapest kept) planned on demand, with `--spot`, and the naive spot plan (`--spot
+--risk-target 0`), each simulated with preemptions; prints every
 plan's cost (planned, and held over the run with its replacements), its preemption figures and
 each model's SLO attainment.
 

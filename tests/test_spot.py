@@ -27,6 +27,7 @@ from coral.allocator.spot import (
 from coral.allocator.spot_ilp import ScenarioFamily
 from coral.allocator.spot_repair import ModelRisk, exact_table, repair
 from coral.allocator.spot_risk import mass_beyond, pool_down_probability, scenario_depth
+from coral.catalog import default_catalog
 from coral.cli.main import app
 
 STARTUP_S = 300.0
@@ -301,8 +302,6 @@ def test_plan_spot_in_pd_and_mixed_modes(tmp_path: Path, mode: str) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from test_planning import _write_scenario
 
-    from coral.allocator.problem import ModelDemand
-
     scenario = _write_scenario(tmp_path)
     out = tmp_path / f"plan-{mode}.json"
     result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [
@@ -315,8 +314,6 @@ def test_plan_spot_in_pd_and_mixed_modes(tmp_path: Path, mode: str) -> None:
     if mode == "pd":
         assert {r["mode"] for r in rows} <= {"prefill", "decode"}
     prob = {}
-    from coral.catalog import default_catalog
-
     catalog = default_catalog()
     startup = 300.0
     for r in rows:

@@ -152,8 +152,9 @@ class SpotPlan:
                               "p_unjudged": self.p_unjudged[m]}
                           for m in sorted(self.p_short)},
             "model": ("scenario ILP over pool failure sets (node type x region, correlated "
-                      "inside a pool, independent across pools); p_short is exact where "
-                      "p_unjudged is 0, else an upper bound within it"),
+                      "inside a pool, independent across pools; prefill/decode halves paired "
+                      "per region in each set); p_short is exact where p_unjudged is 0, else "
+                      "an upper bound within it"),
         }
 
 

@@ -23,3 +23,12 @@ def field_problem(error: Mapping[str, Any], *, with_input: bool = True) -> str:
     if with_input and "input" in error and not isinstance(error["input"], (dict, list)):
         msg = f"{msg} (got {error['input']!r})"
     return msg
+
+
+def entry_problem(source: str, label: str, field_path: Iterable[Any],
+                  error: Mapping[str, Any]) -> str:
+    """One line naming the file, the entry (`label`, may be empty) and the field of one
+    pydantic error: "FILE: ENTRY: field 'a.b': what is wrong"."""
+    field = ".".join(str(x) for x in field_path) or "(entry)"
+    where = f"{source}: {label}: " if label else f"{source}: "
+    return f"{where}field '{field}': {field_problem(error)}"

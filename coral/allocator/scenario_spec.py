@@ -58,7 +58,7 @@ from coral.allocator.headroom import DEFAULT_ARRIVAL_CV, DEFAULT_OUTPUT_CV
 from coral.allocator.problem import NodeRegion
 from coral.catalog import Catalog
 from coral.errors import CoralError
-from coral.messages import did_you_mean, field_problem
+from coral.messages import did_you_mean, entry_problem
 
 SCENARIO_SCHEMA_VERSION = 1
 ScenarioMode = Literal["aggregated", "pd", "mixed", "auto"]
@@ -225,10 +225,8 @@ def format_validation_error(source: str, doc: Mapping[str, Any], err: Validation
         if len(loc) > 3 and loc[0] == "regions" and loc[3] in ("str", "dict[str,int]"):
             loc = loc[:3] + loc[4:]
         label, rest = entry_label(doc, loc)
-        field = ".".join(str(x) for x in rest if x not in ("str", "dict[str,int]")) or "(entry)"
-        msg = field_problem(e)
-        where = f"{source}: {label}: " if label else f"{source}: "
-        line = f"{where}field '{field}': {msg}"
+        line = entry_problem(source, label, (x for x in rest if x not in ("str", "dict[str,int]")),
+                             e)
         if line not in lines:
             lines.append(line)
     return "\n".join(lines)

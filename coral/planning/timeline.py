@@ -43,7 +43,7 @@ from coral.errors import CoralError
 from coral.allocator.problem import NodeRegion
 from coral.allocator.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
 from coral.catalog.loader import Catalog
-from coral.messages import did_you_mean, field_problem
+from coral.messages import did_you_mean, entry_problem
 
 TIMELINE_SCHEMA_VERSION = 1
 
@@ -203,11 +203,8 @@ def _format_validation_error(source: str, doc: Mapping[str, Any], err: Validatio
             label = _period_label(doc, loc[1])
             loc = loc[2:]
         # `float | dict` fields report both alternatives; name the field, not the alternative
-        parts = [str(x) for x in loc if x not in ("float", "dict[str,float]")]
-        field_name = ".".join(parts) or "(entry)"
-        msg = field_problem(e)
-        where = f"{source}: {label}: " if label else f"{source}: "
-        line = f"{where}field '{field_name}': {msg}"
+        line = entry_problem(source, label,
+                             (x for x in loc if x not in ("float", "dict[str,float]")), e)
         if line not in lines:
             lines.append(line)
     return "\n".join(lines)

@@ -111,6 +111,7 @@ from coral.allocator.scarcity import (
     scarcity_highs,
 )
 from coral.allocator.starts import adopt_start, best_start, better_plan, seed_of
+from coral.errors import CoralError
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +141,10 @@ DECOMPOSED_SHARE = 0.4
 _INF = highspy.kHighsInf
 
 
-class InfeasiblePlanError(RuntimeError):
-    """Strict mode: the demand cannot be met; `plan` is the best scarcity plan found."""
+class InfeasiblePlanError(CoralError, RuntimeError):
+    """Strict mode: the demand cannot be met; `plan` is the best scarcity plan found. The
+    user's demand and availability cause it, so it is a `CoralError` (the CLI prints its
+    message on one line); it stays a `RuntimeError` for callers catching the old base."""
 
     def __init__(self, message: str, plan: AllocationPlan) -> None:
         super().__init__(message)

@@ -29,12 +29,13 @@ from coral.allocator.plan_file import decode_instances
 from coral.allocator.scenario import Scenario, ScenarioModel
 from coral.catalog.loader import Catalog
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
-from coral.templates.build import Solver, Template, build_template
+from coral.templates.build import Solver, Template
 from coral.templates.placement_step import METHOD as STEP_METHOD
 from coral.templates.enumerate import Combo
 from coral.templates.homogeneous import homogeneous_combos
 from coral.templates.operating_points import OperatingPointTables, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
+from coral.templates.solve import build_template
 from coral.templates.types import Mode, Topology
 
 #: Relative slack under which two SLO figures count as the same (templates vs scenario).

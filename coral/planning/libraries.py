@@ -23,11 +23,12 @@ from coral.allocator.scenario import Scenario
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
-from coral.templates.build import BuildReport, Template, build_library, build_template
+from coral.templates.build import BuildReport, Template, build_library
 from coral.templates.engine import DEFAULT_ENGINE, check_engine, engine_topology
 from coral.templates.homogeneous import cached_completions, homogeneous_combos
 from coral.templates.operating_points import DEFAULT_BATCHES, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
+from coral.templates.solve import build_template
 from coral.templates.store import MANIFEST, TemplateLibrary
 
 log = logging.getLogger(__name__)

@@ -28,9 +28,9 @@ region as the planner pairs them (`coral.allocator.problem`):
    and the cache has landed when both ends are through with it: alone, a transfer takes the
    formula above; a prefill instance whose KV output outruns its NIC (or a decode instance fed
    faster than its NIC takes in) builds a queue, and `transfer_s` counts that wait too. So
-   each NIC is a resource of its own bandwidth, as the planner caps each half by its own. (The planner does not cost the transfer;
-   this is where a plan whose NICs cannot carry the KV shows.) The prefill instance keeps the
-   request's KV blocks until the transfer ends.
+   each NIC is a resource of its own bandwidth, as the planner caps each half by its own
+   (at `headroom.NIC_UTILISATION` of the prompts per second it carries). The prefill
+   instance keeps the request's KV blocks until the transfer ends.
 3. When the KV lands, the request queues at the decode instance; at the next scheduler step
    it joins the decode batch (FCFS) when a slot is free and the cache holds its prompt plus the
    step's token (else it waits there). A decode instance never prefills a landed request; it
@@ -48,20 +48,21 @@ Latency accounting
     (`(end - first token) / (output_tokens - 1)`): a hand-over of `w` seconds adds `w / (O - 1)`
     to that request's TPOT.
 
-    The planner (`coral.allocator.headroom`) splits the TTFT budget between the two queues:
-    a prefill instance's waits may take half the slack its prefill leaves, a decode
-    instance's half the TTFT target; TPOT is checked on the decode template's step alone and
-    the transfer is not costed. Against that split, measured this way:
+    The planner (`coral.allocator.headroom._pd_headroom`) budgets each half against what
+    this accounting measures. A prefill instance's queue may take the TTFT slack its prefill
+    leaves, less the rest of the round in progress (an arrival waits out the round it came
+    in): `TTFT target - (1 + PREFILL_RESIDUAL_ROUNDS) x prefill`. A
+    decode instance's queue and the KV transfer share the TPOT slack of the tokens after the
+    first, `(O - 1) x (TPOT target - decode step) - transfer`; a decode template whose step
+    exceeds the TPOT target is not planned. Each half runs at most `NIC_UTILISATION` of the
+    prompts per second its slowest NIC carries. So:
 
-    - TTFT is the prefill wait plus the prefill, which the planner bounds by the prefill plus
-      half its slack: within budget, with the decode queue's share unused. So a pair bound
-      by its prefill half still meets its SLO at 130 % of planned capacity; sized with the
-      whole slack (what this accounting allows) it meets it at 100 % and not at 130 %
+    - TTFT is the prefill wait plus the prefill, within the budget above at planned load: a
+      pair bound by either half meets its SLO at planned capacity and not at 130 % of it
       (`tests/test_sim_pd.py`).
-    - The decode-side wait, which the planner budgets against TTFT, shows here in TPOT
-      divided by `O - 1` (at the planner's bound, half of a 2 s TTFT over 255 tokens: 4 ms),
-      as does the transfer; both are small at planned load and grow without bound when the
-      decode instances (or a NIC) are overloaded, which is how overload of that half shows.
+    - The decode-side wait and the transfer show in TPOT divided by `O - 1`; both fit the
+      decode half's slack at planned load and grow without bound when the decode instances
+      (or a NIC) are overloaded, which is how overload of that half shows.
 """
 
 from __future__ import annotations

@@ -55,17 +55,8 @@ from coral.templates.operating_points import (
     shared_tables,
 )
 from coral.templates.slo import SloSpec
-from coral.templates.solve import (  # noqa: F401  (build_template: the package's API)
-    DEFAULT_TIME_LIMIT_S,
-    DOMINANCE_RTOL,
-    Outcome,
-    Solver,
-    Task,
-    build_template,
-    explain_infeasible,
-    solve_task,
-)
-from coral.templates.template import THROUGHPUT_UNITS, Template, TemplateNode  # noqa: F401
+from coral.templates.solve import DEFAULT_TIME_LIMIT_S, DOMINANCE_RTOL, Outcome, Solver, Task
+from coral.templates.template import Template
 from coral.templates.types import Mode, SolveStatus, Topology
 
 log = logging.getLogger(__name__)

@@ -69,8 +69,9 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -112,6 +113,22 @@ NAIVE_SHARE = 0.3
 BY_MODEL_SHARE = 0.9
 
 
+class PhaseClock:
+    """Wall and CPU seconds per phase of a spot solve: the time limit is on wall time, and on a
+    loaded machine CPU time says which phase does the work."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, float, float]] = []
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.rows.append((name, time.perf_counter() - wall, time.process_time() - cpu))
+
+
 @dataclass(frozen=True)
 class SpotPlan:
     """A spot plan: the allocation, its columns, and the risk it takes per model."""
@@ -126,6 +143,7 @@ class SpotPlan:
     expected_usd_per_hour: float
     scenario_rows: int
     notes: tuple[str, ...] = field(default=())
+    phases: tuple[tuple[str, float, float], ...] = field(default=())  # (phase, wall s, CPU s)
 
     @property
     def spot_usd_per_hour(self) -> float:
@@ -151,6 +169,8 @@ class SpotPlan:
             "per_model": {m: {"p_short": self.p_short[m], "spot_share": self.spot_share[m],
                               "p_unjudged": self.p_unjudged[m]}
                           for m in sorted(self.p_short)},
+            "phases": [{"phase": name, "wall_s": wall, "cpu_s": cpu}
+                       for name, wall, cpu in self.phases],
             "model": ("scenario ILP over pool failure sets (node type x region, correlated "
                       "inside a pool, independent across pools; prefill/decode halves paired "
                       "per region in each set); p_short is exact where p_unjudged is 0, else "
@@ -159,7 +179,8 @@ class SpotPlan:
 
 
 def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptions,
-              starts: Sequence[Mapping[tuple[str, str], int]] = ()) -> SpotPlan:
+              starts: Sequence[Mapping[tuple[str, str], int]] = (),
+              clock: PhaseClock | None = None) -> SpotPlan:
     """The cheapest plan (expected $/hour plus start-ups beyond `problem.current`) whose
     every model is covered over the window with probability at least `options.risk_target`
     (see the module). `starts`: plans known beforehand (the on-demand plan): any of them that
@@ -172,63 +193,70 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     generation of `spot_ilp`, which returns the best plan known and the proven gap."""
     t0 = time.perf_counter()
     deadline = t0 + float(problem.time_limit_s)
-    cols = spot_columns(problem, market)
-    a = spot_arrays(cols, market)
+    clock = clock if clock is not None else PhaseClock()
+    with clock.phase("spot columns"):
+        cols = spot_columns(problem, market)
+        a = spot_arrays(cols, market)
     risky = options.risk_target > 0.0
     naive_problem = replace(expected_price_problem(cols, market),
                             time_limit_s=problem.time_limit_s * (NAIVE_SHARE if risky else 1.0))
-    naive = solve_allocation(naive_problem, starts=list(starts))
+    with clock.phase("naive"):
+        naive = solve_allocation(naive_problem, starts=list(starts))
     if not naive.meets_demand:
         raise SpotPlanError("no spot plan meets every demand within the availability (short: "
                             + ", ".join(naive.short_models) + ")")
     x_naive = a.vector(naive.instances)
     assert x_naive is not None
     naive_bound = naive.objective * (1.0 - naive.gap) if math.isfinite(naive.gap) else -math.inf
-    judged_naive = _judge(_plan_of(cols.problem, a, x_naive, naive.status, naive.gap, t0,
-                                   ("spot plan: the naive spot problem by the allocator's "
-                                    "decomposition",)), cols, options, market, 0, ())
+    with clock.phase("judge naive"):
+        judged_naive = _judge(_plan_of(cols.problem, a, x_naive, naive.status, naive.gap, t0,
+                                       ("spot plan: the naive spot problem by the allocator's "
+                                        "decomposition",)), cols, options, market, 0, ())
     if not risky:
-        return judged_naive
+        return replace(judged_naive, phases=tuple(clock.rows))
     budget = 1.0 - options.risk_target
     if all(p == 0.0 for p in judged_naive.p_unjudged.values()) and all(
             p <= budget for p in judged_naive.p_short.values()):
-        return replace(judged_naive, options=options, notes=(
+        return replace(judged_naive, options=options, phases=tuple(clock.rows), notes=(
             *judged_naive.notes, "the naive spot optimum already meets the risk target"))
     k_pools = [a.spot_pools_of(m) if a.demand[m] > 0 else [] for m in range(len(a.models))]
-    risks = [ModelRisk(a, m, market.prob_down, SCENARIO_TOLERANCE * budget,
-                       MAX_SCENARIOS_PER_MODEL) if k else None for m, k in enumerate(k_pools)]
+    with clock.phase("risk tables"):
+        risks = [ModelRisk(a, m, market.prob_down, SCENARIO_TOLERANCE * budget,
+                           MAX_SCENARIOS_PER_MODEL) if k else None
+                 for m, k in enumerate(k_pools)]
     notes: list[str] = []
     best, best_from = None, ""
     running = a.vector(cols.problem.current)
-    repaired = repair(a, risks, x_naive, budget)
+    with clock.phase("repair"):
+        repaired = repair(a, risks, x_naive, budget)
     if repaired is not None:
-        repaired = local_search(a, risks, repaired, budget, deadline)
+        with clock.phase("local search"):
+            repaired = local_search(a, risks, repaired, budget, deadline)
     # after a preemption the survivors are short: topped up, they move the fewest instances
-    topped = repair(a, risks, running, budget) if running is not None and running.any() else None
-    if topped is not None:
-        topped = local_search(a, risks, topped, budget, deadline)
+    with clock.phase("running topped up"):
+        topped = (repair(a, risks, running, budget) if running is not None and running.any()
+                  else None)
+        if topped is not None:
+            topped = local_search(a, risks, topped, budget, deadline)
     candidates = [("the naive plan repaired", repaired),
                   ("the running deployment kept", running),
                   ("the running deployment topped up", topped)] + [
         ("a given start", a.vector(s)) for s in starts]
-    for name, x in candidates:
-        if x is None or not a.fits(x) or (a.capacity(x) < a.demand * (1 - 1e-9)).any():
-            continue
-        if uncovered(a, x, market.prob_down, budget, k_pools):
-            continue
-        if best is None or a.objective(x) < a.objective(best):
-            best, best_from = x, name
+    with clock.phase("candidates judged"):
+        best, best_from = _best_candidate(a, candidates, market, budget, k_pools)
     families = [ScenarioFamily.singles(k, market.prob_down) if k else None for k in k_pools]
     if best is not None:
-        better = improve_by_model(a, families, budget, best, market, k_pools,
-                                  deadline=t0 + (deadline - t0) * BY_MODEL_SHARE,
-                                  mip_gap=float(problem.mip_gap))
+        with clock.phase("each model alone"):
+            better = improve_by_model(a, families, budget, best, market, k_pools,
+                                      deadline=t0 + (deadline - t0) * BY_MODEL_SHARE,
+                                      mip_gap=float(problem.mip_gap))
         if a.objective(better) < a.objective(best) - 1e-9:
             best, best_from = better, best_from + ", each model re-planned alone"
-    gen = scenario_generation(
-        a, families, budget, best,
-        lambda x: uncovered(a, x, market.prob_down, budget, k_pools),
-        deadline=deadline, mip_gap=float(problem.mip_gap))
+    with clock.phase("scenario generation"):
+        gen = scenario_generation(
+            a, families, budget, best,
+            lambda x: uncovered(a, x, market.prob_down, budget, k_pools),
+            deadline=deadline, mip_gap=float(problem.mip_gap))
     if gen.x is None:
         raise SpotPlanError(
             f"no plan meeting the risk target {options.risk_target} was found within the "
@@ -244,7 +272,24 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
                  f"{gen.scenario_rows} failure sets; bound from the "
                  + ("naive plan" if naive_bound >= gen.bound else "relaxation"))
     plan = _plan_of(cols.problem, a, gen.x, status, gap, t0, tuple(notes))
-    return _judge(plan, cols, options, market, gen.scenario_rows, tuple(notes))
+    with clock.phase("judge plan"):
+        judged = _judge(plan, cols, options, market, gen.scenario_rows, tuple(notes))
+    return replace(judged, phases=tuple(clock.rows))
+
+
+def _best_candidate(a: SpotArrays, candidates: Sequence[tuple[str, np.ndarray | None]],
+                    market: SpotMarket, budget: float, k_pools: Sequence[Sequence[Pool]]
+                    ) -> tuple[np.ndarray | None, str]:
+    """The cheapest of `candidates` that fits, meets demand and meets the target exactly."""
+    best, best_from = None, ""
+    for name, x in candidates:
+        if x is None or not a.fits(x) or (a.capacity(x) < a.demand * (1 - 1e-9)).any():
+            continue
+        if uncovered(a, x, market.prob_down, budget, k_pools):
+            continue
+        if best is None or a.objective(x) < a.objective(best):
+            best, best_from = x, name
+    return best, best_from
 
 
 def improve_by_model(a: SpotArrays, families: Sequence[ScenarioFamily | None], budget: float,
@@ -338,11 +383,13 @@ class SpotPlanner:
         if not market.price:
             raise SpotPlanError("no node type of this scenario has a spot price in its regions "
                                 "(the catalog's spot_prices)")
-        on_demand = solve_allocation(problem, starts=[s for s in starts if not any(
-            str(tid).endswith(SPOT_SUFFIX) for tid, _ in s)])
+        clock = PhaseClock()
+        with clock.phase("on demand"):
+            on_demand = solve_allocation(problem, starts=[s for s in starts if not any(
+                str(tid).endswith(SPOT_SUFFIX) for tid, _ in s)])
         known = [*starts, dict(on_demand.instances)] if on_demand.meets_demand \
             else list(starts)
-        result = plan_spot(problem, market, self.options, starts=known)
+        result = plan_spot(problem, market, self.options, starts=known, clock=clock)
         self.runs.append((frozenset(t.id for t in problem.templates), result, on_demand))
         self.result, self.on_demand = result, on_demand
         return result.plan

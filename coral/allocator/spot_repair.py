@@ -43,24 +43,38 @@ class ModelRisk:
                             if self.paired else -1)
         self.is_prefill = self.pairing.prefill.sum(axis=1) > 0 if self.paired else None
 
+    def _held(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The positions in `entries` that `x` holds, and (failure sets, those) the capacity
+        each keeps: a plan holds a few dozen of a model's hundreds of entries, so the
+        tables are read at those columns only."""
+        used = np.flatnonzero(x[self.entries] != 0)
+        return used, self.alive[:, used] * (self.cap[used] * x[self.entries[used]])
+
     def scenario_capacity(self, x: np.ndarray) -> np.ndarray:
         """Requests/s served in each failure set of the table."""
+        used, held = self._held(x)
         if not self.paired:
-            return self.alive @ (self.cap * x[self.entries])
-        return self.pairing.served(self.alive * (self.cap * x[self.entries]))
+            return held.sum(axis=1)
+        return (held @ self.pairing.agg[used]
+                + np.minimum(held @ self.pairing.prefill[used],
+                             held @ self.pairing.decode[used]).sum(axis=1))
 
-    def after(self, x: np.ndarray, moves: Sequence[Sequence[int]], step: int = 1
-              ) -> np.ndarray:
+    def after(self, x: np.ndarray, moves: Sequence[Sequence[int]], step: int = 1,
+              rows: np.ndarray | None = None) -> np.ndarray:
         """(failure sets, moves): requests/s served in each failure set after `step`
         instances of each of a move's entries (positions in `entries`; a move adds one
-        entry, or a prefill and a decode half of one region) are added to `x`."""
+        entry, or a prefill and a decode half of one region) are added to `x`; only the
+        failure sets `rows` (row numbers of the table; default all)."""
+        rows = np.arange(len(self.table.prob)) if rows is None else rows
+        alive = self.alive[rows]
         first = np.array([mv[0] for mv in moves], dtype=int)
-        delta = step * self.alive[:, first] * self.cap[first]
-        cap_s = self.scenario_capacity(x)
+        delta = step * alive[:, first] * self.cap[first]
+        used = np.flatnonzero(x[self.entries] != 0)
+        held = alive[:, used] * (self.cap[used] * x[self.entries[used]])
         if not self.paired:
-            return cap_s[:, None] + delta
-        held = self.alive * (self.cap * x[self.entries])
-        pre, dec = held @ self.pairing.prefill, held @ self.pairing.decode
+            return held.sum(axis=1)[:, None] + delta
+        pre, dec = held @ self.pairing.prefill[used], held @ self.pairing.decode[used]
+        cap_s = held @ self.pairing.agg[used] + np.minimum(pre, dec).sum(axis=1)
         k = np.maximum(self.col[first], 0)
         isp = self.is_prefill[first]
         p0, d0 = pre[:, k], dec[:, k]
@@ -73,7 +87,7 @@ class ModelRisk:
             out[:, c] = cap_s
             p, d = pre[:, k].copy(), dec[:, k].copy()
             for e in mv:
-                add = step * self.alive[:, e] * self.cap[e]
+                add = step * alive[:, e] * self.cap[e]
                 if self.is_prefill[e]:
                     p += add
                 else:
@@ -138,21 +152,24 @@ def repair(a: SpotArrays, risks: Sequence[ModelRisk | None], x0: np.ndarray, bud
             if not len(cand):
                 return None
             cap_s = r.scenario_capacity(x)
-            short = np.maximum(r.need - cap_s, 0.0)
+            # adding capacity changes nothing where the model is covered: only the failure
+            # sets it is short in are read
+            rows = np.flatnonzero(cap_s < r.need)
+            short = r.need - cap_s[rows]
             if r.paired:
                 moves = [(int(k),) for k in cand]
-                after = np.maximum(r.need - r.after(x, moves), 0.0)
+                after = np.maximum(r.need - r.after(x, moves, rows=rows), 0.0)
             else:
-                gain = r.alive[:, cand] * r.cap[cand]
-                after = np.maximum(r.need - cap_s[:, None] - gain, 0.0)
-            less = r.table.prob @ (short[:, None] - after)
+                gain = r.alive[np.ix_(rows, cand)] * r.cap[cand]
+                after = np.maximum(r.need - cap_s[rows, None] - gain, 0.0)
+            less = r.table.prob[rows] @ (short[:, None] - after)
             best = int(np.argmax(less / unit[r.entries[cand]]))
             if less[best] <= 0:
                 pairs = r.pair_moves(cand, unit[r.entries])
                 if not pairs:
                     return None
-                after = np.maximum(r.need - r.after(x, pairs), 0.0)
-                less = r.table.prob @ (short[:, None] - after)
+                after = np.maximum(r.need - r.after(x, pairs, rows=rows), 0.0)
+                less = r.table.prob[rows] @ (short[:, None] - after)
                 cost = np.array([unit[r.entries[list(mv)]].sum() for mv in pairs])
                 best = int(np.argmax(less / cost))
                 if less[best] <= 0:

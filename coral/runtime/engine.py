@@ -1,9 +1,13 @@
-"""The engine: a step loop of schedule -> execute -> update, with continuous batching.
+"""The engine: schedule -> execute -> update, with continuous batching.
 
-Each step sends every new request's prompt (prefill) and one token of every running request
-(decode) through the executor, so requests join and leave between steps. Steps run one after the
-other; within a step, a worker pipeline (`coral.runtime.worker.ZmqPipeline`) runs the items as
-micro-batches that overlap across its stages.
+Each request's prompt runs once (prefill), then one token a step (decode), so requests join and
+leave between steps. Over an executor that can keep several micro-batches in flight (a worker
+pipeline, `coral.runtime.worker.ZmqPipeline`: `depth`, `launch`, `collect`), the engine runs one
+micro-batch per stage, each request in the same one ("slot") for its life, and schedules a
+slot's next micro-batch as soon as its tokens are back: every stage always has a micro-batch to
+work on, the cyclic pipeline the step model rates (`coral.perf.step`) and the way vLLM runs
+pipeline parallelism (one scheduler batch per stage in flight). Over any other executor, steps
+run one after the other (`step`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ log = logging.getLogger(__name__)
 #: on_token(token_id or None, finished, error): token None with finished=True ends the stream.
 TokenCallback = Callable[[int | None, bool, str | None], None]
 
-#: How often an idle engine lets its executor check on its workers (drain heartbeats).
+#: How often an idle engine lets its executor check on its workers (drain heartbeats), and
+#: the longest a pipelined engine waits for a result before it looks at its queue again.
 IDLE_POLL_S = 0.2
 
 
@@ -58,6 +63,10 @@ class Engine:
         self._waiting: list[_Request] = []
         self._running: dict[str, _Request] = {}
         self._releases: list[WorkItem] = []
+        # pipelined: each running request's slot, and releases to send with a slot's next
+        # micro-batch (after the request's last one, on every node of its route)
+        self._slot_of: dict[str, int] = {}
+        self._slot_releases: dict[int, list[WorkItem]] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -77,6 +86,9 @@ class Engine:
                 raise EngineStoppedError("the engine was stopped")
             self._waiting.append(request)
             self._lock.notify()
+        wake = getattr(self.executor, "wake", None)
+        if wake is not None and self._thread is not None:
+            wake()  # a pipelined loop waiting for results schedules the prompt now
         return request.request_id
 
     def cancel(self, request_id: str) -> None:
@@ -98,7 +110,8 @@ class Engine:
 
     def has_work(self) -> bool:
         with self._lock:
-            return bool(self._waiting or self._running or self._releases)
+            return bool(self._waiting or self._running or self._releases
+                        or any(self._slot_releases.values()))
 
     # ---- step: schedule -> execute -> update ----
     def step(self) -> int:
@@ -151,7 +164,12 @@ class Engine:
 
     def _finish(self, r: _Request, error: str | None, notify: bool = True) -> None:
         self._running.pop(r.request_id, None)
-        self._releases.append(WorkItem(r.request_id, 0, (), release=True))
+        release = WorkItem(r.request_id, 0, (), release=True)
+        slot = self._slot_of.pop(r.request_id, None)
+        if slot is None:
+            self._releases.append(release)
+        else:
+            self._slot_releases.setdefault(slot, []).append(release)
         if notify:
             r.on_token(None, True, error)
 
@@ -162,9 +180,87 @@ class Engine:
                 if r is not None:
                     self._finish(r, error)
 
+    # ---- pipelined: one micro-batch per slot in flight ----
+    def _schedule_slot(self, slot: int, slots: int) -> list[WorkItem]:
+        """The next micro-batch of `slot` (whose previous one is back): a token of each of
+        its running requests, the prompts of waiting requests it takes (while it has no more
+        requests than any other slot, so that the slots stay even), and its releases."""
+        items = self._releases  # releases from steps run before the loop started
+        self._releases = []
+        for r in [r for r in self._running.values() if self._slot_of.get(r.request_id) == slot]:
+            if r.cancelled:
+                self._finish(r, None)
+                continue
+            pos = len(r.prompt_ids) + len(r.generated) - 1
+            items.append(WorkItem(r.request_id, pos, (r.generated[-1],), r.sampling,
+                                  step=len(r.generated)))
+        counts = [0] * slots
+        for s in self._slot_of.values():
+            counts[s] += 1
+        while (self._waiting and len(self._running) < self.max_running
+               and counts[slot] <= min(counts)):
+            r = self._waiting.pop(0)
+            if r.cancelled:
+                r.on_token(None, True, None)
+                continue
+            self._running[r.request_id] = r
+            self._slot_of[r.request_id] = slot
+            counts[slot] += 1
+            items.append(WorkItem(r.request_id, 0, r.prompt_ids, r.sampling, step=0))
+        items.extend(self._slot_releases.pop(slot, []))
+        return items
+
+    def _loop_pipelined(self) -> None:
+        ex = self.executor
+        slots = max(1, int(ex.depth))
+        free = set(range(slots))
+        in_flight: dict[int, tuple[int, list[str]]] = {}  # micro-batch -> (slot, requests)
+        while True:
+            launches = []
+            with self._lock:
+                if self._stopping:
+                    return
+                for slot in sorted(free):
+                    items = self._schedule_slot(slot, slots)
+                    if items:
+                        launches.append((slot, items))
+                if not launches and not in_flight:
+                    self._lock.wait(timeout=IDLE_POLL_S)
+                    if self._stopping:
+                        return
+            if not launches and not in_flight:
+                if not self.has_work():
+                    try:
+                        ex.idle()  # e.g. read heartbeats, so silent workers are noticed
+                    except Exception:
+                        log.exception("executor idle check failed")
+                continue
+            try:
+                for slot, items in launches:
+                    batch_id = ex.launch(items)
+                    in_flight[batch_id] = (slot, [i.request_id for i in items if not i.release])
+                    free.discard(slot)
+                done = ex.collect(IDLE_POLL_S)
+            except Exception as exc:  # a worker failure fails the requests in flight
+                log.exception("pipelined step failed")
+                lost = [rid for _, rids in in_flight.values() for rid in rids]
+                lost += [i.request_id for slot, items in launches if slot in free
+                         for i in items if not i.release]
+                in_flight.clear()
+                free = set(range(slots))
+                self._fail(lost, str(exc))
+                continue
+            for batch_id, results in done:
+                entry = in_flight.pop(batch_id, None)
+                if entry is not None:
+                    free.add(entry[0])
+                self._update(results)
+
     # ---- background loop ----
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="coral-engine", daemon=True)
+        pipelined = all(hasattr(self.executor, a) for a in ("depth", "launch", "collect"))
+        loop = self._loop_pipelined if pipelined else self._loop
+        self._thread = threading.Thread(target=loop, name="coral-engine", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:

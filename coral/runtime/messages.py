@@ -44,7 +44,7 @@ class Batch:
     """Work items sent together to one node."""
 
     items: tuple[WorkItem, ...]
-    batch_id: int  # engine step number, echoed in the results
+    batch_id: int  # the micro-batch's number, echoed in the results
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,12 @@ class StageTiming:
     decode_batch: int
     context_tokens: int  # decode sequences' context, tokens, summed
     seconds: float
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Sent by the engine to its own driver socket: new work arrived while it waits for
+    results, so it should schedule now rather than at its next result."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from coral.runtime.config import PipelineSpec
@@ -37,6 +37,7 @@ from coral.runtime.messages import (
     Shutdown,
     StageTiming,
     TokenResult,
+    Wake,
     WorkItem,
 )
 from coral.runtime.step_times import StepTimes, injected_slowdown
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 0.5
 #: A node silent for this long is reported lost.
 HEARTBEAT_TIMEOUT_S = 5.0
-#: Longest wait for one step's tokens before the step fails.
+#: Longest wait for one micro-batch's tokens before it fails.
 STEP_TIMEOUT_S = 60.0
 #: How long closing waits for workers to exit after Shutdown (and again after SIGTERM).
 SHUTDOWN_GRACE_S = 3.0
@@ -205,13 +206,22 @@ def _timing(node_id: str, stage: int, items: Sequence[WorkItem], seconds: float)
     return StageTiming(node_id, stage, prefill, decode, context, seconds)
 
 
+@dataclass
+class _Pending:
+    """A micro-batch in flight: how many tokens it owes, those back so far, its deadline."""
+
+    expected: int
+    deadline: float
+    tokens: list[TokenResult] = field(default_factory=list)
+
+
 class WorkerLostError(RuntimeError):
     pass
 
 
 class ZmqPipeline:
-    """Executor over worker processes: sends a step's items to the first stage and waits for
-    every token to come back from the last stage."""
+    """Executor over worker processes: micro-batches go to the first stage (`launch`) and
+    their tokens come back from the last (`collect`); `execute` runs one whole step."""
 
     def __init__(self, spec: PipelineSpec, *, topology: Topology | None = None,
                  start_timeout_s: float = 60.0, device: str = "cpu"):
@@ -240,6 +250,9 @@ class ZmqPipeline:
                                                       for st in spec.stages],
                                     [st.node_type for st in spec.stages])
         self._batch_ids = 0
+        self._pending: dict[int, _Pending] = {}
+        self._wake_lock = threading.Lock()
+        self._wake_socket = None
         # set by abort() from another thread: a step in progress gives up at its next poll
         self._aborted = threading.Event()
         mp_ctx = mp.get_context("spawn")
@@ -302,31 +315,88 @@ class ZmqPipeline:
     def pids(self) -> list[int | None]:
         return [p.pid for p in self.processes]
 
-    def execute(self, items: Sequence[WorkItem]) -> list[TokenResult]:
-        from coral.runtime.pipeline import group_by_node, micro_batches
+    @property
+    def depth(self) -> int:
+        """Micro-batches the engine keeps in flight: one per stage, so that every stage has
+        one to work on (the step model's cyclic pipeline, `coral.perf.step`)."""
+        return len(self.topology.nodes)
+
+    def launch(self, items: Sequence[WorkItem]) -> int:
+        """Send one micro-batch into the pipeline without waiting; returns its id, which
+        `collect` reports once every token of it is back."""
+        from coral.runtime.pipeline import group_by_node
 
         self._batch_ids += 1
+        batch_id = self._batch_ids
         expected = sum(1 for i in items if not i.release)
-        # every micro-batch is sent at once: the first stage takes them in order, and each
-        # later stage starts on one as soon as the stage before hands it over
-        for micro in micro_batches(items, len(self.topology.nodes)):
-            for node, group in group_by_node(micro, self._router).items():
-                self._first[node].send_pyobj(Batch(tuple(group), self._batch_ids))
-        tokens: list[TokenResult] = []
-        deadline = time.time() + STEP_TIMEOUT_S
-        while len(tokens) < expected:
-            msg = self._receive(0.2)
-            if isinstance(msg, Results) and msg.batch_id == self._batch_ids:
-                tokens.extend(msg.tokens)
-            if self._aborted.is_set():
-                raise WorkerLostError(f"step {self._batch_ids}: the pipeline is closing")
+        self._pending[batch_id] = _Pending(expected, time.time() + STEP_TIMEOUT_S)
+        for node, group in group_by_node(items, self._router).items():
+            self._first[node].send_pyobj(Batch(tuple(group), batch_id))
+        return batch_id
+
+    def collect(self, timeout_s: float) -> list[tuple[int, list[TokenResult]]]:
+        """Micro-batches whose tokens are all back, waiting up to `timeout_s` for the first
+        (a `wake` ends the wait early). Raises `WorkerLostError` when a worker is lost or a
+        micro-batch outlives `STEP_TIMEOUT_S`; every micro-batch in flight is then dropped."""
+        done = [(b, p.tokens) for b, p in self._pending.items() if p.expected == 0]
+        end = time.time() + timeout_s
+        while not done:
+            msg = self._receive(min(0.2, max(0.0, end - time.time())))
+            if isinstance(msg, Results):
+                pending = self._pending.get(msg.batch_id)
+                if pending is not None:  # else a late reply of a micro-batch already failed
+                    pending.tokens.extend(msg.tokens)
+                    if len(pending.tokens) >= pending.expected:
+                        done.append((msg.batch_id, pending.tokens))
+            self._check_in_flight()
+            if isinstance(msg, Wake) or time.time() >= end:
+                break
+        for batch_id, _ in done:
+            del self._pending[batch_id]
+        return done
+
+    def _check_in_flight(self) -> None:
+        failure = None
+        if self._aborted.is_set():
+            failure = "the pipeline is closing"
+        else:
             dead = self.dead_nodes()
             stale = dead or self.stale_nodes()
-            if stale or time.time() > deadline:
-                raise WorkerLostError(
-                    f"step {self._batch_ids}: worker(s) {', '.join(stale)} "
-                    f"{'exited' if dead else 'stopped sending heartbeats'}"
-                    if stale else f"step {self._batch_ids} timed out after {STEP_TIMEOUT_S} s")
+            if stale:
+                failure = (f"worker(s) {', '.join(stale)} "
+                           f"{'exited' if dead else 'stopped sending heartbeats'}")
+            elif self._pending and time.time() > min(p.deadline for p in self._pending.values()):
+                failure = f"a micro-batch timed out after {STEP_TIMEOUT_S} s"
+        if failure is not None:
+            batches = sorted(self._pending)
+            self._pending.clear()
+            raise WorkerLostError(f"micro-batch(es) {batches}: {failure}")
+
+    def wake(self) -> None:
+        """End a `collect` waiting in another thread (thread-safe): new work has come."""
+        with self._wake_lock:
+            try:
+                if self._wake_socket is None:
+                    self._wake_socket = self._ctx.socket(self._zmq.PUSH)
+                    self._wake_socket.setsockopt(self._zmq.LINGER, 0)
+                    self._wake_socket.connect(self.topology.driver_address)
+                self._wake_socket.send_pyobj(Wake(), flags=self._zmq.NOBLOCK)
+            except self._zmq.ZMQError:  # closed, or a wake already queued: nothing to do
+                pass
+
+    def execute(self, items: Sequence[WorkItem]) -> list[TokenResult]:
+        """One whole step, as `min(stages, requests)` micro-batches sent at once: the first
+        stage takes them in order, and each later stage starts on one as soon as the stage
+        before hands it over."""
+        from coral.runtime.pipeline import micro_batches
+
+        launched = {self.launch(micro) for micro in micro_batches(items, self.depth)}
+        tokens: list[TokenResult] = []
+        while launched:
+            for batch_id, got in self.collect(0.2):
+                if batch_id in launched:
+                    launched.discard(batch_id)
+                    tokens.extend(got)
         return tokens
 
     def abort(self) -> None:

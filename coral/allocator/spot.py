@@ -106,10 +106,16 @@ SPOT, ON_DEMAND = "spot", "on_demand"
 MAX_SCENARIOS_PER_MODEL = 4096
 #: Share of the risk budget the repair's table may leave out (counted as short).
 SCENARIO_TOLERANCE = 1e-3
-#: Share of the time limit the naive spot plan gets when a risk target follows it.
+#: Share of a mode's time limit the on-demand plan beside the spot plan gets (the plan
+#: file's comparison, and a start that meets any risk target); the spot solve has the rest.
+ON_DEMAND_SHARE = 0.25
+#: Shares of the spot solve's time by which each phase is done: the naive spot plan (when a
+#: risk target follows it), the naive plan repaired and searched locally, the running
+#: deployment topped up, and the models re-planned alone (the whole ILP's scenario
+#: generation has the rest). A phase that ends early leaves its time to the next.
 NAIVE_SHARE = 0.3
-#: Share of the time limit by which the models re-planned alone are done (the whole ILP's
-#: scenario generation has the rest).
+REPAIR_SHARE = 0.5
+TOPPED_SHARE = 0.6
 BY_MODEL_SHARE = 0.9
 
 
@@ -180,7 +186,7 @@ class SpotPlan:
 
 def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptions,
               starts: Sequence[Mapping[tuple[str, str], int]] = (),
-              clock: PhaseClock | None = None) -> SpotPlan:
+              clock: PhaseClock | None = None, deadline: float | None = None) -> SpotPlan:
     """The cheapest plan (expected $/hour plus start-ups beyond `problem.current`) whose
     every model is covered over the window with probability at least `options.risk_target`
     (see the module). `starts`: plans known beforehand (the on-demand plan): any of them that
@@ -190,24 +196,34 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     optimum of a relaxation, so where its exact risk meets the target it is the answer, and
     otherwise its bound bounds the answer from below. Then the naive plan repaired
     (`spot_repair.repair`, `local_search`) and the starts meeting the target cut off the scenario
-    generation of `spot_ilp`, which returns the best plan known and the proven gap."""
+    generation of `spot_ilp`, which returns the best plan known and the proven gap.
+
+    Every phase ends by `deadline` (a `time.perf_counter()` instant; default
+    `problem.time_limit_s` from now), each by its share of the time (`NAIVE_SHARE`...), except
+    the exact judging of the plan returned, which is short (closed form)."""
     t0 = time.perf_counter()
-    deadline = t0 + float(problem.time_limit_s)
+    deadline = t0 + float(problem.time_limit_s) if deadline is None else deadline
+    span = max(deadline - t0, 0.0)
     clock = clock if clock is not None else PhaseClock()
     with clock.phase("spot columns"):
         cols = spot_columns(problem, market)
         a = spot_arrays(cols, market)
     risky = options.risk_target > 0.0
     naive_problem = replace(expected_price_problem(cols, market),
-                            time_limit_s=problem.time_limit_s * (NAIVE_SHARE if risky else 1.0))
+                            time_limit_s=max(span * (NAIVE_SHARE if risky else 1.0), 1e-3))
     with clock.phase("naive"):
         naive = solve_allocation(naive_problem, starts=list(starts))
-    if not naive.meets_demand:
+    if not naive.meets_demand and naive.status is PlanStatus.INFEASIBLE:
         raise SpotPlanError("no spot plan meets every demand within the availability (short: "
                             + ", ".join(naive.short_models) + ")")
+    if not naive.meets_demand and not risky:
+        raise SpotPlanError(f"no spot plan meeting every demand was found within the time "
+                            f"limit ({problem.time_limit_s:g} s); raise --time-limit")
+    # cut short before it met demand, the naive plan is only a start for the repair
     x_naive = a.vector(naive.instances)
     assert x_naive is not None
-    naive_bound = naive.objective * (1.0 - naive.gap) if math.isfinite(naive.gap) else -math.inf
+    naive_bound = (naive.objective * (1.0 - naive.gap)
+                   if naive.meets_demand and math.isfinite(naive.gap) else -math.inf)
     with clock.phase("judge naive"):
         judged_naive = _judge(_plan_of(cols.problem, a, x_naive, naive.status, naive.gap, t0,
                                        ("spot plan: the naive spot problem by the allocator's "
@@ -215,7 +231,7 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     if not risky:
         return replace(judged_naive, phases=tuple(clock.rows))
     budget = 1.0 - options.risk_target
-    if all(p == 0.0 for p in judged_naive.p_unjudged.values()) and all(
+    if naive.meets_demand and all(p == 0.0 for p in judged_naive.p_unjudged.values()) and all(
             p <= budget for p in judged_naive.p_short.values()):
         return replace(judged_naive, options=options, phases=tuple(clock.rows), notes=(
             *judged_naive.notes, "the naive spot optimum already meets the risk target"))
@@ -228,16 +244,16 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     best, best_from = None, ""
     running = a.vector(cols.problem.current)
     with clock.phase("repair"):
-        repaired = repair(a, risks, x_naive, budget)
+        repaired = repair(a, risks, x_naive, budget, t0 + span * REPAIR_SHARE)
     if repaired is not None:
         with clock.phase("local search"):
-            repaired = local_search(a, risks, repaired, budget, deadline)
+            repaired = local_search(a, risks, repaired, budget, t0 + span * REPAIR_SHARE)
     # after a preemption the survivors are short: topped up, they move the fewest instances
     with clock.phase("running topped up"):
-        topped = (repair(a, risks, running, budget) if running is not None and running.any()
-                  else None)
+        topped = (repair(a, risks, running, budget, t0 + span * TOPPED_SHARE)
+                  if running is not None and running.any() else None)
         if topped is not None:
-            topped = local_search(a, risks, topped, budget, deadline)
+            topped = local_search(a, risks, topped, budget, t0 + span * TOPPED_SHARE)
     candidates = [("the naive plan repaired", repaired),
                   ("the running deployment kept", running),
                   ("the running deployment topped up", topped)] + [
@@ -248,7 +264,7 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     if best is not None:
         with clock.phase("each model alone"):
             better = improve_by_model(a, families, budget, best, market, k_pools,
-                                      deadline=t0 + (deadline - t0) * BY_MODEL_SHARE,
+                                      deadline=t0 + span * BY_MODEL_SHARE,
                                       mip_gap=float(problem.mip_gap))
         if a.objective(better) < a.objective(best) - 1e-9:
             best, best_from = better, best_from + ", each model re-planned alone"
@@ -377,6 +393,9 @@ class SpotPlanner:
 
     def solve(self, problem: AllocationProblem, starts: Sequence[Mapping[Any, int]] = ()
               ) -> AllocationPlan:
+        """The spot plan of `problem` within its time limit: the on-demand plan beside it
+        gets `ON_DEMAND_SHARE` of it, the spot solve (`plan_spot`) the rest; the plan's
+        solve time counts both."""
         pools = sorted({(g, r) for t in problem.templates for g in t.node_counts
                         for r in t.price_usd_per_hour})
         market = SpotMarket.from_catalog(self.catalog, pools, self.options, problem.startup_s)
@@ -384,12 +403,19 @@ class SpotPlanner:
             raise SpotPlanError("no node type of this scenario has a spot price in its regions "
                                 "(the catalog's spot_prices)")
         clock = PhaseClock()
+        start = time.perf_counter()
+        deadline = start + float(problem.time_limit_s)
         with clock.phase("on demand"):
-            on_demand = solve_allocation(problem, starts=[s for s in starts if not any(
-                str(tid).endswith(SPOT_SUFFIX) for tid, _ in s)])
+            on_demand = solve_allocation(
+                replace(problem, time_limit_s=problem.time_limit_s * ON_DEMAND_SHARE),
+                starts=[s for s in starts if not any(
+                    str(tid).endswith(SPOT_SUFFIX) for tid, _ in s)])
         known = [*starts, dict(on_demand.instances)] if on_demand.meets_demand \
             else list(starts)
-        result = plan_spot(problem, market, self.options, starts=known, clock=clock)
+        result = plan_spot(problem, market, self.options, starts=known, clock=clock,
+                           deadline=deadline)
+        result = replace(result, plan=replace(result.plan,
+                                              solve_s=time.perf_counter() - start))
         self.runs.append((frozenset(t.id for t in problem.templates), result, on_demand))
         self.result, self.on_demand = result, on_demand
         return result.plan

@@ -9,6 +9,7 @@ plan it accepts meets the target exactly too: the exact risk is never above the 
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Mapping, Sequence
 
@@ -32,7 +33,7 @@ class ModelRisk:
         self.pools = a.spot_pools_of(m)
         depth, _ = scenario_depth([prob_down[p] for p in self.pools], tolerance, max_scenarios)
         self.table = ScenarioTable.build(self.pools, prob_down, depth)
-        self.alive = self.table.alive([a.pools[j] for j in self.entries]).astype(float)
+        self.alive = self.table.alive([a.pools[j] for j in self.entries])  # bool
         self.cap = a.cap[self.entries]
         self.need = float(a.demand[m]) * (1.0 - CAPACITY_REL_TOL)
         self.pairing = a.pairing(self.entries)
@@ -114,14 +115,16 @@ class ModelRisk:
         return float(self.table.prob @ (self.scenario_capacity(x) < self.need)) + self.table.left
 
 
-def repair(a: SpotArrays, risks: Sequence[ModelRisk | None], x0: np.ndarray, budget: float
-           ) -> np.ndarray | None:
+def repair(a: SpotArrays, risks: Sequence[ModelRisk | None], x0: np.ndarray, budget: float,
+           deadline: float = math.inf) -> np.ndarray | None:
     """`x0` (a plan within availability; it may be short of demand, the set with every pool
     up then counting as a failure) with instances added where a model's risk exceeds
     `budget` — each time the one that removes the most expected
     shortfall (probability x requests/s short) per $ — then instances removed, dearest per
     request/s first, while the model stays within budget. None when no instance that still
-    fits helps."""
+    fits helps, or when `deadline` (a `time.perf_counter()` instant) passes before every
+    model is within budget; past it while removing, the plan as it stands (every model
+    within budget) is returned."""
     x = x0.copy()
     rows_of: list[list[tuple[int, float]]] = [[] for _ in a.keys]
     for i, (_, idx, nodes) in enumerate(a.usage):
@@ -148,6 +151,8 @@ def repair(a: SpotArrays, risks: Sequence[ModelRisk | None], x0: np.ndarray, bud
         if r.risk(x) <= budget:
             continue
         while r.risk(x) > budget:
+            if time.perf_counter() > deadline:
+                return None
             cand = np.array([k for k, j in enumerate(r.entries) if fits(int(j))], dtype=int)
             if not len(cand):
                 return None
@@ -181,7 +186,7 @@ def repair(a: SpotArrays, risks: Sequence[ModelRisk | None], x0: np.ndarray, bud
         per_rps = unit[r.entries] / r.cap
         for k in np.argsort(-per_rps):
             j = int(r.entries[k])
-            while x[j] > 0:
+            while x[j] > 0 and time.perf_counter() <= deadline:
                 move(j, -1)
                 if r.scenario_capacity(x)[0] < r.need or r.risk(x) > budget:
                     move(j, +1)

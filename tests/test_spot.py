@@ -108,7 +108,9 @@ def _served(demand: ModelDemand, held: list[tuple[TemplateColumn, str, int]]) ->
 
 def _brute_force(problem: AllocationProblem, market: SpotMarket, target: float
                  ) -> tuple[float, dict]:
-    """The cheapest plan meeting the target, by trying every plan and every failure set."""
+    """The cheapest plan meeting the target, by trying every plan and every failure set
+    (against `problem.current`: keeping a running instance is free, starting or stopping
+    one costs its start-up)."""
     full = spot_columns(problem, market).problem
     entries = [(t, r) for t in full.templates for r in t.price_usd_per_hour]
     ubs = [min(problem.availability.get((g, r), 0) // n for g, n in t.node_counts.items())
@@ -130,8 +132,8 @@ def _brute_force(problem: AllocationProblem, market: SpotMarket, target: float
                 used[(g, r)] = used.get((g, r), 0) + k * n
         if any(v > problem.availability.get(key, 0) for key, v in used.items()):
             continue
-        cost = sum(n * _unit_cost(t.price_usd_per_hour[r],
-                                  sum(market.rate_per_hour[p] for p in ps))
+        cost = sum(_cost(t.price_usd_per_hour[r], sum(market.rate_per_hour[p] for p in ps),
+                         n, problem.current.get((t.id, r), 0))
                    for (t, r), n, ps in zip(entries, x, pools_of))
         if cost >= best - 1e-12:
             continue
@@ -157,6 +159,13 @@ def _unit_cost(price: float, rate: float) -> float:
     its own start-up at that rate, as `spot_ilp` states the objective."""
     hourly = price * (1 + rate * STARTUP_S / 3600.0)
     return hourly * (1 + STARTUP_S / 3600.0)
+
+
+def _cost(price: float, rate: float, n: int, running: int) -> float:
+    """`n` instances against `running` ones: expected $/hour, and a start-up for each one
+    started or stopped (a stopped one serves until its replacements have started)."""
+    hourly = price * (1 + rate * STARTUP_S / 3600.0)
+    return n * hourly + abs(n - running) * hourly * STARTUP_S / 3600.0
 
 
 def _objective(sp) -> float:

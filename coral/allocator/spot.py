@@ -19,7 +19,7 @@ of pools of `K_m` down, of probability `pi_S`. `cap_j` is in requests/s (a PD ha
 over the tokens a request takes); `A_m`, `P_{m,r}`, `D_{m,r}` are the model's aggregated,
 prefill and decode entries (of region `r`), and `alive(S)` the entries whose pools avoid `S`::
 
-    minimise  sum_j price_j x_j + penalty_j max(x_j - current_j, 0)
+    minimise  sum_j price_j x_j + penalty_j |x_j - current_j|
     s.t.      serve_m(S) = sum_{j in A_m, alive(S)} cap_j x_j + sum_r d_{m,r,S}
               sum_{j in P_{m,r}, alive(S)} cap_j x_j >= d_{m,r,S},  likewise D_{m,r}
               serve_m({})                                 >= demand_m         (all pools up)
@@ -41,9 +41,10 @@ model of `core` has 24 spot pools, 2^24 failure sets: the sets are generated as 
 them (`spot_ilp`), never all enumerated. A plan's own risk is judged in closed form on every
 failure set of the pools it uses (`spot_risk.shortfall_probability`: per region the lesser of
 the two surviving halves), exactly up to `spot_risk.EXACT_POOLS` pools and as an upper bound
-beyond. `penalty_j` is the start-up of an instance beyond the current deployment (keeping a
-running one is free, as on demand) and `price_j` a spot instance's expected $/hour with the
-replacements its preemptions start (`spot_ilp`'s objective).
+beyond. `penalty_j` is the start-up of an instance beyond the current deployment, and as
+much for a running one stopped, which serves until the instances taking over have started
+(keeping a running one is free, as on demand), and `price_j` a spot instance's expected
+$/hour with the replacements its preemptions start (`spot_ilp`'s objective).
 
 What is approximated: the pool model itself (independent pools, a whole pool lost at once,
 the replacement time added to the window; `spot_risk`), and, where the search stops at the
@@ -233,7 +234,10 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     if not risky:
         return replace(judged_naive, phases=tuple(clock.rows))
     budget = 1.0 - options.risk_target
-    if naive.meets_demand and all(p == 0.0 for p in judged_naive.p_unjudged.values()) and all(
+    # with a deployment running, the naive plan's objective leaves its stops out: it is one
+    # candidate among the others then
+    if naive.meets_demand and not a.current.any() and all(
+            p == 0.0 for p in judged_naive.p_unjudged.values()) and all(
             p <= budget for p in judged_naive.p_short.values()):
         return replace(judged_naive, options=options, phases=tuple(clock.rows), notes=(
             *judged_naive.notes, "the naive spot optimum already meets the risk target"))
@@ -258,7 +262,7 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
                   if running is not None and running.any() else None)
         if topped is not None:
             topped = local_search(a, risks, topped, budget, phase_end)
-    candidates = [("the naive plan repaired", repaired),
+    candidates = [("the naive plan", x_naive), ("the naive plan repaired", repaired),
                   ("the running deployment kept", running),
                   ("the running deployment topped up", topped)] + [
         ("a given start", a.vector(s)) for s in starts]
@@ -291,6 +295,12 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     notes.append(f"spot plan: {came_from}; {gen.rounds} relaxation round(s) over "
                  f"{gen.scenario_rows} failure sets; bound from the "
                  + ("naive plan" if naive_bound >= gen.bound else "relaxation"))
+    if a.current.any():
+        stopped = np.maximum(a.current - gen.x, 0)
+        notes.append(f"re-plan: {int(np.maximum(gen.x - a.current, 0).sum())} instance(s) "
+                     f"started, {int(stopped.sum())} stopped; a stopped one serves until those "
+                     f"taking over have started, ${float(a.penalty @ stopped):,.2f} in all, "
+                     "counted beside the start-ups")
     plan = _plan_of(cols.problem, a, gen.x, status, gap, t0, tuple(notes))
     with clock.phase("judge plan"):
         judged = _judge(plan, cols, options, market, gen.scenario_rows, tuple(notes))

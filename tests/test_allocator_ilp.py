@@ -396,3 +396,57 @@ def test_highs_takes_over_where_branch_and_price_stops_short(monkeypatch) -> Non
     assert any(n.startswith("HiGHS after branch and price") for n in plan.notes), plan.notes
     assert plan.status is PlanStatus.OPTIMAL and plan.gap == 0.0 and plan.meets_demand
     assert plan.objective == pytest.approx(alone.objective, rel=1e-9)
+
+
+def _coupled_ilp():
+    """`_coupled_problem`'s ILP, its decomposition and a first plan (the LP rounded)."""
+    from coral.allocator.branch_price import round_and_repair
+    from coral.allocator.formulation import (
+        LpBuilder,
+        add_plan_rows,
+        add_variables,
+        decomposition_of,
+    )
+    from coral.allocator.highs_runs import lp_relaxation
+    from coral.allocator.presolve import Index, run_presolve
+
+    problem = _coupled_problem(0.0, 60.0)
+    ix = Index.build(problem)
+    lp = LpBuilder()
+    v = add_variables(lp, problem, ix, run_presolve(problem, ix, dominance=True))
+    add_plan_rows(lp, ix, v)
+    arr = lp.arrays()
+    dec = decomposition_of(ix, v, lp)
+    relaxed = lp_relaxation(arr, arr.cost, arr.col_lb, arr.row_lb, lp, len(v.x))
+    first = round_and_repair(dec, relaxed.x)
+    assert first is not None and dec.fits(first) and dec.covers(first)
+    return problem, arr, v, dec, relaxed, first
+
+
+def test_neighbourhood_run_keeps_plans_but_proves_nothing() -> None:
+    """HiGHS on a neighbourhood of columns (the LP's and the plan's) after branch and
+    price: its plan is kept when cheaper, still fits and meets demand, and the bound stays
+    the one given (a run on some columns bounds nothing); with the whole ILP after it, the
+    optimum and its proof come back (gap 0, as HiGHS alone)."""
+    from coral.allocator.highs_runs import highs_after_decomposition
+
+    problem, arr, v, dec, relaxed, first = _coupled_ilp()
+    near = relaxed.x > 1e-9
+    notes: list[str] = []
+    counts, cost, bound = highs_after_decomposition(
+        arr, v, dec, first.copy(), dec.cost(first), relaxed.value, mip_gap=0.0,
+        time_limit_s=60.0, threads=None, notes=notes, neighbourhood=near,
+        min_run_s=math.inf)
+    assert cost <= dec.cost(first) and cost == pytest.approx(dec.cost(counts), rel=1e-12)
+    assert dec.fits(counts) and dec.covers(counts)
+    assert bound == relaxed.value
+    assert notes and notes[0].startswith("HiGHS on the root's and the plan's")
+    assert not any(n.startswith("HiGHS after branch and price") for n in notes)
+
+    alone = solve_allocation(problem, decompose=False)
+    assert alone.status is PlanStatus.OPTIMAL
+    counts, cost, bound = highs_after_decomposition(
+        arr, v, dec, first.copy(), dec.cost(first), relaxed.value, mip_gap=0.0,
+        time_limit_s=60.0, threads=None, notes=notes, neighbourhood=near)
+    assert cost == pytest.approx(alone.objective, rel=1e-9)
+    assert bound == pytest.approx(cost, rel=1e-6)

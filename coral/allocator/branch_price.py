@@ -89,6 +89,9 @@ class DecomposedResult:
     patterns: int
     finished: bool  # the search ended (not the deadline)
     notes: list[str] = field(default_factory=list)
+    #: columns the root master's mix uses (None when the search ended before it): with the
+    #: plan's, a neighbourhood where HiGHS finds cheaper plans fast
+    root_support: np.ndarray | None = None
 
     @property
     def gap(self) -> float:
@@ -146,6 +149,7 @@ def solve_decomposed(dec: Decomposition, *, deadline: float, rel_gap: float,
                              start_price=start_price, bound=start_bound)
     rounds, nodes = node.rounds, 1
     root_bound = node.bound
+    root_support = None if node.master is None else _mix(master, node.master) > INTEGRALITY_TOL
     notes = [f"root: {node.rounds} pricing rounds, bound {node.bound:.6g}"]
     if node.master is not None and node.master.artificial > 1e-9 and node.converged \
             and not math.isfinite(best):
@@ -256,7 +260,7 @@ def solve_decomposed(dec: Decomposition, *, deadline: float, rel_gap: float,
     notes.append(f"search: {nodes} nodes, {rounds} pricing rounds, {len(master.patterns)} "
                  f"patterns{'' if finished else ', stopped by the time limit'}")
     return DecomposedResult(best_x, best, bound, nodes, rounds, len(master.patterns),
-                            finished, notes)
+                            finished, notes, root_support)
 
 
 def _better(value: float, best: float) -> bool:

@@ -1,12 +1,14 @@
 """HiGHS runs on the allocation ILP: one MILP run (`run_highs`), its LP relaxation with node
 prices and reduced costs (`lp_relaxation`), runs on a neighbourhood of columns
 (`run_on_support`), and the column bounds reduced costs allow (`fix_by_reduced_cost`), with
-the bound such a restricted run proves for the whole problem (`bound_with_limit`).
+the bound such a restricted run proves for the whole problem (`bound_with_limit`); and the
+HiGHS runs that follow branch and price on the cost problem (`highs_after_decomposition`).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import highspy
@@ -14,9 +16,17 @@ import numpy as np
 
 from coral.allocator.branch_price import INTEGRALITY_TOL
 from coral.allocator.formulation import LpArrays, LpBuilder, Vars
+from coral.allocator.lagrange import Decomposition
 from coral.solvers import quiet_highs, set_threads
 
 INSIDE = 1.0 - 1e-6
+
+
+#: Share of the time after branch and price that HiGHS may take on the columns the root
+#: master's mix and the plan use (a few dozen), before the whole ILP: HiGHS's root on the
+#: whole ILP takes seconds, and on that neighbourhood it finds cheaper plans in tenths of a
+#: second.
+NEIGHBOURHOOD_SHARE = 0.5
 
 
 @dataclass
@@ -177,3 +187,48 @@ def bound_with_limit(run: "HighsRun", limit: float, fallback: float) -> float:
     else:
         inside = fallback
     return min(inside, limit)
+
+
+def highs_after_decomposition(arr: "LpArrays", v: Vars, dec: Decomposition,
+                              counts: np.ndarray | None, cost: float, bound: float, *,
+                              mip_gap: float, time_limit_s: float, threads: int | None,
+                              notes: list[str], neighbourhood: np.ndarray | None = None,
+                              min_run_s: float = 0.0) -> tuple[np.ndarray | None, float, float]:
+    """HiGHS on the cost ILP after branch and price stopped short of the gap, below its
+    plan's cost and stopping at the first plan its bound proves: first on `neighbourhood`
+    (x columns, with the plan's; its plans only: a restricted run bounds nothing) for
+    `NEIGHBOURHOOD_SHARE` of the time, then on the whole ILP while more than `min_run_s`
+    is left. Returns the better plan (counts, cost; None and inf when none was found) and
+    the better bound (each holds for every plan; inf when HiGHS proves that none meets
+    demand)."""
+    end = time.perf_counter() + time_limit_s
+    target = bound / (1.0 - mip_gap * INSIDE) if math.isfinite(bound) else -math.inf
+
+    def take(x: np.ndarray | None) -> None:
+        nonlocal counts, cost
+        if x is not None and dec.fits(x) and dec.covers(x) and dec.cost(x) < cost:
+            counts, cost = x, dec.cost(x)
+
+    if neighbourhood is not None and counts is not None:
+        run, x = run_on_support(arr, v, arr.cost, arr.col_lb, arr.row_lb,
+                                neighbourhood | (counts > 0), cutoff=cost,
+                                time_limit_s=NEIGHBOURHOOD_SHARE * time_limit_s,
+                                mip_gap=mip_gap, threads=threads, target=target)
+        take(x)
+        notes.append(f"HiGHS on the root's and the plan's "
+                     f"{int((neighbourhood | (counts > 0)).sum())} columns: {run.detail}, "
+                     f"cost {cost:.6g}")
+    if cost <= target or end - time.perf_counter() <= min_run_s:
+        return counts, cost, bound  # the bound proves the plan, or no time is left
+    run = run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
+                     time_limit_s=end - time.perf_counter(), mip_gap=mip_gap,
+                     threads=threads, cutoff=cost, target=target)
+    take(plan_of_run(run, v))
+    if run.infeasible:
+        # nothing cheaper than `cost` meets demand: `cost` is optimal, or no plan exists
+        bound = cost
+    elif math.isfinite(run.bound):
+        bound = max(bound, min(run.bound, cost))
+    notes.append(f"HiGHS after branch and price: {run.detail}, cost {cost:.6g}, bound "
+                 f"{bound:.6g}")
+    return counts, cost, bound

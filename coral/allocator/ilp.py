@@ -39,9 +39,10 @@ therefore solved by decomposition instead (`decompose=True`, the default):
    branch and price until the gap target or `DECOMPOSED_SHARE` of the time limit
    (`branch_price.solve_decomposed`);
 4. when that stops short of the gap (problems without PD models, whose ILPs HiGHS handles
-   far worse), HiGHS on the whole ILP for the rest of the time, below the plan found and
-   stopping at the first plan the Lagrangian bound proves; the better plan and the better
-   bound of the two come back. Real libraries need it: many templates of a model cost almost
+   far worse), HiGHS for the rest of the time, below the plan found and stopping at the
+   first plan the Lagrangian bound proves: first on the columns the root master and the plan
+   use (cheaper plans fast), then on the whole ILP; the better plan and the better bound
+   come back. Real libraries need it: many templates of a model cost almost
    the same per request/s, and on `benchmarks/allocator.py --library real` draws branch and
    price alone left one plan short of demand (no plan meeting it found in time, 16.8% gap)
    where HiGHS finds one.
@@ -83,11 +84,10 @@ from coral.allocator.formulation import (
     decomposition_of,
 )
 from coral.allocator.highs_runs import (
-    INSIDE,
     Relaxation,
     bound_with_limit,
+    highs_after_decomposition,
     lp_relaxation,
-    plan_of_run,
     run_highs,
     run_on_support,
     support_of,
@@ -133,7 +133,7 @@ NEIGHBOURHOOD_SHARE = 0.25
 
 #: Share of the cost problem's time branch and price may take (without PD models) before
 #: HiGHS on the whole ILP gets the rest, below its plan and stopping at the first plan the
-#: Lagrangian bound proves (`_highs_after_decomposition`): branch and price alone can end
+#: Lagrangian bound proves (`highs_runs.highs_after_decomposition`): branch and price alone can end
 #: without a plan meeting demand where HiGHS finds one.
 DECOMPOSED_SHARE = 0.4
 
@@ -314,9 +314,10 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
             proven_short = res.finished and res.bound == math.inf
             if not proven_short and relative_gap(cost, bound) > problem.mip_gap \
                     and remaining() > MIN_PHASE_S:
-                counts, cost, bound = _highs_after_decomposition(
+                counts, cost, bound = highs_after_decomposition(
                     arr, v, dec, counts, cost, bound, mip_gap=problem.mip_gap,
-                    time_limit_s=remaining(), threads=threads, notes=notes)
+                    time_limit_s=remaining(), threads=threads, notes=notes,
+                    neighbourhood=res.root_support, min_run_s=MIN_PHASE_S)
                 proven_short = bound == math.inf
             if counts is not None:
                 gap = relative_gap(cost, bound)
@@ -368,32 +369,6 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
         if plan.meets_demand:  # the cost phase found no plan in time; the goodput phases did
             plan = plan_of(best, PlanStatus.TIME_LIMIT, gap, goodput_gap)
     return plan
-
-
-def _highs_after_decomposition(arr: "LpArrays", v: Vars, dec: Decomposition,
-                               counts: np.ndarray | None, cost: float, bound: float, *,
-                               mip_gap: float, time_limit_s: float, threads: int | None,
-                               notes: list[str]
-                               ) -> tuple[np.ndarray | None, float, float]:
-    """HiGHS on the whole cost ILP after branch and price stopped short of the gap: below
-    its plan's cost, stopping at the first plan its bound proves. Returns the better plan
-    (counts, cost; None and inf when neither found one) and the better bound of the two
-    (each holds for every plan; inf when HiGHS proves that none meets demand)."""
-    target = bound / (1.0 - mip_gap * INSIDE) if math.isfinite(bound) else -math.inf
-    run = run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
-                     time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads,
-                     cutoff=cost, target=target)
-    x = plan_of_run(run, v)
-    if x is not None and dec.fits(x) and dec.covers(x) and dec.cost(x) < cost:
-        counts, cost = x, dec.cost(x)
-    if run.infeasible:
-        # nothing cheaper than `cost` meets demand: `cost` is optimal, or no plan exists
-        bound = cost
-    elif math.isfinite(run.bound):
-        bound = max(bound, min(run.bound, cost))
-    notes.append(f"HiGHS after branch and price: {run.detail}, cost {cost:.6g}, bound "
-                 f"{bound:.6g}")
-    return counts, cost, bound
 
 
 @dataclass

@@ -64,6 +64,7 @@ def plan_scenario(
     engine: str = DEFAULT_ENGINE,
     robust: float | None = None,
     spot: Any = None,
+    starts: Sequence[Mapping[TemplateRegion, int]] = (),
 ) -> PlanResult:
     """Plan `scenario`: templates (built or reused unless given), allocation, baselines.
 
@@ -77,6 +78,8 @@ def plan_scenario(
     then says so (`robust`), with the nominal plan's cost beside it. `spot`: a
     `coral.allocator.spot.SpotOptions`, plan every mode's templates on spot and on-demand
     instances under a chance constraint (the plan file's `spot` object says what it risks).
+    `starts`: plans known beforehand ((column id, region) -> instances; a re-plan's last plan),
+    which start every mode's search beside the baselines' plans.
     """
     engine = check_engine(engine)
     if perf is None:
@@ -122,7 +125,8 @@ def plan_scenario(
             notes.append(f"engine {engine} restricts Coral's plan only: the baselines are not "
                          "engine-restricted (they solve their own templates as Coral's runtime "
                          "runs them; Helix's candidate clusters are the homogeneous ones only)")
-    given = [start for start in (baseline_start(b) for b in results.values()) if start]
+    given = [*starts, *(start for start in (baseline_start(b) for b in results.values())
+                        if start)]
     robust_planner = None if robust is None else RobustPlanner(
         robust, perf=perf, catalog=catalog, slowed_perf=SlowedPerf,
         template_dirs=getattr(templates, "template_dirs", None))

@@ -3,7 +3,9 @@ own scenario, mode, engine and spot options (a `coral plan --spot` plan is re-pl
 its chance constraint, so a replacement may be spot or on demand), its template libraries
 (reused from `out/templates`), and the deployment that survives the event as the current
 one, so that keeping an instance is free and every new one pays the start-up penalty
-(`coral.planning.adapt`). A pool that was just reclaimed stays in the re-plan's market at
+(`coral.planning.adapt`; a spot plan's stops pay one too, `coral.allocator.spot_ilp`). The
+last plan (the plan file's, then each re-plan's) starts the search: restarting what was lost
+is always a candidate, so a re-plan moves more only where that pays. A pool that was just reclaimed stays in the re-plan's market at
 its catalog rate: the planner's events are memoryless, and so are the simulator's.
 `coral.sim.preemption` sees only its `Replanner` protocol, so the simulator does not import
 the planner that runs it.
@@ -60,6 +62,7 @@ class AllocatorReplanner:
         self.templates = templates_for_scenario(self.scenario, catalog, perf,
                                                 out_root=templates_dir, workers=workers,
                                                 nmax=plan.get("nmax"), engine=self.engine)
+        self.last = _counts(plan.get("instances") or ())
 
     @property
     def startup_s(self) -> float:
@@ -74,6 +77,18 @@ class AllocatorReplanner:
         result = plan_scenario(self.scenario, catalog=self.catalog, perf=self.perf,
                                templates=self.templates, current=dict(running),
                                time_limit_s=self.time_limit_s, baselines=False,
-                               engine=self.engine, spot=self.spot)
+                               engine=self.engine, spot=self.spot,
+                               starts=[self.last] if self.last else [])
         log.info("re-plan at %.0f s: $%.2f/hour, %s", t, result.cost_per_hour, result.status)
-        return [i.to_dict() for i in result.instances]
+        rows = [i.to_dict() for i in result.instances]
+        self.last = _counts(rows)
+        return rows
+
+
+def _counts(rows: Sequence[PlanRow]) -> dict[Key, int]:
+    """Instances per (template id, region) of a plan's rows."""
+    out: dict[Key, int] = {}
+    for row in rows:
+        key = (str(row["template_id"]), str(row["region"]))
+        out[key] = out.get(key, 0) + int(row["count"])
+    return out

@@ -29,6 +29,12 @@ INSIDE = 1.0 - 1e-6
 NEIGHBOURHOOD_SHARE = 0.5
 
 
+#: Where HiGHS on the whole ILP would get less than this (seconds), the neighbourhood gets
+#: all the time: the whole ILP's presolve and root LP, which HiGHS does not interrupt, would
+#: overrun the limit, and it finds no plan in that time.
+WHOLE_ILP_MIN_S = 0.5
+
+
 @dataclass
 class HighsRun:
     ok: bool  # a primal solution exists
@@ -198,27 +204,31 @@ def highs_after_decomposition(arr: "LpArrays", v: Vars, dec: Decomposition,
     plan's cost and stopping at the first plan its bound proves: first on `neighbourhood`
     (x columns, with the plan's; its plans only: a restricted run bounds nothing) for
     `NEIGHBOURHOOD_SHARE` of the time, then on the whole ILP while more than `min_run_s`
-    is left. Returns the better plan (counts, cost; None and inf when none was found) and
-    the better bound (each holds for every plan; inf when HiGHS proves that none meets
-    demand)."""
+    is left (the neighbourhood gets all the time where the whole ILP would get less than
+    `WHOLE_ILP_MIN_S`). Returns the better plan (counts, cost; None and inf when none was
+    found) and the better bound (each holds for every plan; inf when HiGHS proves that none
+    meets demand)."""
     end = time.perf_counter() + time_limit_s
     target = bound / (1.0 - mip_gap * INSIDE) if math.isfinite(bound) else -math.inf
+    first = neighbourhood is not None and counts is not None
+    whole = not first or (1.0 - NEIGHBOURHOOD_SHARE) * time_limit_s >= WHOLE_ILP_MIN_S
 
     def take(x: np.ndarray | None) -> None:
         nonlocal counts, cost
         if x is not None and dec.fits(x) and dec.covers(x) and dec.cost(x) < cost:
             counts, cost = x, dec.cost(x)
 
-    if neighbourhood is not None and counts is not None:
-        run, x = run_on_support(arr, v, arr.cost, arr.col_lb, arr.row_lb,
-                                neighbourhood | (counts > 0), cutoff=cost,
-                                time_limit_s=NEIGHBOURHOOD_SHARE * time_limit_s,
-                                mip_gap=mip_gap, threads=threads, target=target)
+    if first:
+        assert neighbourhood is not None and counts is not None
+        support = neighbourhood | (counts > 0)
+        run, x = run_on_support(arr, v, arr.cost, arr.col_lb, arr.row_lb, support,
+                                cutoff=cost, mip_gap=mip_gap, threads=threads, target=target,
+                                time_limit_s=(NEIGHBOURHOOD_SHARE if whole else 1.0)
+                                * time_limit_s)
         take(x)
-        notes.append(f"HiGHS on the root's and the plan's "
-                     f"{int((neighbourhood | (counts > 0)).sum())} columns: {run.detail}, "
-                     f"cost {cost:.6g}")
-    if cost <= target or end - time.perf_counter() <= min_run_s:
+        notes.append(f"HiGHS on the root's and the plan's {int(support.sum())} columns: "
+                     f"{run.detail}, cost {cost:.6g}")
+    if cost <= target or not whole or end - time.perf_counter() <= min_run_s:
         return counts, cost, bound  # the bound proves the plan, or no time is left
     run = run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
                      time_limit_s=end - time.perf_counter(), mip_gap=mip_gap,

@@ -92,3 +92,34 @@ def test_counting_the_stops_changes_the_plan_somewhere(monkeypatch) -> None:
                      for k in set(x) | set(running.current)) for x in (counted, free)]
         differ += moved[0] < moved[1]
     assert differ == 2
+
+
+def test_the_replanner_starts_each_replan_from_the_last_plan(monkeypatch) -> None:
+    """The plan file's plan starts the first re-plan, and each re-plan's plan the next one:
+    restarting what was lost is always a candidate."""
+    from types import SimpleNamespace
+
+    from coral.planning import preemption_replan
+    from coral.planning.preemption_replan import AllocatorReplanner
+
+    seen: list = []
+    plans = iter([{("c", "r1"): 4}, {("b", "r1"): 1}])
+
+    def fake_plan(scenario, **kw):
+        seen.append(kw["starts"])
+        counts = next(plans)
+        rows = [SimpleNamespace(to_dict=lambda k=k, n=n: {
+            "template_id": k[0], "region": k[1], "count": n}) for k, n in counts.items()]
+        return SimpleNamespace(instances=rows, cost_per_hour=1.0, status="optimal")
+
+    monkeypatch.setattr(preemption_replan, "plan_scenario", fake_plan)
+    replanner = AllocatorReplanner.__new__(AllocatorReplanner)
+    replanner.scenario = replanner.catalog = replanner.perf = replanner.templates = None
+    replanner.time_limit_s, replanner.engine, replanner.spot = 10.0, "coral", None
+    replanner.last = preemption_replan._counts([
+        {"template_id": "a@spot", "region": "r1", "count": 2},
+        {"template_id": "a@spot", "region": "r1", "count": 1}])
+    replanner({("a@spot", "r1"): 1}, 10.0)
+    replanner({("a@spot", "r1"): 2}, 20.0)
+    assert seen == [[{("a@spot", "r1"): 3}], [{("c", "r1"): 4}]]
+    assert replanner.last == {("b", "r1"): 1}

@@ -253,7 +253,11 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
         # the repair is what gives PD and mixed problems a plan below the on-demand one:
         # it may take the time left, the local search after it its share
         repaired = repair(a, risks, x_naive, budget, deadline)
-    if repaired is not None:
+    if repaired is None:
+        notes.append("repair of the naive plan: no plan meeting the target ("
+                     + ("stopped at the time limit" if time.perf_counter() > deadline
+                        else "no instance that fits helps") + ")")
+    else:
         with clock.phase("local search"):
             repaired = local_search(a, risks, repaired, budget,
                                     _share_of_left(deadline, REPAIR_SHARE))

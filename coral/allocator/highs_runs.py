@@ -26,7 +26,7 @@ INSIDE = 1.0 - 1e-6
 #: master's mix and the plan use (a few dozen), before the whole ILP: HiGHS's root on the
 #: whole ILP takes seconds, and on that neighbourhood it finds cheaper plans in tenths of a
 #: second.
-NEIGHBOURHOOD_SHARE = 0.5
+ROOT_NEIGHBOURHOOD_SHARE = 0.5
 
 
 #: Where HiGHS on the whole ILP would get less than this (seconds), the neighbourhood gets
@@ -203,7 +203,7 @@ def highs_after_decomposition(arr: "LpArrays", v: Vars, dec: Decomposition,
     """HiGHS on the cost ILP after branch and price stopped short of the gap, below its
     plan's cost and stopping at the first plan its bound proves: first on `neighbourhood`
     (x columns, with the plan's; its plans only: a restricted run bounds nothing) for
-    `NEIGHBOURHOOD_SHARE` of the time, then on the whole ILP while more than `min_run_s`
+    `ROOT_NEIGHBOURHOOD_SHARE` of the time, then on the whole ILP while more than `min_run_s`
     is left (the neighbourhood gets all the time where the whole ILP would get less than
     `WHOLE_ILP_MIN_S`). Returns the better plan (counts, cost; None and inf when none was
     found) and the better bound (each holds for every plan; inf when HiGHS proves that none
@@ -211,7 +211,7 @@ def highs_after_decomposition(arr: "LpArrays", v: Vars, dec: Decomposition,
     end = time.perf_counter() + time_limit_s
     target = bound / (1.0 - mip_gap * INSIDE) if math.isfinite(bound) else -math.inf
     first = neighbourhood is not None and counts is not None
-    whole = not first or (1.0 - NEIGHBOURHOOD_SHARE) * time_limit_s >= WHOLE_ILP_MIN_S
+    whole = not first or (1.0 - ROOT_NEIGHBOURHOOD_SHARE) * time_limit_s >= WHOLE_ILP_MIN_S
 
     def take(x: np.ndarray | None) -> None:
         nonlocal counts, cost
@@ -223,7 +223,7 @@ def highs_after_decomposition(arr: "LpArrays", v: Vars, dec: Decomposition,
         support = neighbourhood | (counts > 0)
         run, x = run_on_support(arr, v, arr.cost, arr.col_lb, arr.row_lb, support,
                                 cutoff=cost, mip_gap=mip_gap, threads=threads, target=target,
-                                time_limit_s=(NEIGHBOURHOOD_SHARE if whole else 1.0)
+                                time_limit_s=(ROOT_NEIGHBOURHOOD_SHARE if whole else 1.0)
                                 * time_limit_s)
         take(x)
         notes.append(f"HiGHS on the root's and the plan's {int(support.sum())} columns: "

@@ -132,9 +132,9 @@ NEIGHBOURHOOD_SHARE = 0.25
 
 
 #: Share of the cost problem's time branch and price may take (without PD models) before
-#: HiGHS on the whole ILP gets the rest, below its plan and stopping at the first plan the
-#: Lagrangian bound proves (`highs_runs.highs_after_decomposition`): branch and price alone can end
-#: without a plan meeting demand where HiGHS finds one.
+#: HiGHS gets the rest, below its plan and stopping at the first plan the Lagrangian bound
+#: proves (`highs_runs.highs_after_decomposition`): branch and price alone can end without
+#: a plan meeting demand where HiGHS finds one.
 DECOMPOSED_SHARE = 0.4
 
 

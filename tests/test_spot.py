@@ -210,6 +210,9 @@ def test_scenario_ilp_matches_brute_force(instance, seed: int, target: float) ->
         return
     sp = plan_spot(problem, market, SpotOptions(risk_target=target))
     assert _objective(sp) == pytest.approx(best, rel=1e-9, abs=1e-9), (sp.plan.instances, best_x)
+    # the plan file's objective and bound: the bound is a lower bound of the optimum
+    assert sp.objective == pytest.approx(best, rel=1e-9, abs=1e-9)
+    assert sp.bound <= best * (1 + 1e-6) and sp.bound_from in ("naive plan", "relaxation")
     for d in problem.demands:
         exact = _exact_p_short(sp, d.model)
         assert sp.p_short[d.model] == pytest.approx(exact, rel=1e-9, abs=1e-15)

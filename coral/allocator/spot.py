@@ -99,7 +99,13 @@ from coral.allocator.spot_market import (  # noqa: F401  (the spot planner's API
     spot_arrays,
     spot_columns,
 )
-from coral.allocator.spot_repair import ModelRisk, local_search, repair, uncovered
+from coral.allocator.spot_repair import (
+    ModelRisk,
+    best_candidate,
+    local_search,
+    repair,
+    uncovered,
+)
 from coral.allocator.spot_risk import Holding, Pool, shortfall_probability
 
 SPOT, ON_DEMAND = "spot", "on_demand"
@@ -153,6 +159,11 @@ class SpotPlan:
     scenario_rows: int
     notes: tuple[str, ...] = field(default=())
     phases: tuple[tuple[str, float, float], ...] = field(default=())  # (phase, wall s, CPU s)
+    # the plan's objective (expected $/hour plus start-ups and stops) and its proven lower
+    # bound, and where the bound comes from ("naive plan" or "relaxation")
+    objective: float = math.nan
+    bound: float = -math.inf
+    bound_from: str = ""
 
     @property
     def spot_usd_per_hour(self) -> float:
@@ -180,6 +191,9 @@ class SpotPlan:
                           for m in sorted(self.p_short)},
             "phases": [{"phase": name, "wall_s": wall, "cpu_s": cpu}
                        for name, wall, cpu in self.phases],
+            "objective": self.objective if math.isfinite(self.objective) else None,
+            "bound": self.bound if math.isfinite(self.bound) else None,
+            "bound_from": self.bound_from or None,
             "model": ("scenario ILP over pool failure sets (node type x region, correlated "
                       "inside a pool, independent across pools; prefill/decode halves paired "
                       "per region in each set); p_short is exact where p_unjudged is 0, else "
@@ -227,12 +241,14 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     assert x_naive is not None
     naive_bound = (naive.objective * (1.0 - naive.gap)
                    if naive.meets_demand and math.isfinite(naive.gap) else -math.inf)
+    naive_proof = {"objective": a.objective(x_naive), "bound": naive_bound,
+                   "bound_from": "naive plan"}
     with clock.phase("judge naive"):
         judged_naive = _judge(_plan_of(cols.problem, a, x_naive, naive.status, naive.gap, t0,
                                        ("spot plan: the naive spot problem by the allocator's "
                                         "decomposition",)), cols, options, market, 0, ())
     if not risky:
-        return replace(judged_naive, phases=tuple(clock.rows))
+        return replace(judged_naive, phases=tuple(clock.rows), **naive_proof)
     budget = 1.0 - options.risk_target
     # with a deployment running, the naive plan's objective leaves its stops out: it is one
     # candidate among the others then
@@ -240,7 +256,8 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
             p == 0.0 for p in judged_naive.p_unjudged.values()) and all(
             p <= budget for p in judged_naive.p_short.values()):
         return replace(judged_naive, options=options, phases=tuple(clock.rows), notes=(
-            *judged_naive.notes, "the naive spot optimum already meets the risk target"))
+            *judged_naive.notes, "the naive spot optimum already meets the risk target"),
+            **naive_proof)
     k_pools = [a.spot_pools_of(m) if a.demand[m] > 0 else [] for m in range(len(a.models))]
     with clock.phase("risk tables"):
         risks = [ModelRisk(a, m, market.prob_down, SCENARIO_TOLERANCE * budget,
@@ -273,7 +290,7 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
                   ("the running deployment topped up", topped)] + [
         ("a given start", a.vector(s)) for s in starts]
     with clock.phase("candidates judged"):
-        best, best_from = _best_candidate(a, candidates, market, budget, k_pools)
+        best, best_from = best_candidate(a, candidates, market.prob_down, budget, k_pools)
     families = [ScenarioFamily.singles(k, market.prob_down) if k else None for k in k_pools]
     if best is not None:
         with clock.phase("each model alone"):
@@ -310,28 +327,14 @@ def plan_spot(problem: AllocationProblem, market: SpotMarket, options: SpotOptio
     plan = _plan_of(cols.problem, a, gen.x, status, gap, t0, tuple(notes))
     with clock.phase("judge plan"):
         judged = _judge(plan, cols, options, market, gen.scenario_rows, tuple(notes))
-    return replace(judged, phases=tuple(clock.rows))
+    return replace(judged, phases=tuple(clock.rows), objective=a.objective(gen.x), bound=bound,
+                   bound_from="naive plan" if naive_bound >= gen.bound else "relaxation")
 
 
 def _share_of_left(deadline: float, share: float) -> float:
     """The instant by which a phase starting now that gets `share` of the time left ends."""
     now = time.perf_counter()
     return now + max(deadline - now, 0.0) * share
-
-
-def _best_candidate(a: SpotArrays, candidates: Sequence[tuple[str, np.ndarray | None]],
-                    market: SpotMarket, budget: float, k_pools: Sequence[Sequence[Pool]]
-                    ) -> tuple[np.ndarray | None, str]:
-    """The cheapest of `candidates` that fits, meets demand and meets the target exactly."""
-    best, best_from = None, ""
-    for name, x in candidates:
-        if x is None or not a.fits(x) or (a.capacity(x) < a.demand * (1 - 1e-9)).any():
-            continue
-        if uncovered(a, x, market.prob_down, budget, k_pools):
-            continue
-        if best is None or a.objective(x) < a.objective(best):
-            best, best_from = x, name
-    return best, best_from
 
 
 def improve_by_model(a: SpotArrays, families: Sequence[ScenarioFamily | None], budget: float,

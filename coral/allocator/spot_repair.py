@@ -237,6 +237,22 @@ def uncovered(a: SpotArrays, x: np.ndarray, prob_down: Mapping[Pool, float], bud
     return out
 
 
+def best_candidate(a: SpotArrays, candidates: Sequence[tuple[str, np.ndarray | None]],
+                   prob_down: Mapping[Pool, float], budget: float,
+                   k_pools: Sequence[Sequence[Pool] | None]) -> tuple[np.ndarray | None, str]:
+    """The cheapest of `candidates` (name, plan) that fits, meets demand and meets the
+    target exactly, and its name; (None, "") when none does."""
+    best, best_from = None, ""
+    for name, x in candidates:
+        if x is None or not a.fits(x) or (a.capacity(x) < a.demand * (1 - 1e-9)).any():
+            continue
+        if uncovered(a, x, prob_down, budget, k_pools):
+            continue
+        if best is None or a.objective(x) < a.objective(best):
+            best, best_from = x, name
+    return best, best_from
+
+
 def local_search(a: SpotArrays, risks: Sequence[ModelRisk | None], x: np.ndarray,
                  budget: float, deadline: float, max_moves: int = 2000) -> np.ndarray:
     """`x` (meeting demand and the target) improved by single moves inside each model: drop

@@ -66,8 +66,7 @@ class ModelRisk:
         instances of each of a move's entries (positions in `entries`; a move adds one
         entry, or a prefill and a decode half of one region) are added to `x`; only the
         failure sets `rows` (row numbers of the table; default all)."""
-        rows = np.arange(len(self.table.prob)) if rows is None else rows
-        alive = self.alive[rows]
+        alive = self.alive if rows is None else self.alive[rows]
         first = np.array([mv[0] for mv in moves], dtype=int)
         delta = step * alive[:, first] * self.cap[first]
         used = np.flatnonzero(x[self.entries] != 0)
@@ -295,14 +294,21 @@ def local_search(a: SpotArrays, risks: Sequence[ModelRisk | None], x: np.ndarray
                 cand = cand[cand != k]
                 if not len(cand):
                     continue
+                # adding never uncovers a failure set: only those short without `k` are read
+                rows = np.flatnonzero(base[:, u] < r.need)
                 if r.paired:
                     x[ent[k]] -= 1
-                    after = r.after(x, [(int(c),) for c in cand])
+                    if len(rows) and rows[0] == 0:  # demand first: one row, then the rest
+                        up = r.after(x, [(int(c),) for c in cand], rows=rows[:1])[0]
+                        cand = cand[up >= r.need]
+                    after = (r.after(x, [(int(c),) for c in cand], rows=rows) if len(cand)
+                             else np.zeros((len(rows), 0)))
                     x[ent[k]] += 1
                 else:
-                    after = base[:, u:u + 1] + r.alive[:, cand] * r.cap[cand]
-                good = (after[0] >= r.need) & (
-                    r.table.prob @ (after < r.need) + r.table.left <= budget)
+                    after = base[rows, u:u + 1] + r.alive[np.ix_(rows, cand)] * r.cap[cand]
+                all_up = after[0] >= r.need if len(rows) and rows[0] == 0 else True
+                good = all_up & (
+                    r.table.prob[rows] @ (after < r.need) + r.table.left <= budget)
                 if good.any():
                     c = cand[np.argmax(np.where(good, gain[cand], -np.inf))]
                     best, move = gain[c], (int(ent[k]), int(ent[c]))

@@ -1,65 +1,66 @@
-"""Where a spot plan's solve time goes: `coral plan core --nmax 3 --spot --no-baselines` in
-each serving mode, with the wall and CPU seconds of every phase of the spot solve (the plan
-file's `spot.phases`: the on-demand comparison, the naive spot plan, the repair, the local
-search, each model alone, the scenario generation, the exact judging), the command's own
-CPU and wall time, the plan's $/hour, proven gap and bound.
+"""Where a spot plan's solve time goes: `core` (n_max 3, libraries cached, no baselines)
+planned with `--spot` in each serving mode, as `coral plan` plans it (`plan_scenario`), with
+the wall and CPU seconds of every phase of the mode's spot solve (the plan file's
+`spot.phases`: the on-demand plan beside it, the naive spot plan, the failure-set tables,
+the repair, the local search, each model alone, the scenario generation, the exact
+judging), the whole call's CPU and wall time, and the plan's $/hour and proven gap.
 
     python benchmarks/spot_phases.py [--modes aggregated pd mixed] [--time-limit 10]
-        [--out-dir out/bench-spot-phases] [--json FILE]
+        [--package-from DIR] [--json FILE]
 
-Libraries are read from `out/templates` (built once, reused). The machine may be shared:
-the time limit is on wall time, so read the CPU column for the work a phase does.
+`--package-from DIR` imports `coral` from DIR instead of the installed package: an export of
+an earlier tree (`git archive COMMIT coral | tar -x -C DIR`) to measure it the same way (its
+`plan_spot` must fill `spot.phases`). The time limit is on wall time: on a shared machine
+read the CPU columns for the work a phase does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
-
-
-def run_mode(mode: str, time_limit: float, out_dir: Path, extra: list[str]) -> dict:
-    out = out_dir / f"spot-{mode}.json"
-    cmd = [str(Path(sys.executable).with_name("coral")), "plan", "core", "--nmax", "3", "--mode", mode, "--spot", "--no-baselines",
-           "--time-limit", f"{time_limit:g}", "--out", str(out), *extra]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    payload = json.loads(out.read_text())
-    spot = payload["spot"]
-    return {"mode": mode, "command": " ".join(cmd), "wall_s": wall,
-            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-            "usd_per_hour": payload["cost_per_hour"], "gap": payload["gap"],
-            "solve_s": payload["solve_seconds"], "phases": spot.get("phases", []),
-            "p_short": {m: v["p_short"] for m, v in spot["per_model"].items()},
-            "notes": [n for n in payload["solver_notes"] + payload["notes"]
-                      if "spot plan" in n or "round" in n]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", nargs="+", default=["aggregated", "pd", "mixed"])
     ap.add_argument("--time-limit", type=float, default=10.0)
-    ap.add_argument("--out-dir", type=Path, default=Path("out/bench-spot-phases"))
+    ap.add_argument("--package-from", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("extra", nargs="*", help="more `coral plan` options (after --)")
     args = ap.parse_args()
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.package_from is not None:
+        # ahead of the installed (editable) package, whose finder would otherwise win
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+        sys.path.insert(0, str(args.package_from.resolve()))
+    from coral.allocator import spot
+    from coral.allocator.scenario import load_scenario
+    from coral.catalog import default_catalog
+    from coral.planning.plan import plan_scenario
+
+    print(f"coral from {Path(spot.__file__).parents[2]}", flush=True)
+    catalog = default_catalog()
     rows = []
     for mode in args.modes:
-        r = run_mode(mode, args.time_limit, args.out_dir, args.extra)
-        rows.append(r)
-        print(f"{mode}: ${r['usd_per_hour']:,.2f}/hour, gap {r['gap']:.1%}, command "
-              f"{r['cpu_s']:.1f} s CPU / {r['wall_s']:.1f} s wall", flush=True)
-        for p in r["phases"]:
+        scenario = load_scenario("core", catalog=catalog).in_mode(mode)
+        cpu, wall = time.process_time(), time.perf_counter()
+        result = plan_scenario(scenario, catalog=catalog, nmax=3, baselines=False,
+                               time_limit_s=args.time_limit, spot=spot.SpotOptions())
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        summary = result.extras["spot"]
+        phases = summary.get("phases", [])
+        rows.append({"mode": mode, "usd_per_hour": result.plan.cost_usd_per_hour,
+                     "gap": result.plan.gap, "cpu_s": cpu, "wall_s": wall, "phases": phases,
+                     "p_short": {m: v["p_short"] for m, v in summary["per_model"].items()},
+                     "notes": [n for n in result.plan.notes if "spot plan" in n]})
+        print(f"{mode}: ${result.plan.cost_usd_per_hour:,.2f}/hour, gap {result.plan.gap:.1%};"
+              f" call {cpu:.1f} s CPU / {wall:.1f} s wall; phases "
+              f"{sum(p['cpu_s'] for p in phases):.2f} s CPU / "
+              f"{sum(p['wall_s'] for p in phases):.2f} s wall", flush=True)
+        for p in phases:
             print(f"    {p['phase']:22s} {p['cpu_s']:7.2f} s CPU {p['wall_s']:7.2f} s wall")
-        for n in r["notes"]:
+        for n in rows[-1]["notes"]:
             print(f"    {n}")
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -6,6 +6,7 @@ an instance is free, a new one pays its start-up). Prints per pool the instances
 started and stopped, the $/hour before and after, and the re-plan's CPU time.
 
     python benchmarks/spot_replan_churn.py PLAN.json [--pools 8] [--json FILE]
+        [--package-from DIR]
 """
 
 from __future__ import annotations
@@ -13,18 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from collections import Counter
 from pathlib import Path
-
-from coral.allocator.plan_file import read_plan_file
-from coral.catalog import default_catalog
-from coral.planning.preemption_replan import AllocatorReplanner
-from coral.sim.preemption import row_market, row_pools
-from coral.templates.parallel import default_perf_factory
+from typing import Any
 
 
-def churn(payload: dict, replanner: AllocatorReplanner, pool: tuple[str, str]) -> dict:
+def churn(payload: dict, replanner: Any, pool: tuple[str, str]) -> dict:
+    from coral.sim.preemption import row_market, row_pools
+
     running: Counter = Counter()
     lost = 0
     for row in payload["instances"]:
@@ -55,7 +54,18 @@ def main() -> None:
     ap.add_argument("plan", type=Path)
     ap.add_argument("--pools", type=int, default=8)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--package-from", type=Path, default=None,
+                    help="import coral from this export of a tree (as spot_phases.py)")
     args = ap.parse_args()
+    if args.package_from is not None:
+        sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+        sys.path.insert(0, str(args.package_from.resolve()))
+    from coral.allocator.plan_file import read_plan_file
+    from coral.catalog import default_catalog
+    from coral.planning.preemption_replan import AllocatorReplanner
+    from coral.sim.preemption import row_market, row_pools
+    from coral.templates.parallel import default_perf_factory
+
     payload = read_plan_file(args.plan)
     catalog = default_catalog()
     replanner = AllocatorReplanner(payload, catalog=catalog,

@@ -165,25 +165,16 @@ def shortfall_probability(holdings: Sequence[Holding], demand: float,
     first figure is an upper bound within the second.
     """
     pools = sorted({p for h in holdings for p in h.pools})
-    index = {p: i for i, p in enumerate(pools)}
-    masks = [sum(1 << index[p] for p in h.pools) for h in holdings]
-    probs = [pool_prob[p] for p in pools]
     need = demand * (1.0 - rel_tol)
     depth = len(pools) if len(pools) <= EXACT_POOLS else 2
     pairing = Pairing.of([h.half for h in holdings], [h.region for h in holdings])
-    short = 0.0
-    for down, prob in scenarios(probs, depth):
-        dmask = sum(1 << i for i in down)
-        if pairing.paired:
-            alive = np.array([0.0 if m & dmask else h.capacity
-                              for h, m in zip(holdings, masks)])
-            cap = float(pairing.served(alive))
-        else:
-            cap = sum(h.capacity for h, m in zip(holdings, masks) if not m & dmask)
-        if cap < need:
-            short += prob
-    left = mass_beyond(probs, depth) if depth < len(pools) else 0.0
-    return min(1.0, short + left), left
+    # every failure set at once (up to 2^16 of them): the plan's last check stays short
+    table = ScenarioTable.build(pools, pool_prob, depth)
+    held = table.alive([h.pools for h in holdings]) * np.array(
+        [h.capacity for h in holdings], dtype=float)
+    cap = pairing.served(held) if pairing.paired else held.sum(axis=1)
+    short = float(table.prob @ (cap < need))
+    return min(1.0, short + table.left), table.left
 
 
 @dataclass(frozen=True)

@@ -316,18 +316,13 @@ class Server:
 
     def workers(self) -> list[int]:
         """The worker processes' pids in stage order (spawned children, started in order)."""
-        kids = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
+        def spawned(pid: int) -> bool:
             try:
-                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                cmd = Path(f"/proc/{d}/cmdline").read_bytes()
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == self.proc.pid and b"spawn_main" in cmd:
-                kids.append(int(d))
-        return sorted(kids)
+                return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                return False
+
+        return [pid for pid in children_of(self.proc.pid) if spawned(pid)]
 
     def cpu_and_wait(self) -> dict[str, tuple[float, float]]:
         """Per process (the gateway, then each worker as 's<k>'): seconds on a CPU and seconds

@@ -131,13 +131,7 @@ class Engine:
     def _schedule(self) -> list[WorkItem]:
         with self._lock:
             items, self._releases = self._releases, []
-            for r in list(self._running.values()):
-                if r.cancelled:
-                    self._finish(r, None)
-                    continue
-                pos = len(r.prompt_ids) + len(r.generated) - 1
-                items.append(WorkItem(r.request_id, pos, (r.generated[-1],), r.sampling,
-                                      step=len(r.generated)))
+            items += self._decode_items(list(self._running.values()))
             while self._waiting and len(self._running) < self.max_running:
                 r = self._waiting.pop(0)
                 if r.cancelled:
@@ -148,6 +142,18 @@ class Engine:
             items.extend(self._releases)  # releases of cancelled requests, after their peers
             self._releases = []
             return items
+
+    def _decode_items(self, requests: list[_Request]) -> list[WorkItem]:
+        """One decode token of each request (under the lock); cancelled ones are finished."""
+        items = []
+        for r in requests:
+            if r.cancelled:
+                self._finish(r, None)
+                continue
+            pos = len(r.prompt_ids) + len(r.generated) - 1
+            items.append(WorkItem(r.request_id, pos, (r.generated[-1],), r.sampling,
+                                  step=len(r.generated)))
+        return items
 
     def _update(self, results: list[TokenResult]) -> None:
         with self._lock:
@@ -187,13 +193,8 @@ class Engine:
         requests than any other slot, so that the slots stay even), and its releases."""
         items = self._releases  # releases from steps run before the loop started
         self._releases = []
-        for r in [r for r in self._running.values() if self._slot_of.get(r.request_id) == slot]:
-            if r.cancelled:
-                self._finish(r, None)
-                continue
-            pos = len(r.prompt_ids) + len(r.generated) - 1
-            items.append(WorkItem(r.request_id, pos, (r.generated[-1],), r.sampling,
-                                  step=len(r.generated)))
+        items += self._decode_items(
+            [r for r in self._running.values() if self._slot_of.get(r.request_id) == slot])
         counts = [0] * slots
         for s in self._slot_of.values():
             counts[s] += 1

@@ -4,9 +4,9 @@ Each measured GPU type (a100-80gb, h100-sxm, a40 from Vidur's operator profiles;
 shipped whole-layer tables) is predicted with the figures a GPU type without a profile gets,
 borrowed from fits on the other types only; `--no-sustained` borrows without the sustained-
 throughput scaling (the model before it); `--no-elementwise` carries the element-wise figure by
-the DRAM ratio alone instead of the SM-issue/DRAM ceilings (perf model 4). Prints, per held-out type, |predicted/measured - 1|
-median and max for prefill and decode separately (whole layers; the h200's dense models), per
-operator class, and the h200's MoE layers.
+the DRAM ratio alone instead of the SM-issue/DRAM ceilings (perf model 4). Prints, per
+held-out type, |predicted/measured - 1| median and max for prefill and decode separately
+(whole layers; the h200's dense models), per operator class, and the h200's MoE layers.
 
     python benchmarks/perf_holdout.py [--no-sustained] [--no-elementwise] [--json] [--worst N]
 

@@ -19,8 +19,9 @@ of the two types' sustained fractions, so a power-capped card (L4, T4) is not cr
 the clock a well-powered donor holds. Where the borrower and its donor both list one public
 benchmark's matmul figure (`benchmark_gemm_tflops`, short runs as per-operator profiles are
 timed), the compute ratio is theirs (`compute_ratio`): the donor's figures were fitted on
-short timed runs, so the borrower's clock is taken from runs of the same kind. Energy per FLOP is taken as constant with clock, which
-is pessimistic where a capped board also lowers its voltage; the base-clock floor bounds that.
+short timed runs, so the borrower's clock is taken from runs of the same kind. Energy per
+FLOP is taken as constant with clock, which is pessimistic where a capped board also lowers
+its voltage; the base-clock floor bounds that.
 
 Element-wise kernels (norms, rope, activation, residual add) are not held by DRAM alone: on
 HBM cards the SMs cannot issue their loads and stores fast enough (Vidur's profiles: about

@@ -9,6 +9,7 @@ from coral.perf.holdout import leave_one_gpu_out, moe_leave_one_model_out
 from coral.perf.model import PerfModel
 from coral.perf.sustained import (
     compute_fraction,
+    compute_ratio,
     elementwise_ceiling,
     elementwise_rate,
     memory_fraction,
@@ -45,7 +46,7 @@ def test_borrowed_figures_are_scaled_and_own_fits_are_not():
     l4 = perf.efficiencies_for("l4")
     assert l4.borrowed_from == "a100-80gb"
     assert l4.eta_compute == pytest.approx(
-        donor.eta_compute * compute_fraction(CATALOG.gpu("l4"), CATALOG))
+        donor.eta_compute * compute_ratio(CATALOG.gpu("l4"), CATALOG.gpu("a100-80gb"), CATALOG))
     assert l4.eta_memory == donor.eta_memory
     assert scale_borrowed(donor, CATALOG.gpu("a40"), CATALOG.gpu("a100-80gb"), CATALOG) is donor
     # a power-capped card's prefill is slower than its datasheet peak and donor suggest (its
@@ -53,6 +54,24 @@ def test_borrowed_figures_are_scaled_and_own_fits_are_not():
     plain = PerfModel(CATALOG, efficiencies=donor)  # one set of figures: applied as it is
     assert perf.iteration_seconds("llama-3.1-8b", "1x-l4", 8, 2048) > 1.25 * (
         plain.iteration_seconds("llama-3.1-8b", "1x-l4", 8, 2048))
+
+
+def test_benchmark_matmul_figures_carry_a_donor_like_for_like():
+    gpu = CATALOG.gpu
+    # both list the benchmark: the ratio of their fractions of peak (the L4's 70.89 of 121
+    # TFLOP/s against the A100's 264.53 of 312), whatever the per-watt rule would say
+    assert compute_ratio(gpu("l4"), gpu("a100-80gb"), CATALOG) == pytest.approx(
+        (70.89 / 121) / (264.53 / 312))
+    assert compute_ratio(gpu("t4"), gpu("a100-80gb"), CATALOG) == pytest.approx(
+        (42.71 / 65) / (264.53 / 312))
+    # the T4's continuous-loop figure still sets its own fraction (and the V100's process)
+    assert compute_fraction(gpu("t4"), CATALOG) == pytest.approx(24.0 / 65.0)
+    # one side without the benchmark: the sustained fractions, as before
+    assert compute_ratio(gpu("a40"), gpu("a100-80gb"), CATALOG) == 1.0
+    assert compute_ratio(gpu("h200"), gpu("h100-sxm"), CATALOG) == pytest.approx(
+        compute_fraction(gpu("h200"), CATALOG) / compute_fraction(gpu("h100-sxm"), CATALOG))
+    # a power-capped card still holds well under its donor's share of peak
+    assert compute_ratio(gpu("l4"), gpu("a100-80gb"), CATALOG) < 0.75
 
 
 def test_elementwise_bandwidth_follows_the_sms_on_hbm_and_dram_on_gddr():

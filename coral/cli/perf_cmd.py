@@ -166,15 +166,18 @@ def calibration_payload(cat: Catalog, cal, written: Path | None) -> dict:
     from coral.perf.model import ROOFLINE_P
 
     from coral.perf.sustained import (
-        compute_fraction, elementwise_rate, memory_fraction, scale_borrowed)
+        compute_fraction, compute_ratio, elementwise_rate, memory_fraction, scale_borrowed)
 
     table = cal.table()
     rate = elementwise_rate(table, cat)
     gpus = []
     for gpu in cat.gpus.values():
         eff = table.for_gpu(gpu)
+        factor = None
         if eff.borrowed_from:  # as the perf model uses it: scaled to sustained throughput
-            eff = scale_borrowed(eff, gpu, cat.gpu(eff.borrowed_from), cat, rate)
+            donor = cat.gpu(eff.borrowed_from)
+            factor = compute_ratio(gpu, donor, cat)
+            eff = scale_borrowed(eff, gpu, donor, cat, rate)
         fit = cal.fits.get(gpu.name)
         gpus.append({
             "gpu": gpu.name,
@@ -190,6 +193,9 @@ def calibration_payload(cat: Catalog, cal, written: Path | None) -> dict:
             "fitted_on": eff.fitted_on,
             "borrowed_from": eff.borrowed_from,
             "sustained_compute_fraction": compute_fraction(gpu, cat),
+            # the factor on the donor's matmul efficiency the perf model applies (a public
+            # benchmark's like-for-like ratio where both list it, else the fractions' ratio)
+            "borrowed_compute_factor": factor,
             "sustained_memory_fraction": memory_fraction(gpu, cat),
         })
     held = [

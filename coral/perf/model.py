@@ -82,7 +82,9 @@ _INV_P = 1.0 / ROOFLINE_P
 #: 3: MoE layers as grouped expert GEMMs, the engine's MoE kernels and the expert-output sum.
 #: 4: dense matmuls' compute over whole row tiles of tokens, with ROOFLINE_P at 2.5.
 #: 5: borrowed element-wise figures carried by the SM-issue/DRAM ceilings (coral.perf.sustained).
-FORMULA_VERSION = 5
+#: 6: borrowed matmul figures carried like for like by one public benchmark's matmul throughput
+#:    where borrower and donor both list it (the L4, T4 and V100 from the A100).
+FORMULA_VERSION = 6
 
 
 def _efficiencies_digest() -> str:

@@ -16,8 +16,12 @@ published, a measured sustained matmul throughput and copy bandwidth
 A GPU type without its own profile borrows a profiled type's efficiencies
 (`coral.perf.efficiencies.DONOR_ARCHITECTURE`); `scale_borrowed` multiplies them by the ratio
 of the two types' sustained fractions, so a power-capped card (L4, T4) is not credited with
-the clock a well-powered donor holds. Energy per FLOP is taken as constant with clock, which
-is pessimistic where a capped board also lowers its voltage; the base-clock floor bounds that.
+the clock a well-powered donor holds. Where the borrower and its donor both list one public
+benchmark's matmul figure (`benchmark_gemm_tflops`, short runs as per-operator profiles are
+timed), the compute ratio is theirs (`compute_ratio`): the donor's figures were fitted on
+short timed runs, so the borrower's clock is taken from runs of the same kind. Energy per
+FLOP is taken as constant with clock, which is pessimistic where a capped board also lowers
+its voltage; the base-clock floor bounds that.
 
 Element-wise kernels (norms, rope, activation, residual add) are not held by DRAM alone: on
 HBM cards the SMs cannot issue their loads and stores fast enough (Vidur's profiles: about
@@ -61,6 +65,28 @@ def compute_fraction(gpu: GpuType, catalog: Catalog) -> float:
         return 1.0
     power_bound = s.board_power_w * per_watt / gpu.bf16_tflops
     return min(1.0, max(power_bound, s.base_clock_mhz / s.boost_clock_mhz))
+
+
+def _benchmark_fraction(gpu: GpuType) -> float | None:
+    """The cross-card benchmark's best matmul over the datasheet peak, None if not listed."""
+    s = gpu.sustained
+    if s is None or s.benchmark_gemm_tflops is None:
+        return None
+    return s.benchmark_gemm_tflops / gpu.bf16_tflops
+
+
+def compute_ratio(gpu: GpuType, donor: GpuType, catalog: Catalog) -> float:
+    """Factor on a donor's fitted matmul efficiency for `gpu`.
+
+    Where both types list the same benchmark's matmul figure, the ratio of their fractions of
+    peak: like for like, so the benchmark's own kernel efficiency cancels and what is left is
+    the clock each board holds under tensor-core load at its power limit. Else the ratio of
+    `compute_fraction`s (a measurement over the peak, or board power times a measured energy
+    per FLOP on the same process)."""
+    mine, theirs = _benchmark_fraction(gpu), _benchmark_fraction(donor)
+    if mine is not None and theirs is not None:
+        return mine / theirs
+    return compute_fraction(gpu, catalog) / compute_fraction(donor, catalog)
 
 
 def memory_fraction(gpu: GpuType, catalog: Catalog) -> float:
@@ -117,7 +143,7 @@ def scale_borrowed(eff: Efficiencies, gpu: GpuType, donor: GpuType,
     """A donor's efficiencies carried to `gpu` by the ratio of their sustained fractions; the
     element-wise figure by the ratio of their element-wise ceilings when `elementwise_rate`
     (bytes per SM per clock) is given and both types list SMs and clocks."""
-    c = compute_fraction(gpu, catalog) / compute_fraction(donor, catalog)
+    c = compute_ratio(gpu, donor, catalog)
     m = memory_fraction(gpu, catalog) / memory_fraction(donor, catalog)
     eta_m = min(1.0, eff.eta_memory * m)
     if elementwise_rate is not None and _sm_issue(gpu) and _sm_issue(donor):

@@ -182,3 +182,43 @@ def test_template_whose_paths_split_differently_is_refused():
 
     with pytest.raises(TemplateNotServableError, match="do not tile"):
         pipeline_spec_from_template(_template([(0, 2, 1.0), (0, 3, 1.0), (2, 6, 1.0)]), TINY)
+
+
+def test_a_prompt_spread_over_the_worker_pipeline_matches_the_whole_model(reference):
+    """Over worker processes the engine keeps a micro-batch per stage in flight; a prompt that
+    arrives while another request decodes goes out in chunks, one per micro-batch, each
+    stage finding the chunk before it in its KV cache: the tokens are the whole model's."""
+    pytest.importorskip("zmq")
+    import threading
+
+    from coral.runtime.worker import ZmqPipeline
+
+    spec = PipelineSpec(TINY, (StageSpec(0, 2), StageSpec(2, 4), StageSpec(4, 6)))
+    pipeline = ZmqPipeline(spec)
+    engine = Engine(pipeline, max_seq_len=TINY.max_seq_len)
+    outs: dict[int, list[int]] = {0: [], 1: []}
+    done = threading.Semaphore(0)
+
+    def on_token(k):
+        def cb(token, finished, error):
+            assert error is None, error
+            if token is not None:
+                outs[k].append(token)
+                if k == 0 and len(outs[0]) == 2:  # the second arrives while the first decodes
+                    engine.submit(PROMPT, 12, on_token(1), stop_on_eos=False)
+            if finished:
+                done.release()
+        return cb
+
+    try:
+        engine.submit(PROMPT, 12, on_token(0), stop_on_eos=False)
+        engine.start()
+        for _ in range(2):
+            assert done.acquire(timeout=60)
+        assert outs[0] == outs[1] == reference
+        chunked = [t for t in pipeline.step_times.rows() if t.kind in ("prefill", "mixed")]
+        assert sum(r.prefill_tokens for r in chunked if r.stage == 0) == 2 * len(PROMPT)
+        # the first prompt in one step, the second in three (a chunk a micro-batch)
+        assert sum(r.steps for r in chunked if r.stage == 0) == 1 + 3
+    finally:
+        engine.stop()

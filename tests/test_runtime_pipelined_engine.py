@@ -12,7 +12,7 @@ import threading
 from collections import deque
 
 from coral.runtime.engine import Engine
-from coral.runtime.messages import TokenResult, WorkItem
+from coral.runtime.messages import PROMPT_CHUNK_STEP, TokenResult, WorkItem
 
 
 class FakePipeline:
@@ -133,3 +133,46 @@ def test_a_lost_worker_fails_the_requests_in_flight_and_the_engine_keeps_serving
     assert got.wait(30)
     engine.stop()
     assert later == [3, 4]
+
+
+def test_a_prompt_arriving_beside_running_requests_is_spread_over_the_slots():
+    """While another request decodes, a new prompt goes out in `depth` chunks, one per
+    micro-batch, in order (each chunk's KV before the next), and only its last chunk is
+    sampled; a prompt that finds the engine idle goes whole."""
+    pipe = FakePipeline(depth=3)
+    engine = Engine(pipe, max_seq_len=256)
+    out: dict[int, list[int]] = {0: [], 1: []}
+    done = threading.Semaphore(0)
+    second = tuple(range(100, 109))  # 9 tokens: chunks of 3
+
+    def on_token(k):
+        def cb(token, finished, error):
+            assert error is None, error
+            if token is not None:
+                out[k].append(token)
+                if k == 0 and len(out[0]) == 2:  # the first decodes: the second arrives
+                    engine.submit(second, 3, on_token(1), stop_on_eos=False)
+            if finished:
+                done.release()
+        return cb
+
+    engine.submit(tuple(range(5)), 12, on_token(0), stop_on_eos=False)
+    engine.start()
+    for _ in range(2):
+        assert done.acquire(timeout=30)
+    engine.stop()
+    assert out[0] == [5 + j for j in range(12)]
+    assert out[1] == [9, 10, 11]  # the first token is the last chunk's, then one a step
+    first = [(n, i) for n, mb in enumerate(pipe.launched) for i in mb
+             if i.request_id == "req-0" and not i.release and i.step == 0]
+    assert len(first) == 1 and len(first[0][1].token_ids) == 5  # alone: whole
+    chunks = [(n, i) for n, mb in enumerate(pipe.launched) for i in mb
+              if i.request_id == "req-1" and not i.release and i.step <= 0]
+    assert [i.start_pos for _, i in chunks] == [0, 3, 6]
+    assert [i.token_ids for _, i in chunks] == [second[:3], second[3:6], second[6:]]
+    assert [i.step for _, i in chunks] == [PROMPT_CHUNK_STEP, PROMPT_CHUNK_STEP, 0]
+    assert [n for n, _ in chunks] == sorted({n for n, _ in chunks})  # one per micro-batch
+    # its decodes start after the last chunk, each after the token before it is back
+    decodes = [n for n, mb in enumerate(pipe.launched) for i in mb
+               if i.request_id == "req-1" and not i.release and i.step > 0]
+    assert decodes and min(decodes) > chunks[-1][0]

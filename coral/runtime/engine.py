@@ -8,6 +8,14 @@ slot's next micro-batch as soon as its tokens are back: every stage always has a
 work on, the cyclic pipeline the step model rates (`coral.perf.step`) and the way vLLM runs
 pipeline parallelism (one scheduler batch per stage in flight). Over any other executor, steps
 run one after the other (`step`).
+
+A prompt that arrives while other requests run is spread over the slots: each micro-batch
+launched carries the next of its `depth` chunks (chunked prefill; the chunks follow each other
+through every stage, so each finds the one before in the KV caches), and its last chunk, whose
+token is the first, goes to the slot with the fewest requests, where the request then decodes.
+That is the step model's micro-batching (a step's prompt tokens shared by its `min(stages,
+sequences)` micro-batches): one prompt does not hold up the slot it rides in while the others'
+stages idle. A prompt that finds the engine idle runs whole, in one micro-batch.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from coral.runtime.config import EOS_TOKEN_ID
-from coral.runtime.messages import SamplingParams, TokenResult, WorkItem
+from coral.runtime.messages import PROMPT_CHUNK_STEP, SamplingParams, TokenResult, WorkItem
 from coral.runtime.pipeline import Executor
 
 log = logging.getLogger(__name__)
@@ -67,6 +75,9 @@ class Engine:
         # micro-batch (after the request's last one, on every node of its route)
         self._slot_of: dict[str, int] = {}
         self._slot_releases: dict[int, list[WorkItem]] = {}
+        # pipelined: running requests whose prompt is still going out, in arrival order:
+        # request id -> [prompt tokens launched, chunk size]
+        self._prefill: dict[str, list[int]] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -170,6 +181,7 @@ class Engine:
 
     def _finish(self, r: _Request, error: str | None, notify: bool = True) -> None:
         self._running.pop(r.request_id, None)
+        self._prefill.pop(r.request_id, None)
         release = WorkItem(r.request_id, 0, (), release=True)
         slot = self._slot_of.pop(r.request_id, None)
         if slot is None:
@@ -189,25 +201,46 @@ class Engine:
     # ---- pipelined: one micro-batch per slot in flight ----
     def _schedule_slot(self, slot: int, slots: int) -> list[WorkItem]:
         """The next micro-batch of `slot` (whose previous one is back): a token of each of
-        its running requests, the prompts of waiting requests it takes (while it has no more
-        requests than any other slot, so that the slots stay even), and its releases."""
+        its decoding requests, the next chunk of each prompt going out (a prompt's last chunk
+        only where the slot has no more requests than any other, so that the slots stay
+        even), and its releases. Waiting requests are admitted first: a prompt goes out in
+        `slots` chunks when others run beside it, else whole."""
         items = self._releases  # releases from steps run before the loop started
         self._releases = []
         items += self._decode_items(
             [r for r in self._running.values() if self._slot_of.get(r.request_id) == slot])
-        counts = [0] * slots
-        for s in self._slot_of.values():
-            counts[s] += 1
-        while (self._waiting and len(self._running) < self.max_running
-               and counts[slot] <= min(counts)):
+        spread = bool(self._running)
+        while self._waiting and len(self._running) < self.max_running:
             r = self._waiting.pop(0)
             if r.cancelled:
                 r.on_token(None, True, None)
                 continue
             self._running[r.request_id] = r
-            self._slot_of[r.request_id] = slot
-            counts[slot] += 1
-            items.append(WorkItem(r.request_id, 0, r.prompt_ids, r.sampling, step=0))
+            n = len(r.prompt_ids)
+            self._prefill[r.request_id] = [0, -(-n // slots) if spread else n]
+        counts = [0] * slots
+        for s in self._slot_of.values():
+            counts[s] += 1
+        for rid, state in list(self._prefill.items()):
+            r = self._running[rid]
+            if r.cancelled:
+                self._finish(r, None)
+                continue
+            done, size = state
+            end = min(len(r.prompt_ids), done + size)
+            last = end == len(r.prompt_ids)
+            if last and counts[slot] > min(counts):
+                continue  # its first token comes back in a slot with fewer requests
+            items.append(WorkItem(rid, done, r.prompt_ids[done:end], r.sampling,
+                                  step=0 if last else PROMPT_CHUNK_STEP))
+            if last:
+                del self._prefill[rid]
+                self._slot_of[rid] = slot
+                counts[slot] += 1
+            else:
+                state[0] = end
+        items.extend(self._releases)  # releases of requests cancelled while prefilling
+        self._releases = []
         items.extend(self._slot_releases.pop(slot, []))
         return items
 
@@ -247,6 +280,8 @@ class Engine:
                 lost = [rid for _, rids in in_flight.values() for rid in rids]
                 lost += [i.request_id for slot, items in launches if slot in free
                          for i in items if not i.release]
+                with self._lock:  # a prompt partly sent lost its chunks' KV caches
+                    lost += [rid for rid, (done, _) in self._prefill.items() if done]
                 in_flight.clear()
                 free = set(range(slots))
                 self._fail(lost, str(exc))

@@ -17,6 +17,10 @@ class SamplingParams:
     seed: int = 0  # seeds the per-request sampler; token i uses seed + i
 
 
+#: `WorkItem.step` of a prompt chunk that is not the prompt's last (nothing to sample).
+PROMPT_CHUNK_STEP = -1
+
+
 @dataclass
 class WorkItem:
     """One request's chunk of tokens for one engine step, as it crosses the pipeline."""
@@ -26,6 +30,8 @@ class WorkItem:
     token_ids: tuple[int, ...]  # the chunk's tokens (prefill: the prompt; decode: one token)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     step: int = 0  # index of the token this chunk produces (0 for the prefill)
+    # a prompt chunk before the prompt's last has step PROMPT_CHUNK_STEP: it fills the KV
+    # caches and produces no token (its result comes back unsampled)
     hidden: np.ndarray | None = None  # (len(token_ids), hidden_size) float32 between stages
     release: bool = False  # free the request's KV caches along its route; no token comes back
 

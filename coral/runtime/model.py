@@ -239,6 +239,8 @@ class Stage:
         if not self.is_last:
             return WorkItem(item.request_id, item.start_pos, item.token_ids, item.sampling,
                             item.step, hidden=x.cpu().numpy().astype(np.float32, copy=False))
+        if item.step < 0:  # a prompt chunk before the last: its KV is cached, nothing to sample
+            return TokenResult(item.request_id, item.step, -1)
         logits = self.norm(x[-1]) @ self.lm_head.T
         return TokenResult(item.request_id, item.step, sample(logits, item))
 

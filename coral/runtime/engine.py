@@ -11,11 +11,12 @@ run one after the other (`step`).
 
 A prompt that arrives while other requests run is spread over the slots: each micro-batch
 launched carries the next of its `depth` chunks (chunked prefill; the chunks follow each other
-through every stage, so each finds the one before in the KV caches), and its last chunk, whose
-token is the first, goes to the slot with the fewest requests, where the request then decodes.
-That is the step model's micro-batching (a step's prompt tokens shared by its `min(stages,
-sequences)` micro-batches): one prompt does not hold up the slot it rides in while the others'
-stages idle. A prompt that finds the engine idle runs whole, in one micro-batch.
+through every stage, so each finds the one before in the KV caches), and the request decodes
+in the slot of its last chunk, whose token is its first. That is the step model's
+micro-batching (a step's prompt tokens shared by its `min(stages, sequences)` micro-batches,
+the first token at the end of that step): one prompt does not hold up the slot it rides in
+while the other stages idle. A prompt that finds the engine idle goes whole, to a slot with
+the fewest requests (several arriving at once spread over the slots that way).
 """
 
 from __future__ import annotations
@@ -201,10 +202,10 @@ class Engine:
     # ---- pipelined: one micro-batch per slot in flight ----
     def _schedule_slot(self, slot: int, slots: int) -> list[WorkItem]:
         """The next micro-batch of `slot` (whose previous one is back): a token of each of
-        its decoding requests, the next chunk of each prompt going out (a prompt's last chunk
-        only where the slot has no more requests than any other, so that the slots stay
-        even), and its releases. Waiting requests are admitted first: a prompt goes out in
-        `slots` chunks when others run beside it, else whole."""
+        its decoding requests, the next chunk of each prompt going out (a whole prompt only
+        where the slot has no more requests than any other), and its releases. Waiting
+        requests are admitted first: a prompt goes out in `slots` chunks when others run
+        beside it, else whole."""
         items = self._releases  # releases from steps run before the loop started
         self._releases = []
         items += self._decode_items(
@@ -229,8 +230,8 @@ class Engine:
             done, size = state
             end = min(len(r.prompt_ids), done + size)
             last = end == len(r.prompt_ids)
-            if last and counts[slot] > min(counts):
-                continue  # its first token comes back in a slot with fewer requests
+            if last and not done and counts[slot] > min(counts):
+                continue  # a whole prompt goes to a slot with the fewest requests
             items.append(WorkItem(rid, done, r.prompt_ids[done:end], r.sampling,
                                   step=0 if last else PROMPT_CHUNK_STEP))
             if last:

@@ -364,27 +364,33 @@ class DecoderLayer(nn.Module):
         """One request's chunk: T = x.shape[0] tokens at `positions` (consecutive, right after
         the tokens `cache` holds), each attending causally to the cache and the chunk; the
         chunk's keys and values are appended to `cache`."""
-        t = x.shape[0]
         cos, sin = rope_tables(positions, self.head_dim, x.dtype, self.rope_theta)
         q, k, v = self._qkv(x, cos, sin)
+        return self._finish(x, self.attend(q, k, v, positions, cache))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+        """Attention of one request's chunk (q [T, H, d], k and v [T, KV, d], at `positions`,
+        right after the tokens `cache` holds) over its cache and itself, causal; appends the
+        chunk's keys and values to `cache`. Returns [T, H x d]."""
+        t = q.shape[0]
         first_chunk = t > 1 and cache.length == 0
         keys, values = cache.append(k.transpose(0, 1), v.transpose(0, 1))  # [KV, S, d]
         if first_chunk:
             # A prompt's first chunk attends only to itself: the same causal kernel that
             # `prefill` runs (and `coral profile` times), so served prefills cost what the
             # profile says.
-            return self._finish(x, self._causal_attention(q, k, v))
+            return self._causal_attention(q, k, v)
         # The G query heads that share a KV head act as G x T queries of that head.
         g = self.num_heads // self.num_kv_heads
         qg = q.transpose(0, 1).reshape(self.num_kv_heads, g * t, self.head_dim)
         if t == 1:  # the newest token sees the whole cache
             o = F.scaled_dot_product_attention(qg, keys, values)
         else:
-            key_pos = torch.arange(keys.shape[1], device=x.device)
+            key_pos = torch.arange(keys.shape[1], device=q.device)
             mask = (key_pos[None, :] <= positions[:, None]).repeat(g, 1)  # [G x T, S]
             o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
-        o = o.view(self.num_heads, t, self.head_dim).transpose(0, 1).reshape(t, -1)
-        return self._finish(x, o)
+        return o.view(self.num_heads, t, self.head_dim).transpose(0, 1).reshape(t, -1)
 
 
 def build_layers(arch: ModelArch, num_layers: int = 1, device: str | torch.device = "cpu",

@@ -5,10 +5,10 @@ Its layers are `coral.perf.torch_layers.DecoderLayer`, the layer `coral profile`
 Weights come from a `WeightSource`: random ones drawn from a generator seeded by (model seed,
 layer index), or a real checkpoint (a GGUF file, read tensor by tensor). Either way a stage
 builds exactly its own layers from the same source, so any split holds bit-for-bit the weights
-of the whole model. A step's decode tokens (one per running request) go through each layer's
-matmuls together, as one batch, the way the step model (`coral.perf.step`) and the profiler
-time a decode batch; each request's attention reads its own cache. Prompt chunks run request
-by request (a prompt's tokens already make a matmul of many rows).
+of the whole model. A step's tokens (its prompt chunks and one decode token per running
+request) go through each layer's matmuls together, as one batch, the way a serving engine runs
+a step and the step model (`coral.perf.step`) costs it; each request's attention reads its own
+cache.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 from torch import nn
-
-import torch.nn.functional as F
 
 from coral.perf.torch_layers import (
     LAYER_TENSORS,  # noqa: F401 - the names a WeightSource keys its tensors by
@@ -169,99 +167,80 @@ class Stage:
 
     @torch.inference_mode()
     def forward(self, items: Sequence[WorkItem]) -> list[WorkItem] | list[TokenResult]:
-        """Run each item through the stage: activations out, or sampled tokens on the last.
-        Decode items (one token of a request whose cache holds its earlier tokens) run as
-        one batch; outputs keep the items' order."""
+        """Run each item through the stage: activations out, or sampled tokens on the last
+        (none for a prompt chunk before its last: `PROMPT_CHUNK_STEP`). Every item's tokens
+        go through the projections and the MLP as one batch (prompt chunks and decode tokens
+        fused, as a serving engine runs a step and the perf model costs it); attention runs
+        per request, over its own cache. Outputs keep the items' order."""
         out: list = [None] * len(items)
-        decode: list[int] = []
+        work: list[int] = []
         for n, item in enumerate(items):
             if item.release:
                 self.release(item.request_id)
                 if not self.is_last:
                     out[n] = item
-            elif item.step > 0 and len(item.token_ids) == 1:
-                decode.append(n)
             else:
-                out[n] = self._forward_one(item)
-        if decode:
-            for n, res in zip(decode, self._decode([items[n] for n in decode])):
+                work.append(n)
+        if work:
+            for n, res in zip(work, self._run([items[n] for n in work])):
                 out[n] = res
         return [o for o in out if o is not None]
 
-    def _decode(self, items: Sequence[WorkItem]) -> list[WorkItem] | list[TokenResult]:
-        """One new token of each item's request, the requests' rows batched in every matmul."""
-        caches = []
-        for item in items:
-            cache = self.caches.get(item.request_id)
-            length = 0 if cache is None else cache.length
-            if cache is None or length != item.start_pos:
-                raise ValueError(f"request {item.request_id}: chunk starts at {item.start_pos} "
-                                 f"but the stage's cache holds {length} tokens")
-            if item.start_pos + 1 > self.config.max_seq_len:
-                raise ValueError(f"request {item.request_id} reaches {item.start_pos + 1} "
-                                 f"tokens, more than max_seq_len ({self.config.max_seq_len})")
-            caches.append(cache)
+    def _cache_for(self, item: WorkItem) -> RequestCache:
+        """The request's KV cache, checked to end where the item's chunk starts (a prompt's
+        first chunk starts one)."""
+        cache = self.caches.get(item.request_id)
+        length = 0 if cache is None else cache.length
+        if length != item.start_pos:
+            raise ValueError(f"request {item.request_id}: chunk starts at {item.start_pos} "
+                             f"but the stage's cache holds {length} tokens")
+        end = item.start_pos + len(item.token_ids)
+        if end > self.config.max_seq_len:
+            raise ValueError(f"request {item.request_id} reaches {end} tokens, more than "
+                             f"max_seq_len ({self.config.max_seq_len})")
+        if cache is None:
+            cache = self.caches[item.request_id] = RequestCache(
+                [LayerCache() for _ in self.layers])
+        return cache
+
+    def _run(self, items: Sequence[WorkItem]) -> list[WorkItem] | list[TokenResult]:
+        """Every item's chunk (a prompt or a part of one, or one decode token), all rows
+        batched in every matmul."""
+        if len({i.request_id for i in items}) != len(items):
+            raise ValueError("a step holds at most one chunk of each request")
+        caches = [self._cache_for(i) for i in items]
+        bounds = [0]
+        for i in items:
+            bounds.append(bounds[-1] + len(i.token_ids))
         if self.is_first:
-            x = self.embed[torch.tensor([i.token_ids[0] for i in items], dtype=torch.long,
-                                        device=self.device)]
+            ids = [t for i in items for t in i.token_ids]
+            x = self.embed[torch.tensor(ids, dtype=torch.long, device=self.device)]
         else:
             assert all(i.hidden is not None for i in items), "a later stage needs activations"
             x = torch.from_numpy(np.concatenate([i.hidden for i in items])).to(self.device)
-        positions = torch.tensor([i.start_pos for i in items], device=self.device)
+        positions = torch.cat([torch.arange(i.start_pos, i.start_pos + len(i.token_ids))
+                               for i in items]).to(self.device)
+        first = self.layers[0]
+        cos, sin = rope_tables(positions, first.head_dim, x.dtype, first.rope_theta)
+        spans = list(zip(bounds, bounds[1:]))
         for li, layer in enumerate(self.layers):
-            x = decode_rows(layer, x, positions, [c.layers[li] for c in caches])
+            q, k, v = layer._qkv(x, cos, sin)
+            attn = [layer.attend(q[a:b], k[a:b], v[a:b], positions[a:b], c.layers[li])
+                    for (a, b), c in zip(spans, caches)]
+            x = layer._finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
         if not self.is_last:
             hidden = x.cpu().numpy().astype(np.float32, copy=False)
             return [WorkItem(i.request_id, i.start_pos, i.token_ids, i.sampling, i.step,
-                             hidden=hidden[j:j + 1]) for j, i in enumerate(items)]
-        logits = self.norm(x) @ self.lm_head.T
-        return [TokenResult(i.request_id, i.step, sample(logits[j], i))
-                for j, i in enumerate(items)]
-
-    def _forward_one(self, item: WorkItem) -> WorkItem | TokenResult:
-        cache = self.caches.setdefault(
-            item.request_id, RequestCache([LayerCache() for _ in self.layers]))
-        if cache.length != item.start_pos:
-            raise ValueError(f"request {item.request_id}: chunk starts at {item.start_pos} but "
-                             f"the stage's cache holds {cache.length} tokens")
-        n = len(item.token_ids)
-        if item.start_pos + n > self.config.max_seq_len:
-            raise ValueError(f"request {item.request_id} reaches {item.start_pos + n} tokens, "
-                             f"more than max_seq_len ({self.config.max_seq_len})")
-        if self.is_first:
-            x = self.embed[torch.tensor(item.token_ids, dtype=torch.long, device=self.device)]
-        else:
-            assert item.hidden is not None, "a later stage needs activations"
-            x = torch.from_numpy(item.hidden).to(self.device)
-        positions = torch.arange(item.start_pos, item.start_pos + n, device=self.device)
-        for layer, layer_cache in zip(self.layers, cache.layers):
-            x = layer(x, positions, layer_cache)
-        if not self.is_last:
-            return WorkItem(item.request_id, item.start_pos, item.token_ids, item.sampling,
-                            item.step, hidden=x.cpu().numpy().astype(np.float32, copy=False))
-        if item.step < 0:  # a prompt chunk before the last: its KV is cached, nothing to sample
-            return TokenResult(item.request_id, item.step, -1)
-        logits = self.norm(x[-1]) @ self.lm_head.T
-        return TokenResult(item.request_id, item.step, sample(logits, item))
-
-
-def decode_rows(layer: DecoderLayer, x: torch.Tensor, positions: torch.Tensor,
-                caches: Sequence[LayerCache]) -> torch.Tensor:
-    """One decode token per request through `layer`: x is [B, hidden], row j the token at
-    `positions[j]` of the request whose cache is `caches[j]` (its keys and values are
-    appended). Projections and MLP take all B rows at once; attention runs per request, over
-    its own cache (contexts differ in length)."""
-    cos, sin = rope_tables(positions, layer.head_dim, x.dtype, layer.rope_theta)
-    q, k, v = layer._qkv(x, cos, sin)  # [B, H, d], [B, KV, d], [B, KV, d]
-    kv_heads, d = layer.num_kv_heads, layer.head_dim
-    g = layer.num_heads // kv_heads
-    attn = []
-    for j, cache in enumerate(caches):
-        keys, values = cache.append(k[j][:, None], v[j][:, None])  # [KV, S, d]
-        # the G query heads that share a KV head act as G queries of that head
-        attn.append(F.scaled_dot_product_attention(q[j].view(kv_heads, g, d), keys, values)
-                    .reshape(-1))
-    return layer._finish(x, torch.stack(attn))
+                             hidden=hidden[a:b]) for i, (a, b) in zip(items, spans)]
+        # one row of logits per item that samples: its chunk's last token
+        rows = [(j, b - 1) for j, (i, (_, b)) in enumerate(zip(items, spans)) if i.step >= 0]
+        out = [TokenResult(i.request_id, i.step, -1) for i in items]
+        if rows:
+            logits = self.norm(x[[r for _, r in rows]]) @ self.lm_head.T
+            for k, (j, _) in enumerate(rows):
+                out[j] = TokenResult(items[j].request_id, items[j].step,
+                                     sample(logits[k], items[j]))
+        return out
 
 
 def sample(logits: torch.Tensor, item: WorkItem) -> int:

@@ -176,3 +176,28 @@ def test_a_prompt_arriving_beside_running_requests_is_spread_over_the_slots():
     decodes = [n for n, mb in enumerate(pipe.launched) for i in mb
                if i.request_id == "req-1" and not i.release and i.step > 0]
     assert decodes and min(decodes) > chunks[-1][0]
+
+
+def test_a_request_whose_first_token_lands_in_the_fuller_slot_moves_to_the_emptier():
+    """Two slots: a request decoding in slot 0, and another whose first token has just come
+    back in slot 0 too (its last prompt chunk rode there). Slot 0's next micro-batch leaves
+    the newcomer out, and slot 1's carries its first decode: the two decode as a pipelined
+    pair, not as one micro-batch of two with a stage idle."""
+    engine = Engine(FakePipeline(depth=2), max_seq_len=256)
+    for k in range(2):
+        engine.submit(tuple(range(4)), 8, lambda *a: None, stop_on_eos=False)
+    old, new = engine._waiting
+    engine._waiting.clear()
+    for r, generated in ((old, [4, 5, 6]), (new, [4])):
+        engine._running[r.request_id] = r
+        engine._slot_of[r.request_id] = 0
+        r.generated.extend(generated)
+    first = engine._schedule_slot(0, 2)
+    assert [i.request_id for i in first] == [old.request_id]
+    second = engine._schedule_slot(1, 2)
+    assert [(i.request_id, i.step) for i in second] == [(new.request_id, 1)]
+    # a request further on does not move (nothing to gain from it; it would wait a slot)
+    engine._slot_of[new.request_id] = 0
+    new.generated.append(5)
+    assert {i.request_id for i in engine._schedule_slot(0, 2)} == {old.request_id,
+                                                                     new.request_id}

@@ -12,10 +12,11 @@ run one after the other (`step`).
 A prompt that arrives while other requests run is spread over the slots: each micro-batch
 launched carries the next of its `depth` chunks (chunked prefill; the chunks follow each other
 through every stage, so each finds the one before in the KV caches), and the request decodes
-in the slot of its last chunk, whose token is its first. That is the step model's
-micro-batching (a step's prompt tokens shared by its `min(stages, sequences)` micro-batches,
-the first token at the end of that step): one prompt does not hold up the slot it rides in
-while the other stages idle. A prompt that finds the engine idle goes whole, to a slot with
+in the slot of its last chunk, whose token is its first (or, if that slot holds two more
+requests than another, in the other, so that the micro-batches stay even). That is the step
+model's micro-batching (a step's prompt tokens shared by its `min(stages, sequences)`
+micro-batches, the first token at the end of that step): one prompt does not hold up the slot
+it rides in while the other stages idle. A prompt that finds the engine idle goes whole, to a slot with
 the fewest requests (several arriving at once spread over the slots that way).
 """
 
@@ -205,9 +206,22 @@ class Engine:
         its decoding requests, the next chunk of each prompt going out (a whole prompt only
         where the slot has no more requests than any other), and its releases. Waiting
         requests are admitted first: a prompt goes out in `slots` chunks when others run
-        beside it, else whole."""
+        beside it, else whole. A request whose first token came back in a slot with more
+        requests than another (by two or more) decodes in that other slot from then on."""
         items = self._releases  # releases from steps run before the loop started
         self._releases = []
+        counts = [0] * slots
+        for s in self._slot_of.values():
+            counts[s] += 1
+        for r in list(self._running.values()):
+            # a request whose first token just came back here moves to a slot with fewer
+            # requests (its next token is its first decode: nothing of it is in flight)
+            if (self._slot_of.get(r.request_id) == slot and len(r.generated) == 1
+                    and counts[slot] > min(counts) + 1):
+                to = counts.index(min(counts))
+                self._slot_of[r.request_id] = to
+                counts[slot] -= 1
+                counts[to] += 1
         items += self._decode_items(
             [r for r in self._running.values() if self._slot_of.get(r.request_id) == slot])
         spread = bool(self._running)
@@ -219,9 +233,6 @@ class Engine:
             self._running[r.request_id] = r
             n = len(r.prompt_ids)
             self._prefill[r.request_id] = [0, -(-n // slots) if spread else n]
-        counts = [0] * slots
-        for s in self._slot_of.values():
-            counts[s] += 1
         for rid, state in list(self._prefill.items()):
             r = self._running[rid]
             if r.cancelled:
@@ -255,10 +266,15 @@ class Engine:
             with self._lock:
                 if self._stopping:
                     return
-                for slot in sorted(free):
-                    items = self._schedule_slot(slot, slots)
-                    if items:
-                        launches.append((slot, items))
+                pending = sorted(free)
+                while pending:  # again while a pass launches: a request may have moved
+                    launched = []  # to a free slot scheduled before its own in the pass
+                    for slot in pending:
+                        items = self._schedule_slot(slot, slots)
+                        if items:
+                            launches.append((slot, items))
+                            launched.append(slot)
+                    pending = [s for s in pending if s not in launched] if launched else []
                 if not launches and not in_flight:
                     self._lock.wait(timeout=IDLE_POLL_S)
                     if self._stopping:

@@ -39,12 +39,20 @@ class _RSeq:
     def __init__(self, req):
         self.req, self.target, self.ctx, self.generated = req, req.prompt_tokens, 0, 0
         self.first_token_s, self.preemptions, self.off, self.epoch = None, 0, -1, 0
+        self.lag = 0.0  # micro-batch launches waited for past the step boundary, s
 
 
 class _RStep:
-    def __init__(self, start, dt, n, decode, chunks, busy, version):
+    def __init__(self, start, dt, n, decode, chunks, busy, version, m):
         self.start, self.dt, self.n, self.decode = start, dt, n, decode
-        self.chunks, self.busy, self.version = chunks, busy, version
+        self.chunks, self.busy, self.version, self.m = chunks, busy, version, m
+
+    def lag(self, t):
+        """An arrival at `t` waits for the launches of this step's micro-batches gone by."""
+        if self.m < 2:
+            return 0.0
+        phase = (t - self.start) / self.dt
+        return int((phase - int(phase)) * self.m) * self.dt / self.m
 
 
 class _RInstance:
@@ -186,7 +194,8 @@ class _RInstance:
             n = max(1, min(self.next_finish(), (self.kv_cap - self.kv_used) // b,
                            (c - c_raw) // b + 1))
         self.version += 1
-        self.step = _RStep(now, dt, n, b, chunks, busy, self.version)
+        m = max(1, min(len(self.spec.stages), b + len(chunks)))
+        self.step = _RStep(now, dt, n, b, chunks, busy, self.version, m)
         return self.step
 
 
@@ -270,8 +279,11 @@ class Reference:
                     continue
                 where[r.id] = inst.spec.name
                 was_empty = not inst.waiting
-                inst.waiting.append(_RSeq(r))
+                rs = _RSeq(r)
+                inst.waiting.append(rs)
                 st = inst.step
+                if st is not None:
+                    rs.lag = st.lag(t)
                 if st is None:
                     start_step(inst, t)
                 elif st.n > 1 and was_empty and len(inst.running) < inst.max_seqs:
@@ -304,7 +316,7 @@ class Reference:
                     del inst.prefilling[s.req.id]
                     s.generated += 1
                     if s.first_token_s is None:
-                        s.first_token_s = t
+                        s.first_token_s = t + s.lag
                     if s.generated >= s.req.output_tokens:
                         done.append(s)
                     else:
@@ -312,7 +324,7 @@ class Reference:
             for s in done:
                 del inst.running[s.req.id]
                 inst.kv_used -= s.ctx
-                results[s.req.id] = row(s.req, inst.spec.name, "done", s, t)
+                results[s.req.id] = row(s.req, inst.spec.name, "done", s, t + s.lag)
             inst.step = None
             start_step(inst, t)
         inflight = {s.req.id: s for inst in self.instances

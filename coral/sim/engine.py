@@ -19,6 +19,11 @@ An instance (`InstanceSpec`) runs vLLM-style continuous batching:
     sequences as `min(stages, sequences)` micro-batches through the stages, the bottleneck
     stage, activation sends over the NIC), the same model the planner sizes templates by;
     `max_seqs = stages x the smallest stage batch` (the template's batch per micro-batch).
+    A step's `m` micro-batches are launched `dt / m` apart (a cyclic pipeline), so a request
+    arriving after `k` of them went is `k dt / m` behind the step boundaries it is counted
+    at: its prompt's chunks start at the next launch and its first token is back a step
+    after its last chunk's launch. Its tokens carry that lag (`SimInstance.launch_lag`);
+    its TPOT is the step model's.
 
 Closed form ("fast" mode)
     A pure-decode step whose batch cannot change (no prompt chunk, no admissible waiting
@@ -307,7 +312,7 @@ class Simulator:
                                     inst.inflight[inst.slot] -= 1
                                     inst.kv_used -= s.ctx
                                     s.status = "done"
-                                    s.end_s = t
+                                    s.end_s = t + s.lag
                 for s, k in inst.step_chunks:
                     s.ctx += k
                     inst.kv_used += k
@@ -315,13 +320,13 @@ class Simulator:
                         del inst.prefilling[s]
                         s.generated += 1
                         if s.first_token_s is None:
-                            s.first_token_s = t
+                            s.first_token_s = t + s.lag
                         if s.generated >= s.req.output_tokens:
                             del inst.running[s]
                             inst.inflight[inst.slot] -= 1
                             inst.kv_used -= s.ctx
                             s.status = "done"
-                            s.end_s = t
+                            s.end_s = t + s.lag
                         elif inst.handoff is not None:  # PD prefill: on to a decode instance
                             inst.handoff(s, t)
                         else:
@@ -350,6 +355,8 @@ class Simulator:
             was_empty = not waiting
             waiting.append(s)
             router.inflight[inst.slot] += 1
+            if inst.step_m > 1:
+                s.lag = inst.launch_lag(t)
             if not inst.step_n:
                 inst.schedule(t)
             elif was_empty and inst.step_n > 1 and len(inst.running) < inst.max_seqs:

@@ -25,7 +25,7 @@ class Seq:
 
     __slots__ = ("req", "instance", "target", "ctx", "generated", "first_token_s",
                  "preemptions", "off", "fin", "status", "end_s", "decode_instance",
-                 "transfer_s")
+                 "transfer_s", "lag")
 
     def __init__(self, req: Request, instance: str):
         self.req = req
@@ -41,6 +41,9 @@ class Seq:
         self.end_s: float | None = None
         self.decode_instance = ""  # PD: the decode instance its KV cache went to
         self.transfer_s: float | None = None  # PD: seconds of that transfer (None: none)
+        # seconds its tokens come after the ends of the steps they are counted in: the
+        # micro-batch launches it waited for past the step boundary (`SimInstance.launch_lag`)
+        self.lag = 0.0
 
 
 #: Step ends: a heap of times, each time's instance (or instances, in push order, on a tie)
@@ -66,7 +69,8 @@ class SimInstance:
         "spec", "index", "layout", "kv_cap", "max_seqs", "max_tokens", "n_stages",
         "buckets", "closed_form", "waiting", "running", "prefilling", "clock", "n_decode",
         "ctx_base", "fin", "fin_clocks", "kv_used", "step_end", "busy", "step_start",
-        "step_dt", "step_n", "step_decode", "step_chunks", "step_busy", "heap", "due",
+        "step_dt", "step_n", "step_m", "step_decode", "step_chunks", "step_busy", "heap",
+        "due",
         "on_reject", "router", "costs", "slot", "inflight", "handoff")
 
     def __init__(self, spec: InstanceSpec, index: int, layout: StepModel, cfg: SimConfig):
@@ -90,6 +94,7 @@ class SimInstance:
         self.busy = [0.0] * len(layout.nodes)
         self.step_start = self.step_dt = 0.0
         self.step_n = 0  # identical steps in the run in progress (0: idle)
+        self.step_m = 1  # micro-batches of each of them
         self.step_decode = 0  # sequences that decode in each of them
         self.step_chunks: Sequence[tuple[Seq, int]] = NO_CHUNKS  # prompt chunks (n = 1)
         self.step_busy: tuple[tuple[int, float], ...] = ()
@@ -157,10 +162,27 @@ class SimInstance:
         waiting = self.waiting
         was_empty = not waiting
         waiting.append(s)
+        s.lag = self.launch_lag(t)
         if not self.step_n:
             self.schedule(t)
         elif was_empty and self.step_n > 1 and len(self.running) < self.max_seqs:
             self.cut(t)
+
+    def launch_lag(self, t: float) -> float:
+        """How much later than the step model says the tokens of a request arriving at `t`
+        come, for an instance busy with a step of `m` micro-batches: the pipeline launches
+        them `dt / m` apart, one after the other, so a prompt arriving after `k` of them
+        went joins the next launch, its `m` chunks ride in the `m` launches from there and its
+        first token is back a round trip (a step) after the last; the step model takes its
+        prompt at the next step and counts its token at that step's end, `k dt / m`
+        earlier. Its tokens keep that phase, so every one of them comes `k dt / m` later
+        (its TPOT is the step model's). 0 when idle or with one micro-batch."""
+        m = self.step_m
+        if m < 2 or not self.step_n or self.handoff is not None:
+            return 0.0
+        phase = (t - self.step_start) / self.step_dt
+        k = int((phase - int(phase)) * m)
+        return k * self.step_dt / m
 
     def schedule(self, now: float) -> None:
         """Form the next step from `now` and queue its end (the instance idles when there is
@@ -263,7 +285,7 @@ class SimInstance:
             if n < 1:
                 n = 1
         dt, self.step_busy = cost
-        self.step_start, self.step_dt, self.step_n = now, dt, n
+        self.step_start, self.step_dt, self.step_n, self.step_m = now, dt, n, m
         self.step_decode, self.step_chunks = b, chunks
         self.step_end = t = now + n * dt
         other = self.due.get(t)  # self.queue(t)

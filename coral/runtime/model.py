@@ -27,6 +27,7 @@ from coral.perf.torch_layers import (
     DecoderShape,
     LayerCache,
     RMSNorm,
+    project,
     rope_tables,
 )
 from coral.runtime.config import ModelConfig
@@ -236,7 +237,7 @@ class Stage:
         rows = [(j, b - 1) for j, (i, (_, b)) in enumerate(zip(items, spans)) if i.step >= 0]
         out = [TokenResult(i.request_id, i.step, -1) for i in items]
         if rows:
-            logits = self.norm(x[[r for _, r in rows]]) @ self.lm_head.T
+            logits = project(self.norm(x[[r for _, r in rows]]), self.lm_head)
             for k, (j, _) in enumerate(rows):
                 out[j] = TokenResult(items[j].request_id, items[j].step,
                                      sample(logits[k], items[j]))

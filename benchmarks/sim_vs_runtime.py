@@ -194,6 +194,14 @@ class ProfiledCpu:
         return 1 << 30  # the runs hold at most MAX_RUNNING x 96 tokens: memory never binds
 
 
+def modelled_step_seconds(row: Any, perf: "ProfiledCpu") -> float:
+    """The simulator's time for a /metrics step row's mean shape on its stage."""
+    p, b, c = row.mean_shape()
+    return perf.iteration_seconds("", f"{CPU_NODE}{row.stage}", row.layers, p, b, c,
+                                  first_stage=row.stage == 0,
+                                  last_stage=row.stage == row.stages - 1)
+
+
 def measured_ratios(rows: list[Any], perf: "ProfiledCpu") -> dict[str, Any]:
     """The step costs a run's workers measured (`/metrics` step rows of that run) over the
     profile's for the same shapes: per stage node ("cpu<k>"), one ratio per (step kind, size
@@ -203,10 +211,8 @@ def measured_ratios(rows: list[Any], perf: "ProfiledCpu") -> dict[str, Any]:
     for r in rows:
         if r.steps <= 0:
             continue
-        p, b, c = r.mean_shape()
         node = f"{CPU_NODE}{r.stage}"
-        model = perf.iteration_seconds("", node, r.layers, p, b, c, first_stage=r.stage == 0,
-                                       last_stage=r.stage == r.stages - 1)
+        model = modelled_step_seconds(r, perf)
         buckets[f"{node}|{r.kind}|{r.bucket}"] = r.seconds / (r.steps * model)
         acc = totals.setdefault(node, [0.0, 0.0])
         acc[0] += r.seconds
@@ -231,11 +237,10 @@ def run_step_rows(before: str, after: str) -> list[Any]:
 
     from coral.runtime.step_times import parse_step_metrics
 
-    key = lambda r: (r.node, r.stage, r.kind, r.bucket)  # noqa: E731
-    prior = {key(r): r for r in parse_step_metrics(before)}
+    prior = {(r.node, r.stage, r.kind, r.bucket): r for r in parse_step_metrics(before)}
     out = []
     for r in parse_step_metrics(after):
-        q = prior.get(key(r))
+        q = prior.get((r.node, r.stage, r.kind, r.bucket))
         if q is not None:
             r = dc_replace(r, steps=r.steps - q.steps, seconds=r.seconds - q.seconds,
                            prefill_tokens=r.prefill_tokens - q.prefill_tokens,
@@ -536,13 +541,9 @@ def step_check(metrics_text: str, perf: ProfiledCpu) -> list[dict[str, Any]]:
 
     out = []
     for r in parse_step_metrics(metrics_text):
-        p, b, c = r.mean_shape()
-        model = perf.iteration_seconds("", CPU_NODE, r.layers, p, b, c,
-                                       first_stage=r.stage == 0,
-                                       last_stage=r.stage == r.stages - 1)
         out.append({"node": r.node, "layers": r.layers, "kind": r.kind, "bucket": r.bucket,
-                    "steps": int(r.steps), "shape": [p, b, c],
-                    "measured_s": r.seconds / r.steps, "model_s": model})
+                    "steps": int(r.steps), "shape": list(r.mean_shape()),
+                    "measured_s": r.seconds / r.steps, "model_s": modelled_step_seconds(r, perf)})
     return out
 
 

@@ -16,8 +16,8 @@ in the slot of its last chunk, whose token is its first (or, if that slot holds 
 requests than another, in the other, so that the micro-batches stay even). That is the step
 model's micro-batching (a step's prompt tokens shared by its `min(stages, sequences)`
 micro-batches, the first token at the end of that step): one prompt does not hold up the slot
-it rides in while the other stages idle. A prompt that finds the engine idle goes whole, to a slot with
-the fewest requests (several arriving at once spread over the slots that way).
+it rides in while the other stages idle. A prompt that finds the engine idle goes whole, to a
+slot with the fewest requests (several arriving at once spread over the slots that way).
 """
 
 from __future__ import annotations

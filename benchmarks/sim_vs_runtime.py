@@ -36,9 +36,11 @@ runtime's limit and a token budget above any step, so the simulator's configurat
 same for both engines; the per-layer times stay the torch profile's (vLLM's CPU kernels are
 its own: that difference is part of what the comparison shows). Its workers poll their
 queues while idle, so their CPU time says nothing of their compute: for vLLM the second
-simulated column (`sim adj.`) takes its prefill and decode speed from five requests sent to
-vLLM one at a time before the loaded runs (`alone_speed`), in place of a per-layer profile
-of vLLM's own kernels; for Coral's runtime it is the run's measured step costs (point 3).
+simulated column (`sim adj.`) takes vLLM's own prefill speed and its decode speed per batch
+size from the served pipeline before the loaded runs: single requests, and groups of 1, 2, 4
+and 8 requests per micro-batch slot sent together, each one's TTFT or TPOT over the
+simulator's for the same arrivals (`batch_speed`), in place of a per-layer profile of vLLM's
+own kernels; for Coral's runtime it is the run's measured step costs (point 3).
 
 It writes `results.json` (every request of every run, the profile, the workers' waits and
 their measured step times from /metrics) to `--out`; each configuration runs `--repeats`
@@ -149,17 +151,50 @@ def head_seconds(rows: tuple[int, ...] = (1, 2, 4, 8, 16, 32), repeats: int = 7
     return out
 
 
+@dataclass(frozen=True)
+class EngineSpeed:
+    """An engine's own speed on this CPU over the profile's: prefill time, and decode time
+    per decode batch size (between the sizes measured, linear; beyond them, the nearest)."""
+
+    prefill: float
+    decode: dict[int, float]
+
+    def decode_at(self, batch: int) -> float:
+        xs = sorted(self.decode)
+        if batch <= xs[0]:
+            return self.decode[xs[0]]
+        if batch >= xs[-1]:
+            return self.decode[xs[-1]]
+        hi = next(x for x in xs if x >= batch)
+        lo = max(x for x in xs if x <= batch)
+        if hi == lo:
+            return self.decode[lo]
+        return self.decode[lo] + (self.decode[hi] - self.decode[lo]) * (batch - lo) / (hi - lo)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prefill": self.prefill, "decode": {str(b): r for b, r in self.decode.items()}}
+
+    @classmethod
+    def from_json(cls, d: Any) -> "EngineSpeed | None":
+        """The saved form, or an older results file's (prefill, decode) pair of one sequence."""
+        if d is None:
+            return None
+        if isinstance(d, (list, tuple)):
+            return cls(float(d[0]), {1: float(d[1])})
+        return cls(float(d["prefill"]), {int(b): float(r) for b, r in d["decode"].items()})
+
+
 class ProfiledCpu:
     """The perf model's interface (`iteration_seconds`, `max_kv_tokens`) on this CPU: the
     profiled per-layer times, plus the measured LM head on the last stage."""
 
     def __init__(self, table: ProfileTable, head: dict[int, float], prompt_tokens: int,
                  stretch: dict[str, float] | None = None,
-                 speed: tuple[float, float] = (1.0, 1.0),
+                 speed: EngineSpeed | None = None,
                  measured: dict[str, Any] | None = None):
         """`stretch`: per node (stage) name, how much longer than its CPU time a step of
         that worker took on this machine while it ran (see `Server.cpu_and_wait`).
-        `speed`: the engine's prefill and decode time over the profile's (`alone_speed`).
+        `speed`: the engine's own prefill and decode times over the profile's (`batch_speed`).
         `measured`: the run's own step costs over the profile's (`measured_ratios`)."""
         self.table, self.head, self.prompt_tokens = table, head, prompt_tokens
         self.stretch = stretch or {}
@@ -180,11 +215,12 @@ class ProfiledCpu:
         t = layers * self.table.layer_seconds(prefill_tokens, decode_batch, context_tokens)
         if last_stage:  # one row of logits per sequence: the last prompt token, or its decode
             t += self._head(decode_batch + -(-prefill_tokens // self.prompt_tokens))
-        if self.speed != (1.0, 1.0):  # a mixed step: each part at its own speed
+        if self.speed is not None:  # a mixed step: each part at its own speed
             tp = self.table.layer_seconds(prefill_tokens, 0, 0) if prefill_tokens else 0.0
             td = self.table.layer_seconds(0, decode_batch, context_tokens) if decode_batch else 0.0
             if tp + td > 0:
-                t *= (tp * self.speed[0] + td * self.speed[1]) / (tp + td)
+                t *= (tp * self.speed.prefill
+                      + td * self.speed.decode_at(decode_batch)) / (tp + td)
         if self.measured:
             t *= measured_ratio(self.measured, node, prefill_tokens, decode_batch)
         return t * self.stretch.get(node, 1.0)
@@ -508,8 +544,8 @@ KEYS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "tokens_per_s")
 
 def table(results: list[dict[str, Any]]) -> str:
     """Markdown: per (engine, stages, rate) the served runs, the simulator's on the profiled times
-    and adjusted (Coral's runtime: the run's measured step costs and CPU waits; vLLM: its speed
-    alone), each with its ratio to the runtime (means over the repeats), flagged past the
+    and adjusted (Coral's runtime: the run's measured step costs and CPU waits; vLLM: its own
+    speed by batch size), each with its ratio to the runtime (means over the repeats), flagged past the
     tolerance."""
     lines = ["| engine | PP | req/s | metric | served (each run) | sim | sim / served "
              "| sim adj. | ratio |", "|---|---|---|---|---|---|---|---|---|"]
@@ -573,12 +609,13 @@ def run_pipeline(pp: int, rates: list[float], *, duration_s: float, repeats: int
     try:
         asyncio.run(drive(port, server.model, [0.0, 0.0], counting_prompts(2, p_tok, 0), o_tok,
                           extra))
-        speed = (1.0, 1.0)
-        if engine != "coral":
-            speed = alone_speed(server, perf, pp, p_tok, o_tok)
-            cfg_log["speed_alone"] = speed
-            say(f"PP {pp}: {engine} alone runs prefill at {speed[0]:.2f}x and decode at "
-                f"{speed[1]:.2f}x the profile's times")
+        speed = None
+        if engine != "coral":  # vLLM's own kernels, timed on the pipeline before the runs
+            speed = batch_speed(server, perf, pp, p_tok, o_tok)
+            cfg_log["speed"] = speed.to_json()
+            say(f"PP {pp}: {engine} runs prefill at {speed.prefill:.2f}x and decode at "
+                + ", ".join(f"{r:.2f}x (batch {b})" for b, r in sorted(speed.decode.items()))
+                + " the profile's times")
         for rate in rates:
             for rep in range(repeats):
                 seed = 1000 * pp + 10 * rep + int(rate * 100)
@@ -637,19 +674,27 @@ def run_pipeline(pp: int, rates: list[float], *, duration_s: float, repeats: int
     return results, cfg_log
 
 
-def alone_speed(server: Any, perf: ProfiledCpu, pp: int, p_tok: int, o_tok: int,
-                requests: int = 5, spaced_s: float = 6.0) -> tuple[float, float]:
-    """The engine's own node speed, from requests sent one at a time (each alone in the
-    pipeline): its TTFT p50 over the simulator's (prefill) and its TPOT p50 over the
-    simulator's (decode), on the profile's times. vLLM's CPU kernels are not the torch layers
-    `coral profile` times, so this stands in for a profile of them; the loaded runs then
-    test the mechanics (batching, queueing, the pipeline), not the kernels."""
-    arrivals = [k * spaced_s for k in range(requests)]
-    recs = asyncio.run(drive(server.port, server.model, arrivals,
-                             counting_prompts(requests, p_tok, 7), o_tok, server.extra_body))
-    served = figures([(r.arrival_s, r.first_s, r.end_s) for r in recs], o_tok)
-    sim = figures(simulate(perf, pp, arrivals, p_tok, o_tok), o_tok)
-    return served["ttft_p50"] / sim["ttft_p50"], served["tpot_p50"] / sim["tpot_p50"]
+def batch_speed(server: Any, perf: ProfiledCpu, pp: int, p_tok: int, o_tok: int,
+                per_slot: tuple[int, ...] = (1, 2, 4, 8), repeats: int = 3) -> EngineSpeed:
+    """The engine's own speed on the served pipeline, before the loaded runs: prefill from
+    single requests (the median TTFT over the simulator's), decode per batch size `d` from
+    groups of `pp x d` requests sent together (the median TPOT over the simulator's for the
+    same group: every one of the pipeline's `pp` micro-batch slots decoding `d` sequences).
+    vLLM's CPU kernels are not the torch layers `coral profile` times, and batch differently,
+    so this stands in for a profile of them; the loaded runs then test the mechanics under
+    Poisson arrivals (admission, queueing, micro-batches filling and draining)."""
+    def ratios(arrivals: list[float], seed: int) -> tuple[float, float]:
+        recs = asyncio.run(drive(server.port, server.model, arrivals,
+                                 counting_prompts(len(arrivals), p_tok, seed), o_tok,
+                                 server.extra_body))
+        served = figures([(r.arrival_s, r.first_s, r.end_s) for r in recs], o_tok)
+        sim = figures(simulate(perf, pp, arrivals, p_tok, o_tok), o_tok)
+        return served["ttft_p50"] / sim["ttft_p50"], served["tpot_p50"] / sim["tpot_p50"]
+
+    prefill = [ratios([0.0], 7 + rep)[0] for rep in range(repeats)]
+    decode = {d: statistics.median(ratios([0.0] * (pp * d), 100 * rep + d)[1]
+                                   for rep in range(repeats)) for d in per_slot}
+    return EngineSpeed(statistics.median(prefill), decode)
 
 
 def resimulate(log: dict[str, Any], head: dict[int, float] | None = None
@@ -669,7 +714,7 @@ def resimulate(log: dict[str, Any], head: dict[int, float] | None = None
             res = dict(res)
             res["sim"] = figures(simulate(ProfiledCpu(table_, h, p_tok), pp, arrivals, p_tok,
                                           o_tok), o_tok)
-            speed = tuple(cfg.get("speed_alone", (1.0, 1.0)))
+            speed = EngineSpeed.from_json(cfg.get("speed", cfg.get("speed_alone")))
             res["sim_loaded"] = figures(simulate(ProfiledCpu(table_, h, p_tok, res.get("stretch"),
                                                              speed, res.get("measured")),
                                                  pp, arrivals, p_tok, o_tok), o_tok)

@@ -53,8 +53,8 @@ def test_light_load_latency_and_throughput_agree(bench, tmp_path):
 @vllm_opt_in
 def test_vllm_pipeline_latency_and_throughput_agree(bench, tmp_path):
     """vLLM's CPU build serving the same 2-stage pipeline at a moderate Poisson rate: the
-    simulator on the profile, with vLLM's own prefill/decode speed from requests sent one at
-    a time (`alone_speed`), within the issue's tolerances."""
+    simulator on the profile, with vLLM's own prefill speed and decode speed by batch size
+    from a one-stage vLLM server (`batch_speed`), within the issue's tolerances."""
     (run,), log = bench.run_pipeline(2, [0.7], duration_s=30.0, repeats=1, prompt_tokens=64,
                                      output_tokens=32, port=bench.free_port(), out=tmp_path,
                                      engine="vllm")
@@ -64,3 +64,18 @@ def test_vllm_pipeline_latency_and_throughput_agree(bench, tmp_path):
         assert sim[key] == pytest.approx(served[key], rel=bench.TOL_P50), key
     for key in ("ttft_p90", "tpot_p90"):
         assert sim[key] == pytest.approx(served[key], rel=bench.TOL_P90), key
+
+
+def test_engine_speed_by_batch_interpolates_and_reads_older_results():
+    """vLLM's decode speed is measured at a few batch sizes: between them linear, beyond them
+    the nearest; a results file from before (one sequence's pair) still resimulates."""
+    with benchmark_module("sim_vs_runtime.py", "sim_vs_runtime_speed") as module:
+        speed = module.EngineSpeed(0.8, {1: 1.1, 2: 0.9, 4: 0.7, 8: 0.6})
+        assert speed.decode_at(1) == 1.1 and speed.decode_at(0) == 1.1
+        assert speed.decode_at(3) == pytest.approx(0.8)
+        assert speed.decode_at(6) == pytest.approx(0.65)
+        assert speed.decode_at(16) == 0.6
+        assert module.EngineSpeed.from_json(speed.to_json()) == speed
+        old = module.EngineSpeed.from_json([0.82, 1.08])
+        assert old.prefill == 0.82 and old.decode_at(5) == 1.08
+        assert module.EngineSpeed.from_json(None) is None

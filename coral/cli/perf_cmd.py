@@ -408,7 +408,8 @@ def validate(
     console.print("[dim]Negative: the model predicts faster than measured. 'committed': the "
                   "figures plans use (own fit or borrowed by architecture). The measured layer "
                   "is plain torch (fused RMSNorm, other element-wise ops unfused; MoE as torch's "
-                  "grouped matmul): the prediction adds the kernels it launches beyond a "
-                  "serving engine's layer (counted in coral.perf.validation). MoE tables fix "
+                  "grouped matmul, decode attention unsplit): the prediction adds the "
+                  "kernels it launches beyond a serving engine's layer and the SMs its decode "
+                  "attention leaves idle (coral.perf.validation). MoE tables fix "
                   "the grouped-GEMM figures (benchmarks/perf_holdout.py) and are not fitted "
                   "by --fit.[/]")

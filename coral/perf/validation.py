@@ -14,8 +14,10 @@ log(predicted/measured), as `coral.perf.calibration` does for operator profiles)
 new model on that GPU would see.
 
 The profiler's layer is plain torch (fused RMSNorm; rope, residual and activation kernels
-unfused; grouped-GEMM MoE), so measured times are an upper bound on a serving engine's fused
-kernels; a fit on them is conservative.
+unfused; grouped-GEMM MoE; decode attention without split keys), so measured times are an
+upper bound on a serving engine's fused kernels. The prediction adds what the profiler's layer
+does beyond the engine's (`profiler_extra_seconds`, `profiler_attention_extra_seconds`), so a
+fit on the tables gives the engine's figures.
 """
 
 from __future__ import annotations
@@ -180,11 +182,37 @@ def profiler_extra_seconds(perf: PerfModel, model: str, node: NodeType) -> float
     return kernels * perf.efficiencies_for(perf.catalog.gpu_of(node)).kernel_overhead_s
 
 
+def profiler_attention_extra_seconds(perf: PerfModel, model: str, node: NodeType,
+                                     decode_batch: int, context_tokens: int) -> float:
+    """Time the profiler's decode attention spends beyond the perf model's: torch's
+    `scaled_dot_product_attention` does not split a sequence's keys over thread blocks, so it
+    runs one block per (sequence, KV head), and with fewer blocks than SMs only that share of
+    the SMs streams the cache, each at its SM's share of DRAM bandwidth (datasheet bandwidth /
+    SMs). A serving engine's decode kernel splits the keys until every SM has work (vLLM's
+    paged attention v2, FlashAttention's split-KV), which the perf model describes."""
+    if decode_batch <= 0 or context_tokens <= 0:
+        return 0.0
+    gpu = perf.catalog.gpu_of(node)
+    if gpu.sustained is None or gpu.sustained.sm_count is None:
+        return 0.0
+    arch = perf.catalog.model(model)
+    kv_bytes = context_tokens * 2.0 * arch.kv_dim * arch.dtype_bytes
+    blocks = decode_batch * arch.num_kv_heads
+    dram = gpu.mem_bandwidth_gb_per_s * 1e9
+    eta_memory = perf.efficiencies_for(gpu).eta_memory
+    share = blocks / gpu.sustained.sm_count
+    if share >= eta_memory:
+        return 0.0
+    return kv_bytes / (dram * share) - kv_bytes / (dram * eta_memory)
+
+
 def _predict(perf: PerfModel, tables: Sequence[ProfileTable], node: NodeType) -> np.ndarray:
     extra = {t.model: profiler_extra_seconds(perf, t.model, node) for t in tables}
     return np.array([
         perf.iteration_seconds(t.model, node, 1, r.prefill_tokens, r.decode_batch,
                                r.context_tokens) - ITERATION_OVERHEAD_S + extra[t.model]
+        + profiler_attention_extra_seconds(perf, t.model, node, r.decode_batch,
+                                           r.context_tokens)
         for t, r in _rows(tables)
     ])
 

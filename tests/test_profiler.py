@@ -319,3 +319,24 @@ def test_runtime_chunks_match_the_profiled_prefill(tiny: ModelArch, chunks):
             start += n
     assert cache.length == p
     torch.testing.assert_close(torch.cat(outs), full, rtol=1e-4, atol=1e-4)
+
+
+def test_default_layers_stream_their_weights_past_the_cache(tiny: ModelArch, monkeypatch):
+    """By default the profiler stacks enough layers that their weights are twice the device's
+    last-level cache (decode then streams them from memory, as a served stage does); fewer,
+    when asked for, draw a warning that says how many would do."""
+    per_layer = tiny.params_per_layer * 4  # float32
+    assert profiler.layers_past_cache(tiny, 4, None) == 1
+    assert profiler.layers_past_cache(tiny, 4, per_layer) == 2
+    assert profiler.layers_past_cache(tiny, 4, int(1.2 * per_layer)) == 3
+    assert profiler.layers_past_cache(tiny, 4, 100 * per_layer) == tiny.num_layers
+    cache = profiler.last_level_cache_bytes(torch.device("cpu"))
+    assert cache is None or cache > 0
+
+    monkeypatch.setattr(profiler, "last_level_cache_bytes", lambda dev: per_layer)
+    grid = ProfileGrid(prefill_tokens=(16,), decode_batch=(1,), context=(32,))
+    table = profile_model(tiny, node_type="cpu", grid=grid, repeats=1, warmup=0)
+    assert table.layers_timed == 2
+    with pytest.warns(ProfilerWarning, match=r"profile 2 or more layers \(--layers\)"):
+        assert profile_model(tiny, node_type="cpu", layers=1, grid=grid, repeats=1,
+                             warmup=0).layers_timed == 1

@@ -118,9 +118,10 @@ def _results_table(table: Any) -> Table:
 def profile(
     model: Annotated[str, typer.Option(
         "--model", "-m", help="Catalog model name, or a YAML file holding one model's config.")],
-    layers: Annotated[int, typer.Option(
-        "--layers", help="Layers stacked and timed together (result is per layer); "
-        "1 suffices for most, use few for models too large for the device.")] = 1,
+    layers: Annotated[Optional[int], typer.Option(
+        "--layers", help="Layers stacked and timed together (result is per layer; default: "
+        "enough that their weights are twice the device's last-level cache, so decode streams "
+        "them from memory as a served stage does).")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N.")] = "cpu",
     node: Annotated[Optional[str], typer.Option(
         "--node", help="Node type the table describes (default: 'cpu' on CPU; on CUDA "

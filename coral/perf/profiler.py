@@ -27,9 +27,11 @@ unless disabled, while prefill and MoE decode run eagerly. Times are medians ove
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -59,6 +61,11 @@ DTYPES: dict[str, torch.dtype] = {
 }
 # Fraction of the free memory a grid point may plan to use before it is skipped unmeasured.
 MEMORY_HEADROOM = 0.9
+#: The stacked layers' weights are at least this many times the device's last-level cache, so
+#: every timed step streams them from memory, as a served stage of many layers does (on this
+#: 32 MiB-L3 CPU, SmolLM2's decode of one sequence takes 0.65 ms a layer with one 14 MB layer
+#: stacked, 1.29-1.33 ms with 4-20: benchmarks/RESULTS.md, "coral profile past the cache").
+CACHE_MULTIPLE = 2
 
 
 class ProfilerWarning(UserWarning):
@@ -179,6 +186,51 @@ def device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     return f"{_cpu_brand()} ({torch.get_num_threads()} threads)"
 
+def last_level_cache_bytes(device: torch.device) -> int | None:
+    """The device's last-level cache in bytes (a GPU's L2; a CPU's highest cache level, from
+    sysfs, else sysconf), None when the platform does not say."""
+    if device.type == "cuda":
+        size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        return int(size) or None
+    best: tuple[int, int] | None = None
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            text = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not text:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+        try:
+            size = int(text.rstrip("KMG")) * scale
+        except ValueError:
+            continue
+        if best is None or level > best[0]:
+            best = (level, size)
+    if best is not None:
+        return best[1]
+    for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            size = os.sysconf(name)
+        except (ValueError, OSError):
+            continue
+        if size > 0:
+            return int(size)
+    return None
+
+
+def layers_past_cache(arch: ModelArch, elem: int, cache_bytes: int | None) -> int:
+    """The fewest stacked layers whose weights are `CACHE_MULTIPLE` times `cache_bytes` (all
+    of the model's layers at most; one when the cache size is unknown)."""
+    if not cache_bytes:
+        return 1
+    per_layer = arch.params_per_layer * elem
+    need = -(-CACHE_MULTIPLE * cache_bytes // per_layer)
+    return max(1, min(arch.num_layers, need))
+
+
 # --------------------------------------------------------------------------------------
 # the profiler
 # --------------------------------------------------------------------------------------
@@ -207,7 +259,7 @@ def profile_model(
     node_type: str,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
-    layers: int = 1,
+    layers: int | None = None,
     grid: ProfileGrid | None = None,
     repeats: int | None = None,
     warmup: int | None = None,
@@ -218,16 +270,18 @@ def profile_model(
 ) -> ProfileTable:
     """Time `layers` stacked decoder layers of `arch` over `grid` and return the per-layer
     table. Grid points that run out of memory are skipped with a `ProfilerWarning` and
-    recorded in the table's `skipped`. Defaults: the device's default grid, float32 on CPU
+    recorded in the table's `skipped`. Defaults: enough layers that their weights do not fit
+    in the device's last-level cache (`layers_past_cache`; fewer where memory is short, with a
+    warning, as when `layers` is given that small), the device's default grid, float32 on CPU
     and the model's dtype on CUDA, 5 repeats + 2 warmups on CPU, 10 + 3 on CUDA."""
     dev = resolve_device(device)
     if isinstance(dtype, str) or dtype is None:
         torch_dtype = resolve_dtype(dtype, dev, arch)
     else:
         torch_dtype = dtype
-    if layers < 1:
+    if layers is not None and layers < 1:
         raise InputError(f"--layers must be >= 1, got {layers}")
-    if layers > arch.num_layers:
+    if layers is not None and layers > arch.num_layers:
         raise InputError(f"--layers {layers} exceeds the {arch.num_layers} layers of {arch.name}")
     grid = grid or ProfileGrid.default(dev)
     on_cuda = dev.type == "cuda"
@@ -239,8 +293,22 @@ def profile_model(
         raise InputError(f"--warmup must be >= 0, got {warmup}")
     elem = torch.empty((), dtype=torch_dtype).element_size()
 
-    weight_bytes = layers * arch.params_per_layer * elem
     free = device_free_bytes(dev)
+    cache = last_level_cache_bytes(dev)
+    if layers is None:
+        layers = layers_past_cache(arch, elem, cache)
+        if free is not None:  # as many as memory holds, if that is fewer
+            layers = max(1, min(layers, int(MEMORY_HEADROOM * free / 2
+                                            // (arch.params_per_layer * elem))))
+    weight_bytes = layers * arch.params_per_layer * elem
+    if cache and weight_bytes < CACHE_MULTIPLE * cache and layers < arch.num_layers:
+        warnings.warn(
+            f"{layers} layer(s) of {arch.name} hold {weight_bytes / 1e6:.1f} MB of weights, "
+            f"less than {CACHE_MULTIPLE}x the device's {cache / 2**20:.0f} MiB last-level "
+            f"cache: decode steps read them from the cache, so their times come out faster "
+            f"than a served stage's, which streams its layers' weights from memory; profile "
+            f"{layers_past_cache(arch, elem, cache)} or more layers (--layers)",
+            ProfilerWarning, stacklevel=2)
     if free is not None and weight_bytes > MEMORY_HEADROOM * free:
         raise InputError(
             f"{layers} layer(s) of {arch.name} need {weight_bytes / 1e9:.1f} GB of weights in "

@@ -5,7 +5,7 @@ and `coral perf validate` reads) and `device.json` with the device's name and tw
 probes (a large bf16 matmul's TFLOP/s, a device-to-device copy's GB/s), so that the
 efficiencies the perf model assumes can be read against what this very device achieves.
 
-    python benchmarks/profile_gpu.py --out profiles/h200 [--models a,b] [--layers 1]
+    python benchmarks/profile_gpu.py --out profiles/h200 [--models a,b] [--layers K]
 
 A model that does not fit (or fails) is reported and skipped; the others still run.
 """
@@ -55,7 +55,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("profiles"))
     ap.add_argument("--models", default="", help="comma-separated (default: every catalog model)")
-    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=None,
+                    help="layers stacked (default: enough to stream past the GPU's L2)")
     ap.add_argument("--node", default="", help="node type label (default: 1x-<gpu> or 'cuda')")
     args = ap.parse_args()
     if not torch.cuda.is_available():

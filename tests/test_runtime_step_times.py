@@ -108,18 +108,20 @@ def test_a_known_slowdown_is_recovered_exactly_from_the_metrics(tmp_path):
 
 
 def test_injected_slowdown_is_recovered_from_the_metrics(tmp_path, monkeypatch):
-    """Two data-parallel twins of one stage on the CPU, one slowed 1.5x by the test hook: the
-    fit from /metrics gives the slowed worker about 1.5x its twin's scale. The twins' own CPU
-    times differ run to run on so small a workload (measured 1.35-1.62 on a loaded 2-core
-    machine), so this checks the live loop end to end, not its precision (the test above
-    does that exactly)."""
+    """Two data-parallel twins of one stage on the CPU, one slowed 3x by the test hook: the
+    fit from /metrics gives the slowed worker about 3x its twin's scale. The twins' own CPU
+    times differ run to run on so small a workload (with a 1.5x hook the ratio measured
+    1.35-1.62 on a loaded 2-core machine, and 1.03 once in a clean-clone CI run), so this
+    checks the live loop end to end,
+    not its precision (the test above does that exactly; benchmarks/closed_loop.py measures
+    it)."""
     pytest.importorskip("torch")
     pytest.importorskip("zmq")
     from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
     from coral.runtime.engine import Engine
     from coral.runtime.worker import ZmqPipeline
 
-    monkeypatch.setenv(INJECT_SLOWDOWN_ENV, "s1n1=1.5")
+    monkeypatch.setenv(INJECT_SLOWDOWN_ENV, "s1n1=3")
     tiny = ModelConfig(num_layers=6, max_seq_len=256, seed=7)
     spec = PipelineSpec(tiny, (StageSpec(0, 2), StageSpec(2, 6, (1.0, 1.0))))
     pipeline = ZmqPipeline(spec)
@@ -145,7 +147,7 @@ def test_injected_slowdown_is_recovered_from_the_metrics(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     scale = {w["node"]: w["scale"] for w in out["workers"]}
-    assert scale["s1n1"] / scale["s1n0"] == pytest.approx(1.5, rel=0.25)
+    assert scale["s1n1"] / scale["s1n0"] == pytest.approx(3.0, rel=0.4)
     (fit,) = out["node_types"]
     assert fit["node_type"] == "1x-l4" and fit["scale"] > 0
 

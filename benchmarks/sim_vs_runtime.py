@@ -66,6 +66,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import numpy as np
 
 from coral.perf.profile_table import ProfileTable
 from coral.perf.step import Stage, StageNode
@@ -161,15 +162,7 @@ class EngineSpeed:
 
     def decode_at(self, batch: int) -> float:
         xs = sorted(self.decode)
-        if batch <= xs[0]:
-            return self.decode[xs[0]]
-        if batch >= xs[-1]:
-            return self.decode[xs[-1]]
-        hi = next(x for x in xs if x >= batch)
-        lo = max(x for x in xs if x <= batch)
-        if hi == lo:
-            return self.decode[lo]
-        return self.decode[lo] + (self.decode[hi] - self.decode[lo]) * (batch - lo) / (hi - lo)
+        return float(np.interp(batch, xs, [self.decode[x] for x in xs]))
 
     def to_json(self) -> dict[str, Any]:
         return {"prefill": self.prefill, "decode": {str(b): r for b, r in self.decode.items()}}

@@ -27,7 +27,6 @@ unless disabled, while prefill and MoE decode run eagerly. Times are medians ove
 from __future__ import annotations
 
 import datetime as dt
-import os
 import platform
 import warnings
 from dataclasses import dataclass
@@ -186,9 +185,10 @@ def device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     return f"{_cpu_brand()} ({torch.get_num_threads()} threads)"
 
+
 def last_level_cache_bytes(device: torch.device) -> int | None:
     """The device's last-level cache in bytes (a GPU's L2; a CPU's highest cache level, from
-    sysfs, else sysconf), None when the platform does not say."""
+    Linux's sysfs), None when the platform does not say."""
     if device.type == "cuda":
         size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
         return int(size) or None
@@ -209,16 +209,7 @@ def last_level_cache_bytes(device: torch.device) -> int | None:
             continue
         if best is None or level > best[0]:
             best = (level, size)
-    if best is not None:
-        return best[1]
-    for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
-        try:
-            size = os.sysconf(name)
-        except (ValueError, OSError):
-            continue
-        if size > 0:
-            return int(size)
-    return None
+    return best[1] if best is not None else None
 
 
 def layers_past_cache(arch: ModelArch, elem: int, cache_bytes: int | None) -> int:

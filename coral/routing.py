@@ -14,7 +14,9 @@ router. A request skips an instance that is
    in-flight count, and takes requests again once marked routable;
 2. excluded for this request by the caller (the runtime's instances that already failed it);
 3. overloaded: more requests queued (in flight beyond its `slots`, the requests it serves
-   at once, `serving_slots`) than the least queued candidate's queue per unit weight gives
+   at once, `serving_slots`, plus its `backlog`: requests it passed on that wait further
+   down, which the simulator's prefill instances count while their decode instance has no
+   slot for them, `coral.sim.pd`) than the least queued candidate's queue per unit weight gives
    it, by more than `load_slack` requests and by more than that fair count itself (twice
    its fair share).
    Counting the queue rather than everything in flight matters on heterogeneous instances:
@@ -52,7 +54,7 @@ the simulator and the runtime, so that they share it without importing each othe
 from __future__ import annotations
 
 from itertools import compress, repeat
-from operator import lt, sub, truediv
+from operator import add, lt, sub, truediv
 from typing import Collection, Sequence
 
 import numpy as np
@@ -170,6 +172,9 @@ class SwrrRouter:
         if len(self.slots) != len(self.weights) or any(n < 0 for n in self.slots):
             raise ValueError(f"router slots {tuple(self.slots)} must be >= 0, one per "
                              f"instance ({len(self.weights)})")
+        # requests each instance passed on that wait further down (kept by the owner like
+        # `in_flight`, mutated in place): queued wherever its own in-flight count stands
+        self.backlog = [0] * len(self.weights)
         self._credits = [0.0] * len(self.weights) if credits is None else list(credits)
         if len(self._credits) != len(self.weights):
             raise ValueError("router credits and weights differ in length")
@@ -258,8 +263,10 @@ class SwrrRouter:
         return eligible[chosen]
 
     def queued(self) -> list[int]:
-        """Each instance's requests in flight beyond its slots (never negative)."""
-        return [q if q > 0 else 0 for q in map(sub, self.in_flight, self.slots)]
+        """Each instance's requests in flight beyond its slots (never negative), plus its
+        backlog."""
+        own = [q if q > 0 else 0 for q in map(sub, self.in_flight, self.slots)]
+        return list(map(add, own, self.backlog)) if any(self.backlog) else own
 
     def _overloaded_all(self) -> list[int]:
         """`overloaded` over every instance, its scans in C (the simulator asks on every
@@ -267,7 +274,8 @@ class SwrrRouter:
         queueing over the slack; otherwise the exact test runs only on those queueing near
         twice the least."""
         slack = self.load_slack
-        queued = list(map(sub, self.in_flight, self.slots))
+        queued = (self.queued() if any(self.backlog)
+                  else list(map(sub, self.in_flight, self.slots)))
         if max(queued) <= slack:
             return []
         if min(queued) <= 0:  # an instance queues nothing: every fair count is 0

@@ -560,3 +560,41 @@ def test_pd_records_and_rows(cat, perf):
     assert rows[1][col["decode_instance"]] == "" and rows[1][col["transfer_s"]] is None
     nodes = {n.instance: n.role for n in res.nodes}
     assert nodes == {"p": "prefill", "d": "decode"}
+
+
+def test_a_decode_half_that_falls_behind_pushes_prompts_to_the_other_instances(cat, perf):
+    """Back-pressure: a pair whose decode instance is 1.5x slower than modelled, beside an
+    aggregated instance of the same model with room to spare. Routed by the planned weights
+    alone, the pair keeps its share and its decode queue grows, and TPOT with it; counted as
+    queued at the prefill instance while they wait for a decode slot, its requests push new
+    prompts to the aggregated instance, and the model holds its SLO."""
+    from coral.sim.slowdown import SlowedPerf
+    from coral.templates.solve import build_template
+
+    pt, dt = _pair("1x-l40s", "1x-a10g", cat, perf)
+    agg = build_template(MODEL, ["1x-h100-sxm"], SLO, "aggregated", "flow", perf, cat)
+    pair_rps = _planned_rps(dt)
+    slowed = SlowedPerf(perf, cat, {"a10g": 1.5})
+    insts = [instance_from_template(pt, weight=pair_rps),
+             instance_from_template(dt, weight=pair_rps),
+             instance_from_template(agg, weight=pair_rps)]
+    rate = 1.6 * pair_rps  # the pair's share, 0.8x its planned rate: beyond the slowed decode's
+    assert rate < pair_rps + _planned_rps(agg)
+    reqs = synthetic(MODEL, rate_rps=rate, duration_s=600, seed=2,
+                     prompt_tokens=SLO.input_tokens, output_tokens=SLO.output_tokens)
+
+    def run(pressure: bool):
+        sim = Simulator(insts, perf=slowed, catalog=cat)
+        if not pressure:  # the router reads a backlog nobody keeps
+            for r in sim.routers.values():
+                r._rr.backlog = [0] * len(r.insts)
+        res = sim.run(reqs)
+        return res, summarize(res, {MODEL: SLO})["models"][MODEL]
+
+    res, held = run(True)
+    assert held["slo_met"] and held["slo_attainment"] >= 0.99, held
+    _, blind = run(False)
+    assert not blind["slo_met"], blind
+    assert blind["tpot_s_at_percentile"] > SLO.tpot_s
+    to_pair = sum(r.instance == insts[0].name for r in res.requests) / len(res.requests)
+    assert to_pair < 0.5  # the planned weights give it half

@@ -16,7 +16,8 @@ region as the planner pairs them (`coral.allocator.problem`):
    other leaves the prefill instance's batch (its slot is free) and a second router, over the
    model's decode instances *in the prefill instance's region*, picks where it goes (weighted
    by their planned requests/s, load-aware; the request counts in that instance's load from
-   now on). Its KV cache (the prompt's tokens) travels there in
+   now on; once its KV has landed, it is queued at the prefill instance too until the
+   decode instance takes it in: see "Back-pressure" below). Its KV cache (the prompt's tokens) travels there in
 
        transfer_s = prompt tokens x KV bytes per token / slowest NIC + KV_TRANSFER_LATENCY_S
 
@@ -40,6 +41,19 @@ region as the planner pairs them (`coral.allocator.problem`):
    tokens so far as a prefill), as vLLM does and as the aggregated engine does: the KV was
    lost on that instance. A prompt larger than a decode instance's whole cache is rejected
    there, as an aggregated instance rejects one.
+
+Back-pressure
+    A region's decode instances can fall behind what its prefill instances send them (a
+    decode GPU slower than modelled, a region whose share of the model's traffic is above
+    what its decode half was planned for). The model's router sees only its own candidates'
+    queues, so a request whose KV has landed and that waits for a decode slot counts as
+    queued at the prefill instance that handed it over (`Seq.held_by`,
+    `PrefillInstance.held`, the router's `backlog`) until its decode instance admits it to
+    the decode batch (or rejects it). While a region's decode instances queue, its prefill
+    instances are skipped by the router's overload rule (`coral.routing`), which sends new
+    prompts to the model's other regions and aggregated instances, as a gateway that counts
+    a request until it is decoding would. At planned load a landed request joins the next
+    decode step, so the backlog is near zero.
 
 Latency accounting
     TTFT is measured when the prefill instance emits the first token (the end of the prompt's
@@ -97,6 +111,9 @@ class Landing:
         src.kv_used -= s.ctx
         if not src.step_n and src.waiting:
             src.schedule(t)
+        s.held_by = src  # queued at `src` until `dst` takes it in ("Back-pressure")
+        src.held += 1
+        src.router.backlog[src.slot] += 1
         dst.enqueue(s, t)
 
 
@@ -104,7 +121,7 @@ class PrefillInstance(SimInstance):
     """A prefill instance: chunked prefill only, its token budget the template's chunk; a
     request whose prompt is done goes on to a decode instance (`hand_over`)."""
 
-    __slots__ = ("decode_router", "kv_bytes", "nic", "nic_free")
+    __slots__ = ("decode_router", "kv_bytes", "nic", "nic_free", "held")
 
     def __init__(self, spec: InstanceSpec, index: int, layout: StepModel, cfg: SimConfig):
         super().__init__(spec, index, layout, cfg)
@@ -115,6 +132,7 @@ class PrefillInstance(SimInstance):
         self.kv_bytes = 0.0  # KV bytes per token of the model
         self.nic = 0.0  # slowest NIC, bytes/s
         self.nic_free = 0.0  # when the NIC has sent every transfer started so far
+        self.held = 0  # handed-over requests waiting for a decode slot (`release`)
 
     def hand_over(self, s: Seq, t: float) -> None:
         """`s` has its first token at `t`: free its slot, pick its decode instance and start
@@ -133,6 +151,16 @@ class PrefillInstance(SimInstance):
         s.decode_instance = dst.spec.name
         s.transfer_s = end - t
         self.push_due(end, Landing(s, self, dst))
+
+
+def release(s: Seq) -> None:
+    """`s` leaves the backlog of the prefill instance that handed it over (if it is in one):
+    its decode instance took it in, rejected it, or it is routed afresh."""
+    src = s.held_by
+    if src is not None:
+        s.held_by = None
+        src.held -= 1
+        src.router.backlog[src.slot] -= 1
 
 
 class DecodeInstance(SimInstance):
@@ -169,11 +197,13 @@ class DecodeInstance(SimInstance):
             if s.ctx + 1 > kv_cap:  # its prompt can never fit, even alone
                 waiting.popleft()
                 self.inflight[self.slot] -= 1
+                release(s)
                 self.on_reject(s)
                 continue
             if self.kv_used + self.n_decode + s.ctx + 1 > kv_cap:
                 break
             waiting.popleft()
+            release(s)
             running[s] = None
             self.kv_used += s.ctx
             self.start_decoding(s)

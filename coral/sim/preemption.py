@@ -255,6 +255,7 @@ class PreemptionRun:
         decode_routers = pd.wire(live, routers, self.sim.catalog) if fed else {}
         for r in (*routers.values(), *decode_routers.values()):
             r.inflight[:] = [len(i.waiting) + len(i.running) for i in r.insts]
+            r.backlog[:] = [getattr(i, "held", 0) for i in r.insts]
         self.sim.routers.clear()
         self.sim.routers.update(routers)
         self.sim.decode_routers = decode_routers
@@ -267,6 +268,7 @@ class PreemptionRun:
         if router is None or inst is None:
             self.fail(s)
             return False
+        pd.release(s)
         s.target, s.ctx, s.generated, s.off, s.fin = s.req.prompt_tokens, 0, 0, -1, -1
         s.decode_instance, s.transfer_s = "", None
         s.instance = inst.spec.name

@@ -36,6 +36,7 @@ class SimRouter:
                               load_slack=load_slack, block=SWRR_BLOCK,
                               slots=[instance_slots(i) for i in insts])
         self.inflight = self._rr.in_flight
+        self.backlog = self._rr.backlog  # `coral.sim.pd`'s prefill instances keep it
         self._pick = self._rr.pick
         for k, i in enumerate(insts):
             i.router, i.slot, i.inflight = self, k, self.inflight

@@ -25,7 +25,7 @@ class Seq:
 
     __slots__ = ("req", "instance", "target", "ctx", "generated", "first_token_s",
                  "preemptions", "off", "fin", "status", "end_s", "decode_instance",
-                 "transfer_s", "lag")
+                 "transfer_s", "lag", "held_by")
 
     def __init__(self, req: Request, instance: str):
         self.req = req
@@ -41,6 +41,9 @@ class Seq:
         self.end_s: float | None = None
         self.decode_instance = ""  # PD: the decode instance its KV cache went to
         self.transfer_s: float | None = None  # PD: seconds of that transfer (None: none)
+        # PD: the prefill instance whose backlog it is in while its KV has landed and it
+        # waits for a decode slot (`coral.sim.pd`, "Back-pressure"); None otherwise
+        self.held_by: Any = None
         # seconds its tokens come after the ends of the steps they are counted in: the
         # micro-batch launches it waited for past the step boundary (`SimInstance.launch_lag`)
         self.lag = 0.0

@@ -9,6 +9,10 @@ held-out type, |predicted/measured - 1| median and max for prefill and decode se
 (whole layers; the h200's dense models), per operator class, and the h200's MoE layers.
 
     python benchmarks/perf_holdout.py [--no-sustained] [--no-elementwise] [--json] [--worst N]
+    python benchmarks/perf_holdout.py --write-uncertainty
+
+`--write-uncertainty` writes `coral/perf/data/uncertainty.yaml`, the per-GPU slowdowns that
+`coral plan --robust auto` plans against (`coral.perf.uncertainty`).
 
 `--worst N` lists each held-out type's N worst whole-layer points per step kind (model, TP,
 tokens or batch and context, measured and predicted), where the maxima sit.
@@ -23,7 +27,9 @@ import sys
 import numpy as np
 
 from coral.catalog.loader import Catalog, default_catalog
+from coral.perf.model import PerfModel
 from coral.perf.calibration import _points, predict_kernels
+from coral.perf import uncertainty
 from coral.perf.holdout import DECODE_TOKENS, VIDUR_CLASSES, HeldOutGpu, leave_one_gpu_out
 from coral.perf.validation import PACKAGED_PROFILES, compare, load_tables
 from coral.perf.vidur_profiles import VIDUR_GPUS, load_vidur_profiles
@@ -69,10 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-elementwise", action="store_true",
                     help="carry element-wise figures by the DRAM ratio, not the SM/DRAM ceilings")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write-uncertainty", action="store_true",
+                    help="write coral/perf/data/uncertainty.yaml (`coral plan --robust auto`'s "
+                    "per-GPU slowdowns) from the figures plans use and this check")
     ap.add_argument("--worst", type=int, default=0, metavar="N",
                     help="list each held-out type's N worst points per step kind")
     args = ap.parse_args(argv)
     catalog = default_catalog()
+    if args.write_uncertainty:
+        figures = uncertainty.measure(catalog, PerfModel(catalog))
+        print(f"wrote {uncertainty.write(figures)}: {json.dumps(figures)}")
+        return 0
     results = leave_one_gpu_out(catalog, sustained=not args.no_sustained,
                                 elementwise=not args.no_elementwise)
     rows = []

@@ -6,7 +6,10 @@ share of the plan's $/hour, SLO attainment, and the models that miss their SLO; 
 model's SLO attainment per slowed GPU type. A plan from `coral plan --robust R` says so
 first (R, its cost beside the nominal plan's).
 
-    python benchmarks/slowdown_sensitivity.py PLAN.json [--factor 1.3] [--duration 300]
+    python benchmarks/slowdown_sensitivity.py PLAN.json [--factor 1.3|plan] [--duration 300]
+
+`--factor plan` slows each GPU type by the factor the plan was made robust to (the one of
+`--robust R`, or each card's own with `--robust auto`).
 """
 
 from __future__ import annotations
@@ -46,37 +49,48 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("plan", type=Path)
-    ap.add_argument("--factor", type=float, default=1.3)
+    ap.add_argument("--factor", default="1.3",
+                    help="slowdown of each GPU type in turn, or 'plan': the plan's own factors")
     ap.add_argument("--duration", type=float, default=300.0)
     args = ap.parse_args(argv)
     plan = json.loads(args.plan.read_text())
     nodes, usd = gpu_mix(plan, default_catalog())
     total = sum(usd.values()) or 1.0
     robust = plan.get("robust")
+    if args.factor == "plan":
+        if not robust:
+            ap.error(f"--factor plan: {args.plan} was not planned with --robust")
+        factors = {g: float(f) for g, f in robust["factors"].items()}
+    else:
+        factors = {g: float(args.factor) for g in nodes}
+    label = "own" if args.factor == "plan" else f"x{float(args.factor):g}"
     if robust:
         nominal = robust.get("nominal_cost_per_hour")
-        print(f"plan {args.plan.name}: robust to any one GPU type {robust['factor']:g}x slower "
-              f"(R = {robust['R']:g}); nominal plan "
+        slow = (f"{robust['factor']:g}x" if robust.get("factor") else "by its own factor ("
+                + ", ".join(f"{g} {f:.3g}x" for g, f in robust["factors"].items()) + ")")
+        print(f"plan {args.plan.name}: robust to any one GPU type {slow} slower "
+              f"(R = {robust['R']}); nominal plan "
               + (f"${nominal:,.2f}/hour, robustness {100 * robust['cost_of_robustness']:+.1f}%"
                  if nominal is not None else "none meeting demand"))
     base = simulate(args.plan, args.duration, None)
     print(f"plan {args.plan.name}: ${base['cost_per_hour']:,.2f}/hour; as modelled: SLO "
           f"attainment {100 * base['slo_attainment']:.1f}%, models missing their SLO: "
           f"{[m for m, v in base['models'].items() if not v['slo_met']] or 'none'}")
-    print(f"| GPU type x{args.factor:g} | nodes | share of $/hour | SLO attainment | "
+    print(f"| GPU type ({label}) | factor | nodes | share of $/hour | SLO attainment | "
           "models missing their SLO (attainment) |")
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     runs = {}
     for gpu in sorted(nodes, key=lambda g: -usd[g]):
-        s = runs[gpu] = simulate(args.plan, args.duration, f"{gpu}={args.factor:g}")
+        f = factors.get(gpu, 1.0)
+        s = runs[gpu] = simulate(args.plan, args.duration, f"{gpu}={f:g}")
         miss = [f"{m} ({100 * v['slo_attainment']:.1f}%)" for m, v in s["models"].items()
                 if not v["slo_met"]]
-        print(f"| {gpu} | {nodes[gpu]} | {100 * usd[gpu] / total:.1f}% | "
+        print(f"| {gpu} | {f:.4g} | {nodes[gpu]} | {100 * usd[gpu] / total:.1f}% | "
               f"{100 * s['slo_attainment']:.1f}% | {', '.join(miss) or 'none'} |", flush=True)
     models = list(base["models"])
     print()
-    print("SLO attainment per model (%), as modelled and with one GPU type "
-          f"x{args.factor:g} (* : SLO missed)")
+    print(f"SLO attainment per model (%), as modelled and with one GPU type slowed ({label}; "
+          "* : SLO missed)")
     print("| slowed | overall | " + " | ".join(models) + " |")
     print("|---|---|" + "---|" * len(models))
     for name, s in [("none", base)] + list(runs.items()):

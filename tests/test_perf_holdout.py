@@ -123,3 +123,30 @@ def test_moe_leave_one_model_out_median():
     for model, (_, errs) in moe_leave_one_model_out(CATALOG).items():
         for kind, e in errs.items():
             assert e.median_abs <= 0.15, (model, kind, e.median_abs)
+
+
+def test_the_committed_uncertainty_is_what_the_perf_model_measures_now():
+    """`coral plan --robust auto` plans against coral/perf/data/uncertainty.yaml: it must be
+    the figures the committed perf model measures (write it again with `python
+    benchmarks/perf_holdout.py --write-uncertainty` after changing the model)."""
+    from coral.perf import uncertainty
+
+    perf = PerfModel(CATALOG)
+    assert uncertainty.measure(CATALOG, perf) == uncertainty.load()
+    cards = uncertainty.card_uncertainty(CATALOG, perf)
+    assert cards["a100-80gb"].basis == "own profile"
+    assert cards["l4"].basis == "borrowed" and cards["l4"].donor
+    assert all(c.factor >= 1.0 for c in cards.values())
+    assert max(c.factor for c in cards.values()) == uncertainty.load()["borrowed"]
+
+
+def test_a_slowdown_factor_is_the_percentile_of_measured_over_predicted():
+    import numpy as np
+
+    from coral.perf.uncertainty import PERCENTILE, slowdown_factor
+
+    errors = np.linspace(-0.2, 0.2, 101)  # predicted / measured - 1
+    assert slowdown_factor(errors) == pytest.approx(
+        float(np.percentile(1 / (1 + errors), PERCENTILE)))
+    assert slowdown_factor(np.array([0.1, 0.3])) == 1.0  # never optimistic: no slowdown
+    assert slowdown_factor(np.zeros(0)) == 1.0

@@ -354,7 +354,41 @@ def test_plan_cli_robust_writes_its_entry(tiny):
     assert math.isfinite(entry["nominal_cost_per_hour"])
 
 
-@pytest.mark.parametrize("value", ["0", "-0.1", "nan", "11"])
+def test_plan_cli_robust_auto_plans_each_card_against_its_own_uncertainty(tiny):
+    """`--robust auto`: every GPU type slowed by its measured uncertainty (the tiny scenario's
+    cards are all borrowers), the plan file naming each card's factor and why; the plan's
+    instances, re-rated independently at those factors, cover demand in every scenario."""
+    from coral.perf.uncertainty import card_uncertainty
+
+    folder, catalog, perf, paths, _, templates = tiny
+    out = folder / "plan-auto.json"
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [
+        "plan", str(paths["aggregated"]), "--robust", "auto", "--no-baselines",
+        "--no-progress", "--templates-dir", str(folder / "templates"), "--mode", "aggregated",
+        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "slower than modelled by its own uncertainty" in result.output
+    entry = json.loads(out.read_text())["robust"]
+    cards = card_uncertainty(catalog, perf)
+    assert entry["R"] == "auto" and entry["factor"] is None
+    assert entry["gpu_types"] == ["a10g", "l4", "l40s"]
+    for gpu in entry["gpu_types"]:
+        assert entry["factors"][gpu] == pytest.approx(cards[gpu].factor)
+        assert "borrowed from" in entry["basis"][gpu]
+    scenario = load_scenario(paths["aggregated"], catalog=catalog)
+    plan = plan_scenario(scenario, catalog=catalog, perf=perf, templates=templates,
+                         baselines=False, robust="auto", mip_gap=0.0)
+    rated = scenario.with_perf(perf, catalog)
+    _, chosen = columns_and_templates(rated, templates)
+    demand = scenario.model_spec(MODEL).demand_rps
+    for gpu in entry["gpu_types"]:
+        cap = sum(n * _independent_capacity(chosen[tid], rated, perf, catalog, gpu,
+                                            cards[gpu].factor)
+                  for (tid, _), n in plan.plan.instances.items())
+        assert cap >= demand * (1 - 1e-6), (gpu, cap)
+
+
+@pytest.mark.parametrize("value", ["0", "-0.1", "nan", "11", "sometimes"])
 def test_plan_cli_refuses_a_bad_robust(tiny, value):
     folder, _, _, paths, _, _ = tiny
     result = CliRunner().invoke(app, ["plan", str(paths["aggregated"]), "--robust", value,

@@ -249,18 +249,45 @@ class RobustPlanner:
     robust plan, and beside it the nominal plan of the same columns (the cost of robustness).
     """
 
-    def __init__(self, r: float, *, perf: Any, catalog: Any, slowed_perf: SlowedPerfFactory,
-                 template_dirs: Mapping[str, str] | None = None,
-                 threads: int | None = None) -> None:
-        self.r = check_robust_r(r)
+    def __init__(self, r: float | Mapping[str, float], *, perf: Any, catalog: Any,
+                 slowed_perf: SlowedPerfFactory, template_dirs: Mapping[str, str] | None = None,
+                 threads: int | None = None, basis: Mapping[str, str] | None = None) -> None:
+        """`r`: one R for every GPU type, or each type's own (`--robust auto`: how sure the
+        perf model is of each, `coral.perf.uncertainty`; `basis` says why, per type)."""
+        if isinstance(r, Mapping):
+            bad = {g: v for g, v in r.items()
+                   if not (isinstance(v, (int, float)) and math.isfinite(v)
+                           and 0.0 <= v <= MAX_ROBUST_R)}
+            if bad:
+                raise RobustError(f"per-GPU R must be numbers in [0, {MAX_ROBUST_R:g}], got "
+                                  f"{bad}")
+            self.r: float | dict[str, float] = {g: float(v) for g, v in sorted(r.items())}
+        else:
+            self.r = check_robust_r(r)
+        self.basis = dict(basis or {})
         self.threads = threads
         self.store = RatingStore(perf, catalog, slowed_perf, template_dirs)
         self.solved: dict[str, tuple[RobustProblem, AllocationPlan, AllocationPlan]] = {}
         self.deployed: dict[str, dict[str, RobustColumn]] = {}  # mode -> column id -> ...
 
     @property
-    def factor(self) -> float:
-        return 1.0 + self.r
+    def factor(self) -> float | None:
+        """The one slowdown of every GPU type (None: each has its own, `factors`)."""
+        return None if isinstance(self.r, dict) else 1.0 + self.r
+
+    @property
+    def factors(self) -> float | dict[str, float]:
+        return (self.factor if not isinstance(self.r, dict)
+                else {g: 1.0 + v for g, v in self.r.items()})
+
+    def slow_text(self, gpus: Sequence[str]) -> str:
+        """How slow the plan lets any one of `gpus` be, in words."""
+        if self.factor is not None:
+            return f"{self.factor:g}x slower than modelled"
+        f = self.factors
+        assert isinstance(f, dict)
+        return ("slower than modelled by its own uncertainty (" + ", ".join(
+            f"{g} {f.get(g, 1.0):.3g}x" for g in gpus) + ")")
 
     def solve(self, scenario: Scenario, problem: AllocationProblem,
               chosen: Mapping[str, Template], *,
@@ -269,7 +296,7 @@ class RobustPlanner:
         template behind each), and the nominal one kept for `summary`. Columns whose
         template runs past TPOT with one of its GPU types slow are planned as deployed, at a
         smaller batch (`robust_rating.robust_column`), nominally too."""
-        columns = robust_columns(scenario, chosen, self.factor, self.store)
+        columns = robust_columns(scenario, chosen, self.factors, self.store)
         self.store.save()
         as_deployed = replace(problem, templates=tuple(
             replace(c, capacity=columns[c.id].nominal) if columns[c.id].micro_batch else c
@@ -308,8 +335,9 @@ class RobustPlanner:
             return
         why = ("proven: no plan covers them (HiGHS)" if plan.status is PlanStatus.INFEASIBLE
                else "no plan covering them was found within the time limit")
-        lines = [f"--robust {self.r:g}: no plan keeps every model's demand covered with any "
-                 f"one GPU type {self.factor:g}x slower than modelled ({why})."]
+        what = "auto" if isinstance(self.r, dict) else f"{self.r:g}"
+        lines = [f"--robust {what}: no plan keeps every model's demand covered with any "
+                 f"one GPU type {self.slow_text(rp.scenarios)} ({why})."]
         for (gpu, model), rps in sorted(short.items()):
             lines.append(f"  {model} with {gpu} slow: short by {rps:.4g} req/s")
         lines.append("To fix: lower R, plan at a level of more availability (--level), or "
@@ -324,8 +352,13 @@ class RobustPlanner:
         nominal = self.nominal_plan()
         caps = scenario_capacity_rps(rp, plan.instances)
         return {
-            "R": self.r,
+            "R": "auto" if isinstance(self.r, dict) else self.r,
             "factor": self.factor,
+            # each scenario's slowdown, and why that much (`--robust auto`): the cards the
+            # plan's SLO margin rests on
+            "factors": {g: 1.0 + (self.r.get(g, 0.0) if isinstance(self.r, dict) else self.r)
+                        for g in rp.scenarios},
+            "basis": {g: self.basis[g] for g in rp.scenarios if g in self.basis},
             "gpu_types": list(rp.scenarios),
             "cost_per_hour": plan.cost_usd_per_hour,
             "nominal_cost_per_hour": None if nominal is None else nominal.cost_usd_per_hour,
@@ -354,5 +387,6 @@ class RobustPlanner:
                   f"{100 * s['cost_of_robustness']:+.1f}%")
         cut = (f"; {len(s['batch_cut'])} of its templates deployed at a smaller batch so that "
                "their slow GPU type cannot run them past TPOT" if s["batch_cut"] else "")
-        return (f"robust to any one of {len(s['gpu_types'])} GPU types {self.factor:g}x slower "
-                f"than modelled: ${s['cost_per_hour']:,.2f}/hour; {beside}{cut}")
+        return (f"robust to any one of {len(s['gpu_types'])} GPU types "
+                f"{self.slow_text(s['gpu_types'])}: ${s['cost_per_hour']:,.2f}/hour; "
+                f"{beside}{cut}")

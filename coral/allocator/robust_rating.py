@@ -322,15 +322,24 @@ class RobustColumn:
     micro_batch: int = 0  # sequences per stage it was cut to (0: its own batch)
 
 
-def robust_column(template: Template, scenario: Scenario, factor: float, store: RatingStore
+#: Slowdown factor of each GPU type (or one for all): what `robust_columns` plans against.
+Factors = float | Mapping[str, float]
+
+
+def factor_of(factors: Factors, gpu: str) -> float:
+    """The slowdown `factors` give `gpu` (1: not slowed)."""
+    return float(factors) if isinstance(factors, (int, float)) else float(factors.get(gpu, 1.0))
+
+
+def robust_column(template: Template, scenario: Scenario, factors: Factors, store: RatingStore
                   ) -> RobustColumn:
-    """`template` as a robust plan deploys it with any one of its GPU types `factor` times
-    slower (see the module docstring)."""
+    """`template` as a robust plan deploys it with any one of its GPU types slower than
+    modelled by its factor (see the module docstring)."""
     nominal = store.rating(template, "nominal")
-    gpus = gpu_types_of(template, store.catalog)
+    slow = {g: factor_of(factors, g) for g in gpu_types_of(template, store.catalog)}
     own = own_micro_batch(template.shape)
-    cuts = [r.micro_batch for r in (store.rating(template, slowdown_key(g, factor))
-                                    for g in gpus) if 0 < r.micro_batch < own]
+    cuts = [r.micro_batch for r in (store.rating(template, slowdown_key(g, f))
+                                    for g, f in slow.items()) if 0 < r.micro_batch < own]
     deployed, micro = template, 0
     if cuts:
         micro = min(cuts)
@@ -338,14 +347,13 @@ def robust_column(template: Template, scenario: Scenario, factor: float, store: 
         deployed = with_batch_cut(
             template, micro, nominal, cut,
             f"batch cut to {micro} sequences per stage so that TPOT holds with any one of its "
-            f"GPU types {factor:g}x slower (--robust)")
+            "GPU types as slow as --robust plans for")
     own_rating = store.rating(deployed, "nominal")
     as_planned = rerated_capacity(template, scenario, nominal, own_rating)
     slowed = {}
-    for gpu in gpus:
+    for gpu, f in slow.items():
         rated = rerated_capacity(template, scenario, nominal,
-                                 store.rating(deployed, slowdown_key(gpu, factor),
-                                              cut_batch=False))
+                                 store.rating(deployed, slowdown_key(gpu, f), cut_batch=False))
         # never above nominal: the rating rounds its slot count down, so a longer service
         # time can add a slot and rate a slower instance higher; a slower GPU serves no more
         slowed[gpu] = min(rated, as_planned)
@@ -353,12 +361,15 @@ def robust_column(template: Template, scenario: Scenario, factor: float, store: 
                         micro_batch=micro)
 
 
-def robust_columns(scenario: Scenario, chosen: Mapping[str, Template], factor: float,
+def robust_columns(scenario: Scenario, chosen: Mapping[str, Template], factors: Factors,
                    store: RatingStore) -> dict[str, RobustColumn]:
-    """Column id -> `robust_column` of the template behind it (`chosen`)."""
-    if not (math.isfinite(factor) and factor >= 1.0):
-        raise ValueError(f"slowdown factor must be a finite number >= 1, got {factor!r}")
-    return {cid: robust_column(t, scenario, factor, store) for cid, t in sorted(chosen.items())}
+    """Column id -> `robust_column` of the template behind it (`chosen`); `factors`: one
+    slowdown for every GPU type, or one per type (absent: not slowed)."""
+    values = [factors] if isinstance(factors, (int, float)) else list(factors.values())
+    for f in values:
+        if not (math.isfinite(f) and f >= 1.0):
+            raise ValueError(f"slowdown factor must be a finite number >= 1, got {f!r}")
+    return {cid: robust_column(t, scenario, factors, store) for cid, t in sorted(chosen.items())}
 
 
 def scenario_capacities(columns: Mapping[str, RobustColumn]) -> dict[str, dict[str, float]]:

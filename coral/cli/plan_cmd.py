@@ -107,11 +107,25 @@ def _busy(message: str, enabled: bool) -> Iterator[None]:
         yield
 
 
+def parse_robust(text: str | float) -> str | float:
+    """`--robust`'s value: "auto", or R as a checked float."""
+    from coral.allocator.robust import RobustError, check_robust_r
+
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise RobustError(f"--robust must be a number in (0, 10] (0.2: any one GPU type 20 % "
+                          f"slower than modelled) or 'auto', got {text!r}") from None
+    return check_robust_r(value)
+
+
 def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: int | None,
           templates_dir: Path, time_limit: float, progress: bool | None, baselines: bool,
           catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None,
           gap: float = DEFAULT_MIP_GAP, engine: str = "coral",
-          robust: float | None = None, spot: Any = None) -> Any:
+          robust: str | float | None = None, spot: Any = None) -> Any:
     from coral.planning.libraries import templates_for_scenario
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
@@ -119,9 +133,7 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
 
     _check_common(nmax, workers, time_limit, gap)
     if robust is not None:
-        from coral.allocator.robust import check_robust_r
-
-        check_robust_r(robust)  # before the templates are built
+        robust = parse_robust(robust)  # before the templates are built
     cat = open_catalog(catalog)
     scenario = load_scenario(scenario_ref, level=level, catalog=cat)
     if mode is not None:
@@ -177,10 +189,11 @@ def plan(
         "(each model may run both side by side) or auto (plan each, keep the best: never "
         "dearer than any of them), the default.")] = PLAN_MODE,
     engine: EngineOpt = EngineChoice.coral,
-    robust: Annotated[Optional[float], typer.Option(
+    robust: Annotated[Optional[str], typer.Option(
         "--robust", help="Plan so that every model's demand stays covered if any one GPU type "
-        "is 1 + R times slower than modelled (e.g. 0.2); shows the nominal plan's cost "
-        "beside it.")] = None,
+        "is 1 + R times slower than modelled (e.g. 0.2), or 'auto': each GPU type as much "
+        "slower as the perf model's measured error on it (own profile or borrowed; "
+        "coral/perf/data/uncertainty.yaml); shows the nominal plan's cost beside it.")] = None,
     spot: Annotated[bool, typer.Option(
         "--spot", help="Mix spot and on-demand instances of the mode's templates: every model's "
         "demand stays covered with probability >= --risk-target over --risk-window, pools "

@@ -47,7 +47,10 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
         nominal = robust["nominal_cost_per_hour"]
         console.print(
             f"robust: every demand covered with any one of {len(robust['gpu_types'])} GPU types "
-            f"{robust['factor']:g}x slower than modelled; the nominal plan "
+            + (f"{robust['factor']:g}x slower than modelled" if robust.get("factor") else
+               "slower than modelled by its own uncertainty (" + ", ".join(
+                   f"{g} {f:.3g}x" for g, f in robust.get("factors", {}).items()) + ")")
+            + "; the nominal plan "
             + (f"${nominal:,.2f}/hour (robustness {100 * robust['cost_of_robustness']:+.1f}%)"
                if nominal is not None else "does not meet demand"), highlight=False)
     spot = getattr(result, "extras", {}).get("spot")

@@ -40,6 +40,7 @@ from coral.planning.libraries import (
     templates_for_scenario,
 )
 from coral.planning.result import PlanResult
+from coral.perf.uncertainty import card_uncertainty
 from coral.sim.slowdown import SlowedPerf
 from coral.templates.build import Template
 from coral.templates.engine import DEFAULT_ENGINE, check_engine, engine_violations
@@ -62,7 +63,7 @@ def plan_scenario(
     baselines: bool = True,
     on_message: Callable[[str], None] | None = None,
     engine: str = DEFAULT_ENGINE,
-    robust: float | None = None,
+    robust: float | str | None = None,
     spot: Any = None,
     starts: Sequence[Mapping[TemplateRegion, int]] = (),
 ) -> PlanResult:
@@ -74,8 +75,9 @@ def plan_scenario(
     of the plan is deployable on it (templates built for it; given `ScenarioTemplates` must
     have been built for it, and given templates it cannot run are left out). The baselines
     are not engine-restricted. `robust`: R of a plan that keeps every demand covered with any
-    one GPU type `1 + R` times slower than modelled (`coral.allocator.robust`); the plan file
-    then says so (`robust`), with the nominal plan's cost beside it. `spot`: a
+    one GPU type `1 + R` times slower than modelled (`coral.allocator.robust`), or "auto":
+    each GPU type as much slower as the perf model is unsure of it (`coral.perf.uncertainty`);
+    the plan file then says so (`robust`), with the nominal plan's cost beside it. `spot`: a
     `coral.allocator.spot.SpotOptions`, plan every mode's templates on spot and on-demand
     instances under a chance constraint (the plan file's `spot` object says what it risks).
     `starts`: plans known beforehand ((column id, region) -> instances; a re-plan's last plan),
@@ -127,9 +129,16 @@ def plan_scenario(
                          "runs them; Helix's candidate clusters are the homogeneous ones only)")
     given = [*starts, *(start for start in (baseline_start(b) for b in results.values())
                         if start)]
-    robust_planner = None if robust is None else RobustPlanner(
-        robust, perf=perf, catalog=catalog, slowed_perf=SlowedPerf,
-        template_dirs=getattr(templates, "template_dirs", None))
+    robust_planner = None
+    if robust is not None:
+        basis: dict[str, str] = {}
+        if robust == "auto":
+            cards = card_uncertainty(catalog, perf)
+            robust = {g: c.r for g, c in cards.items()}
+            basis = {g: c.describe() for g, c in cards.items()}
+        robust_planner = RobustPlanner(
+            robust, perf=perf, catalog=catalog, slowed_perf=SlowedPerf,
+            template_dirs=getattr(templates, "template_dirs", None), basis=basis)
     spot_planner = None
     if spot is not None:
         from coral.allocator.spot import SpotPlanError, SpotPlanner

@@ -82,7 +82,8 @@ def helix_points(doc: dict, perf: PerfModel, models: dict) -> list[Point]:
     """Helix's per-layer prefill and decode times, one layer on one GPU."""
     group = doc["helix_layers"]
     ctx = int(group["decode_context_tokens"])
-    half = {"prefill": group["prefill_resolution_ms"] / 2, "decode": group["decode_resolution_ms"] / 2}
+    half = {"prefill": group["prefill_resolution_ms"] / 2,
+            "decode": group["decode_resolution_ms"] / 2}
     out = []
     for e in group["entries"]:
         model, node, phase = models[e["model"]], f"1x-{e['gpu']}", e["phase"]

@@ -53,9 +53,10 @@ class SustainedFigures(Sourced):
     each peak the GPU type sustains. `sm_count` (streaming multiprocessors) with the boost clock
     gives the rate at which the SMs can issue element-wise loads and stores, which bounds
     element-wise kernels on HBM cards before DRAM does. `benchmark_gemm_tflops` is one public
-    benchmark script's best square-matmul throughput over short runs (tens of ms, as per-layer
-    profiles are timed): the ratio of two cards' figures over their peaks carries a donor's
-    fitted matmul efficiency to a power-capped borrower like for like.
+    benchmark script's square-matmul throughput over runs as long as a layer's prefill (the
+    median of its 4096^2-10240^2 sizes where the source lists them, its best size otherwise):
+    the ratio of two cards' figures over their peaks carries a donor's fitted matmul efficiency
+    to a power-capped borrower like for like, at the clock the borrower settles at.
     """
 
     board_power_w: float = Field(gt=0, description="Board power (TDP), W.")
@@ -71,9 +72,9 @@ class SustainedFigures(Sourced):
         default=None, gt=0, description="Streaming multiprocessors (datasheet/whitepaper).")
     benchmark_gemm_tflops: float | None = Field(
         default=None, gt=0,
-        description="Best dense half-precision matmul TFLOP/s of one public cross-card "
-                    "benchmark's short runs; compared only with another card's figure from the "
-                    "same benchmark.")
+        description="Dense half-precision matmul TFLOP/s of one public cross-card "
+                    "benchmark over runs as long as a layer's prefill; compared only with "
+                    "another card's figure from the same benchmark.")
 
 
 class GpuType(Sourced):

@@ -17,11 +17,15 @@ A GPU type without its own profile borrows a profiled type's efficiencies
 (`coral.perf.efficiencies.DONOR_ARCHITECTURE`); `scale_borrowed` multiplies them by the ratio
 of the two types' sustained fractions, so a power-capped card (L4, T4) is not credited with
 the clock a well-powered donor holds. Where the borrower and its donor both list one public
-benchmark's matmul figure (`benchmark_gemm_tflops`, short runs as per-operator profiles are
-timed), the compute ratio is theirs (`compute_ratio`): the donor's figures were fitted on
-short timed runs, so the borrower's clock is taken from runs of the same kind. Energy per
-FLOP is taken as constant with clock, which is pessimistic where a capped board also lowers
-its voltage; the base-clock floor bounds that.
+benchmark's matmul figure (`benchmark_gemm_tflops`), the compute ratio is theirs
+(`compute_ratio`). The figure is the benchmark's throughput over runs as long as a layer's
+prefill (the median of its 4096^2-10240^2 sizes), not its best size: a prefill layer on a
+70 W card runs for tens of milliseconds and a stage runs several back to back, so the card
+works at the clock its power limit settles on, which the benchmark's millisecond bursts at
+small sizes do not reach; a donor that is not power-capped (the 400 W A100) holds its best
+figure over long runs (benchmarks/RESULTS.md, "Perf model 7"). Energy per FLOP is taken as
+constant with clock, which is pessimistic where a capped board also lowers its voltage; the
+base-clock floor bounds that.
 
 Element-wise kernels (norms, rope, activation, residual add) are not held by DRAM alone: on
 HBM cards the SMs cannot issue their loads and stores fast enough (Vidur's profiles: about
@@ -68,7 +72,7 @@ def compute_fraction(gpu: GpuType, catalog: Catalog) -> float:
 
 
 def _benchmark_fraction(gpu: GpuType) -> float | None:
-    """The cross-card benchmark's best matmul over the datasheet peak, None if not listed."""
+    """The cross-card benchmark's matmul figure over the datasheet peak, None if not listed."""
     s = gpu.sustained
     if s is None or s.benchmark_gemm_tflops is None:
         return None

@@ -221,3 +221,20 @@ def test_disaggregated_halves_build_for_gpt_oss(perf: PerfModel, mode: str) -> N
 
     tpl = build_template("gpt-oss-120b", ["1x-a100-80gb"], SLO, mode, "flow", perf, CAT)
     assert tpl.feasible and tpl.throughput_rps > 0
+
+
+def test_operating_points_hold_4_bit_experts_and_the_windows(perf: PerfModel) -> None:
+    """The template search's memory per layer: experts as the GPU type holds them, and one
+    window a sequence in the sliding layers."""
+    from coral.templates.operating_points import OperatingPointTables
+
+    tables = OperatingPointTables(perf, CAT)
+    arch = CAT.model("gpt-oss-120b")
+    h100, v100 = CAT.node_type("1x-h100-sxm"), CAT.node_type("1x-v100")
+    assert tables.weight_bytes_per_layer(arch, h100) == arch.weight_bytes_per_layer
+    assert tables.weight_bytes_per_layer(arch, v100) == bf16_experts(
+        "gpt-oss-120b").weight_bytes_per_layer
+    assert tables.window_bytes_per_layer(arch, h100) == 0.5 * WINDOW * 2 * 8 * 64 * 2
+    llama = CAT.model("llama-3.1-8b")
+    assert tables.window_bytes_per_layer(llama, h100) == 0.0
+    assert tables.weight_bytes_per_layer(llama, h100) == llama.weight_bytes_per_layer

@@ -238,3 +238,32 @@ def test_operating_points_hold_4_bit_experts_and_the_windows(perf: PerfModel) ->
     llama = CAT.model("llama-3.1-8b")
     assert tables.window_bytes_per_layer(llama, h100) == 0.0
     assert tables.weight_bytes_per_layer(llama, h100) == llama.weight_bytes_per_layer
+
+
+def test_a_prompt_hands_over_its_full_layers_and_the_windows_of_the_sliding_ones(
+        perf: PerfModel) -> None:
+    """PD: a prefill instance sends every token's KV of the 50 % full layers and the last 128
+    tokens' of the sliding ones; the simulated transfer is that over the slower NIC."""
+    from coral.perf.step import KV_TRANSFER_LATENCY_S, kv_bytes_per_token, kv_transfer_bytes
+    from coral.sim import InstanceSpec, Request, simulate
+    from coral.sim.deployment import stages_from_nodes
+
+    name, prompt = "gpt-oss-20b", 1000
+    arch = CAT.model(name)
+    per_layer = 2 * 8 * 64 * 2
+    assert kv_bytes_per_token(arch) == 12 * per_layer
+    assert kv_transfer_bytes(arch, prompt) == (12 * prompt + 12 * WINDOW) * per_layer
+    assert kv_transfer_bytes(arch, 50) == 24 * 50 * per_layer
+    llama = CAT.model("llama-3.1-8b")
+    assert kv_transfer_bytes(llama, prompt) == prompt * 32 * 2 * 8 * 128 * 2
+
+    def spec(role: str, node: str, batch: int) -> InstanceSpec:
+        return InstanceSpec(role, name, stages_from_nodes([(node, 0, 24, batch, 1.0)]), 1.0,
+                            1.0, role=role, region="")
+
+    insts = [spec("prefill", "1x-l40s", 4096), spec("decode", "1x-l4", 32)]
+    r = simulate(insts, [Request(0, name, 0.0, prompt, 5)], perf=perf, catalog=CAT).requests[0]
+    nic = min(CAT.node_type(n).nic_gbps for n in ("1x-l40s", "1x-l4")) * 1e9 / 8
+    assert r.status == "done" and r.decode_instance == "decode"
+    assert r.transfer_s == pytest.approx(kv_transfer_bytes(arch, prompt) / nic
+                                         + KV_TRANSFER_LATENCY_S, rel=1e-12)

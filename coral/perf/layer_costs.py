@@ -85,7 +85,7 @@ def layer_coefficients(model: ModelArch, tp: int,
     dt = float(model.dtype_bytes)
     edt = dt if expert_weight_bits is None else expert_weight_bits / 8.0
     share = model.sliding_layer_share
-    window = model.sliding_window if share else 0
+    window = (model.sliding_window or 0) if share else 0
     h = float(model.hidden_size)
     c = float(tp)
     qg = model.num_heads * model.head_dim / c
@@ -108,7 +108,7 @@ def layer_coefficients(model: ModelArch, tp: int,
             norm_bytes_per_token=norms, rope_bytes_per_token=rope, act_bytes_per_token=act,
             add_bytes_per_token=add, kv_write_bytes_per_token=kv_write,
             q_dim_per_gpu=qg, kv_dim_per_gpu=kvg, dtype_bytes=model.dtype_bytes,
-            sliding_share=share, window=window or 0,
+            sliding_share=share, window=window,
         )
     m = model.moe
     k, e = m.experts_per_token, m.num_experts
@@ -136,7 +136,7 @@ def layer_coefficients(model: ModelArch, tp: int,
         expert_down_bytes=h * fe * edt,
         fixed_up_bytes=(nu * h * fs + h * e) * dt,
         fixed_down_bytes=h * fs * dt,
-        sliding_share=share, window=window or 0,
+        sliding_share=share, window=window,
     )
 
 

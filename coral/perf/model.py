@@ -46,7 +46,7 @@ formula.
 `iteration_seconds` is on the hot path of the template builder (called millions of times):
 per (model, node) constants are computed once and the call itself is plain float arithmetic.
 
-Why one module of ~580 lines: the formula's named constants, the per-(model, node) constants
+Why one module of ~520 lines: the formula's named constants, the per-(model, node) constants
 (`_Consts`) and the `PerfModel` that reads them are one model; its memory queries
 (`max_kv_tokens`, `fits`, `max_layers`) read the same constants from `coral.perf.memory`. The
 operator-level counts live in `coral.perf.layer_costs`, sliding-window attention in
@@ -357,32 +357,30 @@ class PerfModel(MemoryQueries):
             else:
                 mem += tg
         kernels = k.kernels
+        # attention: one kernel per phase present in the batch
+        kernels += (1 if p else 0) + (1 if b else 0)
         if coef.sliding_share:
-            c, m = mixed_attention_seconds(coef, p, b, ctx, k.flops, k.bw, k.dt)
+            c, m = mixed_attention_seconds(coef, p, b, ctx, fl, bw, k.dt)
             comp += c
             mem += m
-            kernels += (1 if p else 0) + (1 if b else 0)
-        # attention (every layer over the whole context)
-        elif p:
+        else:  # every layer over the whole context
             qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
-            tc = 2.0 * p * (p + 1) * qg / fl
-            tm = p * (2.0 * qg + 2.0 * kvg) * k.dt / bw
-            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
-            if tc >= tm:
-                comp += tg
-            else:
-                mem += tg
-            kernels += 1
-        if b and not coef.sliding_share:
-            qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
-            tc = 4.0 * ctx * qg / fl
-            tm = (ctx * 2.0 * kvg + b * 2.0 * qg) * k.dt / bw
-            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
-            if tc >= tm:
-                comp += tg
-            else:
-                mem += tg
-            kernels += 1
+            if p:
+                tc = 2.0 * p * (p + 1) * qg / fl
+                tm = p * (2.0 * qg + 2.0 * kvg) * k.dt / bw
+                tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+                if tc >= tm:
+                    comp += tg
+                else:
+                    mem += tg
+            if b:
+                tc = 4.0 * ctx * qg / fl
+                tm = (ctx * 2.0 * kvg + b * 2.0 * qg) * k.dt / bw
+                tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+                if tc >= tm:
+                    comp += tg
+                else:
+                    mem += tg
         # element-wise
         mem += t * k.ew_bytes_per_token / k.bw_e
         comm = 2.0 * self._allreduce(k, t * k.hidden_bytes) if k.tp > 1 else 0.0

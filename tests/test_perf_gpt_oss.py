@@ -267,3 +267,12 @@ def test_a_prompt_hands_over_its_full_layers_and_the_windows_of_the_sliding_ones
     assert r.status == "done" and r.decode_instance == "decode"
     assert r.transfer_s == pytest.approx(kv_transfer_bytes(arch, prompt) / nic
                                          + KV_TRANSFER_LATENCY_S, rel=1e-12)
+
+
+def test_the_profiler_refuses_a_layer_it_does_not_run() -> None:
+    from coral.errors import InputError
+    from coral.perf.torch_layers import DecoderShape
+
+    with pytest.raises(InputError, match="sliding-window attention, attention sinks, mxfp4"):
+        DecoderShape.of_arch(CAT.model("gpt-oss-20b"))
+    assert DecoderShape.of_arch(CAT.model("phi-4")).num_kv_heads == 10

@@ -270,7 +270,7 @@ class PerfModel(MemoryQueries):
         k = _Consts()
         k.refs = (model, node)
         k.model, k.node, k.gpu, k.eff = arch, node_t, gpu, eff
-        k.expert_bits = (expert_weight_bits(arch, gpu)
+        k.expert_bits = (expert_weight_bits(arch, gpu, tp)
                          if arch.expert_weight_format is not None else None)
         k.coef = layer_coefficients(arch, tp, k.expert_bits)
         # bytes per token of each element-wise kernel of a served layer

@@ -89,7 +89,10 @@ _INV_P = 1.0 / ROOFLINE_P
 #: 5: borrowed element-wise figures carried by the SM-issue/DRAM ceilings (coral.perf.sustained).
 #: 6: borrowed matmul figures carried like for like by one public benchmark's matmul throughput
 #:    where borrower and donor both list it (the L4, T4 and V100 from the A100).
-FORMULA_VERSION = 6
+#: 7: sliding-window layers (attention and KV capped at the window) and 4-bit experts held and
+#:    read at the GPU type's precision (GPT-OSS). Every earlier model's figures are unchanged;
+#:    the bump retires libraries of the GPT-OSS entries built before their perf support.
+FORMULA_VERSION = 7
 
 
 def _efficiencies_digest() -> str:

@@ -210,9 +210,12 @@ class _Checker:
         if market not in MARKETS:
             self.add(k, where, "market", f"must be one of {', '.join(MARKETS)}, got "
                      f"{_show(market)}", "leave it out for on-demand nodes")
-        for name in ("capacity", "capacity_rps", "usd_per_hour", "utilisation"):
+        for name in ("usd_per_hour", "capacity", "capacity_rps", "utilisation"):
             value = row.get(name)
-            if value is not None and (problem := _amount(value)):
+            if value is None and name == "usd_per_hour":  # the simulator's cost of the row
+                self.add(k, where, name, "missing", f"give one instance's price in USD/hour, "
+                         f"{REPLAN}")
+            elif value is not None and (problem := _amount(value)):
                 self.add(k, where, name, problem, f"give a finite number >= 0, {REPLAN}")
         shape = self.shape(k, where, row)
         if shape is not None and arch is not None and shape.num_layers != arch.num_layers:
@@ -362,9 +365,7 @@ class _Checker:
             except ValidationError as err:
                 for e in err.errors():
                     loc = ".".join(str(x) for x in e["loc"])
-                    # the ttft >= tpot check is the model's own: name its field
-                    sub = loc or ("ttft_s" if "ttft_s" in str(e["msg"]) else "")
-                    self.add(None, "", f"{field}.{sub}" if sub else field,
+                    self.add(None, "", f"{field}.{loc}" if loc else field,
                              field_problem(e), fix)
         for model, first in {**{m: "demand_rps" for m in demand}, **served}.items():
             if model not in raw:

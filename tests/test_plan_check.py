@@ -196,6 +196,16 @@ def test_unreadable_json_is_a_plan_file_error(tmp_path, text, message):
         read_plan_file(path)
 
 
+def test_a_file_past_the_size_bound_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    import coral.allocator.plan_file as plan_file
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(valid_plan()))
+    monkeypatch.setattr(plan_file, "MAX_PLAN_FILE_BYTES", 100)
+    with pytest.raises(PlanFileError, match="more than a plan file's"):
+        read_plan_file(path)
+
+
 def test_infinity_outside_the_rows_fields_is_named(tmp_path):
     plan = valid_plan()
     plan["instances"][0]["nodes"] = {"1x-l40s": math.inf}

@@ -16,11 +16,14 @@ What is checked:
   deployment can still hold in memory);
 - each row: model, region and template_id are strings; `count` is a whole number from 0
   (a row that runs nothing) to `MAX_ROW_INSTANCES`; `mode` and `market` are known values;
-  prices and capacities are finite and not negative; its `stages` (or the older per-node
-  `placement`) have whole, bounded counts, layers, batches and tensor-parallel degrees, and
-  tile the model's layers [0, L) exactly once (no gap, no overlap);
+  its price (`usd_per_hour`, which the simulator adds up) and capacities are finite and not
+  negative; its `stages` (or the older per-node `placement`) have whole, bounded counts,
+  layers, batches and tensor-parallel degrees, and tile the model's layers [0, L) exactly
+  once (no gap, no overlap);
 - given a catalog: each model and node type is in it, a stage's `tp_degree` fits its node
-  type's GPUs, and the stages cover the model's number of layers.
+  type's GPUs, and the stages cover the model's number of layers;
+- anywhere in the file: no Infinity or NaN (Python's JSON reader accepts them; JSON has
+  neither).
 
 Which rows a command then refuses is its choice: `coral simulate` refuses the plan on any
 problem; `coral serve` refuses the plan on a problem of the plan as a whole and lists a bad
@@ -37,6 +40,7 @@ from typing import Any, Mapping, Sequence
 from pydantic import ValidationError
 
 from coral.allocator.plan_file import PlanFileError
+from coral.catalog import Catalog
 from coral.messages import did_you_mean, field_problem
 from coral.perf.pipeline import PipelineShape, ShapeError
 from coral.templates.slo import SloSpec
@@ -122,9 +126,10 @@ class PlanCheck:
             raise PlanCheckError(self.message(items))
 
 
-def check_plan(payload: Any, catalog: Any = None, source: str = "the plan") -> PlanCheck:
+def check_plan(payload: Any, catalog: Catalog | None = None, source: str = "the plan"
+               ) -> PlanCheck:
     """Every problem of a plan payload (`coral plan --out`'s JSON, or `PlanResult.to_dict()`);
-    `catalog` (a `coral.catalog.Catalog`) adds the checks of model and node type names and
+    `catalog` adds the checks of model and node type names and
     of each model's layer count. Never raises on any JSON value."""
     c = _Checker(catalog)
     if not isinstance(payload, MappingABC):
@@ -146,11 +151,14 @@ def check_plan(payload: Any, catalog: Any = None, source: str = "the plan") -> P
     for k, row in enumerate(rows):
         counted = c.row(k, row)
         if counted is not None:
-            model, count, per_instance = counted
+            _, count, per_instance = counted
             instances += count
             nodes += count * per_instance
-            if count > 0:
-                served.setdefault(model, f"instances[{k}]")
+        # a row with other problems still needs its model's SLO, unless the model is unknown
+        model = row.get("model") if isinstance(row, MappingABC) else None
+        if (isinstance(model, str) and row.get("count") != 0
+                and (catalog is None or model in catalog.models)):
+            served.setdefault(model, f"instances[{k}]")
     if instances > MAX_PLAN_INSTANCES:
         c.add(None, "", "instances", f"the rows run {instances} instances in all, more than "
               f"{MAX_PLAN_INSTANCES}", f"lower the rows' 'count', {REPLAN}")
@@ -166,7 +174,7 @@ def check_plan(payload: Any, catalog: Any = None, source: str = "the plan") -> P
 class _Checker:
     """Collects the problems of one plan."""
 
-    def __init__(self, catalog: Any) -> None:
+    def __init__(self, catalog: Catalog | None) -> None:
         self.catalog = catalog
         self.problems: list[PlanProblem] = []
 

@@ -22,13 +22,16 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from coral.errors import CoralError
 from coral.perf.pipeline import PipelineShape, ShapeError
 from coral.routing import serving_slots
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
 from coral.runtime.instance import RuntimeInstanceSpec
+
+if TYPE_CHECKING:
+    from coral.catalog import Catalog
 
 #: Width of the reduced models that stand in for catalog models on this machine.
 APPROX_HIDDEN_SIZE = 64
@@ -159,7 +162,7 @@ class PlanRows:
         return len(self.instances) + len(self.refused)
 
 
-def read_instances(plan: Mapping[str, Any], catalog: Any = None,
+def read_instances(plan: Mapping[str, Any], catalog: Catalog | None = None,
                    source: str = "the plan") -> PlanRows:
     """Every row of a plan's 'instances' list, nodes in layer order, after the plan check
     (`coral.allocator.plan_check.check_plan`, with `catalog` when given; `source` names
@@ -173,8 +176,8 @@ def read_instances(plan: Mapping[str, Any], catalog: Any = None,
     from coral.allocator.plan_check import check_plan
 
     check = check_plan(plan, catalog, source)
-    if check.of_plan():
-        raise RuntimeDeploymentError(check.message(check.of_plan()))
+    if check.of_plan():  # listing the rows' problems too: all are fixed in one edit
+        raise RuntimeDeploymentError(check.message())
     rows = plan["instances"]
     out: list[PlannedInstance] = []
     refused: list[Refusal] = []

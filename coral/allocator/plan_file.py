@@ -72,9 +72,9 @@ class PlanFileError(CoralError, ValueError):
     """A file that should hold a plan written by `coral plan --out` does not."""
 
 
-#: Largest plan file read. The plans of the paper's scenarios, their template and column
-#: lists included, take well under a megabyte; the bound refuses a wrong file at once
-#: instead of parsing gigabytes.
+#: Largest plan file read. A plan holds one row per template and region it uses (and the
+#: lists of templates and columns it chose from), far below this; the bound refuses a wrong
+#: file at once instead of parsing gigabytes.
 MAX_PLAN_FILE_BYTES = 64 << 20
 
 

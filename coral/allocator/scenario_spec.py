@@ -194,9 +194,9 @@ class ScenarioSpec(_Entry):
         return self
 
 
-#: Largest scenario file read. The built-in scenarios take under 4 KB and one with a
-#: thousand models about 130 KB; the bound refuses a wrong file at once, since parsing
-#: builds every value in Python, even with the C parser (benchmarks/RESULTS.md).
+#: Largest scenario file read: far above a scenario of a thousand models. The bound refuses
+#: a wrong file at once, since parsing builds every value in Python, even with the C
+#: parser (figures in benchmarks/RESULTS.md, "Careless and hostile plan and scenario files").
 MAX_SCENARIO_BYTES = 256 << 10
 
 

@@ -55,12 +55,12 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
-from coral.yaml_text import safe_load
 from coral.allocator.headroom import DEFAULT_ARRIVAL_CV, DEFAULT_OUTPUT_CV
 from coral.allocator.problem import NodeRegion
 from coral.catalog import Catalog
 from coral.errors import CoralError
 from coral.messages import did_you_mean, entry_problem
+from coral.yaml_text import safe_load
 
 SCENARIO_SCHEMA_VERSION = 1
 ScenarioMode = Literal["aggregated", "pd", "mixed", "auto"]

@@ -21,9 +21,9 @@ from typing import Any, Iterable, Mapping, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from coral.yaml_text import safe_load
 from coral.errors import CoralError
 from coral.messages import did_you_mean, field_problem
+from coral.yaml_text import safe_load
 from coral.catalog.schema import (
     PERIOD_HOURS,
     SCHEMA_VERSION,

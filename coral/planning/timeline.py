@@ -39,12 +39,12 @@ from typing import Any, Iterable, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from coral.yaml_text import safe_load
 from coral.errors import CoralError
 from coral.allocator.problem import NodeRegion
 from coral.allocator.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
 from coral.catalog.loader import Catalog
 from coral.messages import did_you_mean, entry_problem
+from coral.yaml_text import safe_load
 
 TIMELINE_SCHEMA_VERSION = 1
 

@@ -1,8 +1,9 @@
 """The chain a user runs, end to end: `coral plan --out` → the plan file → `coral simulate` →
 `coral serve --dry-run`, for every built-in scenario, availability level and serving mode.
 
-Each stage reads exactly what the stage before it wrote: every instance row of the plan is one
-pipeline (`coral.perf.pipeline`), simulated instance for instance and dollar for dollar, and
+Each stage reads exactly what the stage before it wrote: every plan passes the plan-file
+check (`coral.allocator.plan_check`), every instance row of the plan is one pipeline
+(`coral.perf.pipeline`), simulated instance for instance and dollar for dollar, and
 accounted for by the deployment's dry run (served, or refused with a reason). Templates are
 built once per module at n_max 2 (pipelines of two stages and two-node data-parallel stages
 occur) and reused by every plan.
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from coral.allocator.plan_check import check_plan
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.cli.main import app
@@ -61,6 +63,8 @@ def _plan(target: str, out: Path, templates_dir: Path, *extra: str) -> dict:
 def check_chain(plan_path: Path, plan: dict) -> None:
     """Simulate and dry-run-deploy the plan at `plan_path`; every instance is accounted for."""
     catalog = default_catalog()
+    check = check_plan(plan, catalog, str(plan_path))  # what every reader checks first
+    assert check.ok, check.message()
     rows = [r for r in plan["instances"] if r["count"] > 0]
     for row in rows:  # every row is one pipeline over the model's layers, its nodes as listed
         shape = PipelineShape.from_row(row)

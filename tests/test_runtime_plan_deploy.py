@@ -140,7 +140,8 @@ def test_stages_and_placement_rows_read_alike(instances):
 def test_malformed_plans_are_named():
     plan = make_plan()
     del plan["instances"][1]["stages"][0]["first_layer"]
-    with pytest.raises(RuntimeDeploymentError, match=r"instances\[1\].*is malformed"):
+    with pytest.raises(RuntimeDeploymentError,
+                       match=r"instances\[1\].*field 'stages\[0\]\.first_layer': missing"):
         planned_instances(plan)
     gap = make_plan()
     gap["instances"][0]["placement"][0]["first_layer"] = 21  # [0,20) then [21,33)
@@ -162,7 +163,9 @@ def test_bad_rows_are_refused_not_fatal():
         "azure-eastus/llama-3.3-70b|aggregated|8x-a100-40gb*2", "aws-us-east-1/junk",
         "instances[5]"]
     assert "do not form one pipeline" in rows.refused[0].reason
-    assert "no 'stages'" in rows.refused[1].reason and "is malformed" in rows.refused[2].reason
+    assert "neither 'stages' nor the older 'placement'" in rows.refused[1].reason
+    assert "field 'model': missing" in rows.refused[1].reason
+    assert "field '(row)': must be an object" in rows.refused[2].reason
     with pytest.raises(RuntimeDeploymentError, match="runs no instance"):
         read_instances({"instances": []})
 

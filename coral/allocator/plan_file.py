@@ -72,17 +72,32 @@ class PlanFileError(CoralError, ValueError):
     """A file that should hold a plan written by `coral plan --out` does not."""
 
 
+#: Largest plan file read. A plan holds one row per template and region it uses (and the
+#: lists of templates and columns it chose from), far below this; the bound refuses a wrong
+#: file at once instead of parsing gigabytes.
+MAX_PLAN_FILE_BYTES = 64 << 20
+
+
 def read_plan_file(path: str | Path) -> dict[str, Any]:
     """The JSON payload of a plan file from `coral plan SCENARIO --out FILE` (it names its
-    scenario and lists its instances), or `PlanFileError` saying what is wrong."""
+    scenario and lists its instances), or `PlanFileError` saying what is wrong. Its rows are
+    not checked here: every reader checks them with `coral.allocator.plan_check`."""
     p = Path(path)
     if not p.is_file():
         raise PlanFileError(f"plan file {p} does not exist")
+    size = p.stat().st_size
+    if size > MAX_PLAN_FILE_BYTES:
+        raise PlanFileError(f"{p} holds {size / 2**20:.0f} MiB, more than a plan file's "
+                            f"{MAX_PLAN_FILE_BYTES >> 20} MiB; expected a file from "
+                            "`coral plan SCENARIO --out FILE`")
     try:
-        payload = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
+        payload = json.loads(p.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PlanFileError(f"{p} is not JSON ({exc}); expected a file from "
                             "`coral plan SCENARIO --out FILE`") from None
+    except (ValueError, RecursionError) as exc:  # a number of >4300 digits; deep nesting
+        raise PlanFileError(f"{p} is not a plan's JSON ({type(exc).__name__}: {exc}); "
+                            "expected a file from `coral plan SCENARIO --out FILE`") from None
     if not isinstance(payload, dict) or "instances" not in payload or "scenario" not in payload:
         raise PlanFileError(f"{p} is not a plan: expected 'scenario' and 'instances' (write "
                             "one with `coral plan SCENARIO --out FILE`)")

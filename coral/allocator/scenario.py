@@ -39,6 +39,7 @@ from coral.allocator.scenario_spec import (
     ScenarioSpec,
     check_level_counts_priced,
     check_names,
+    check_size,
     format_validation_error,
     names_list,
     read_yaml,
@@ -274,6 +275,8 @@ def _read_source(name_or_path: str | Path) -> tuple[str, str]:
             )
     path = Path(name_or_path)
     try:
+        if path.is_file():  # before reading: a wrong file may be gigabytes
+            check_size(str(path), path.stat().st_size)
         return str(path), path.read_text()
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}") from None

@@ -52,13 +52,15 @@ import math
 from typing import Any, Iterable, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from coral.allocator.headroom import DEFAULT_ARRIVAL_CV, DEFAULT_OUTPUT_CV
 from coral.allocator.problem import NodeRegion
 from coral.catalog import Catalog
 from coral.errors import CoralError
 from coral.messages import did_you_mean, entry_problem
+from coral.yaml_text import safe_load
 
 SCENARIO_SCHEMA_VERSION = 1
 ScenarioMode = Literal["aggregated", "pd", "mixed", "auto"]
@@ -90,14 +92,17 @@ class ScenarioModel(_Entry):
         default=DEFAULT_OUTPUT_CV, ge=0, le=10,
         description="Coefficient of variation of output lengths (0: all the same).")
 
-    @model_validator(mode="after")
-    def _check(self) -> "ScenarioModel":
-        if self.ttft_s < self.tpot_s:
+    @field_validator("ttft_s")
+    @classmethod
+    def _ttft_not_below_tpot(cls, ttft_s: float, info: ValidationInfo) -> float:
+        # a field validator, so that the error names ttft_s (tpot_s is validated first)
+        tpot_s = info.data.get("tpot_s")
+        if tpot_s is not None and ttft_s < tpot_s:
             raise ValueError(
-                f"ttft_s ({self.ttft_s:g} s) is below tpot_s ({self.tpot_s:g} s): the first "
-                "token cannot come faster than one decode step"
+                f"ttft_s ({ttft_s:g} s) is below tpot_s ({tpot_s:g} s): the first token "
+                "cannot come faster than one decode step; to fix: raise ttft_s or lower tpot_s"
             )
-        return self
+        return ttft_s
 
     def slo_values(self) -> dict[str, float | int]:
         """The SLO and request shape, as the template builder's `SloSpec` fields."""
@@ -189,9 +194,26 @@ class ScenarioSpec(_Entry):
         return self
 
 
+#: Largest scenario file read: far above a scenario of a thousand models. The bound refuses
+#: a wrong file at once, since parsing builds every value in Python, even with the C
+#: parser (figures in benchmarks/RESULTS.md, "Careless and hostile plan and scenario files").
+MAX_SCENARIO_BYTES = 256 << 10
+
+
+def check_size(source: str, size: int) -> None:
+    """`ScenarioError` for a scenario file of `size` bytes past `MAX_SCENARIO_BYTES`."""
+    if size > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{source}: {size / 2**10:,.0f} KiB is more than a scenario file "
+                            f"may hold ({MAX_SCENARIO_BYTES >> 10} KiB); to fix: give the "
+                            "scenario's YAML file (models, regions, node types), not a trace "
+                            "or a data file")
+
+
 def read_yaml(source: str, text: str) -> dict[str, Any]:
+    """The mapping of a scenario's YAML text, or `ScenarioError` naming `source`."""
+    check_size(source, len(text.encode("utf-8", "surrogatepass")))
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_load(text)
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{source}: malformed YAML: {exc}") from None
     except (ValueError, TypeError, AttributeError, LookupError, RecursionError) as exc:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from coral.errors import CoralError
 from coral.messages import did_you_mean, field_problem
+from coral.yaml_text import safe_load
 from coral.catalog.schema import (
     PERIOD_HOURS,
     SCHEMA_VERSION,
@@ -173,7 +174,7 @@ class Catalog:
 
 def _read_yaml(path: Path | str, text: str) -> dict[str, Any]:
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_load(text)
     except yaml.YAMLError as exc:
         raise CatalogError(f"{path}: malformed YAML: {exc}") from None
     except (ValueError, TypeError, AttributeError, LookupError, RecursionError) as exc:

@@ -166,7 +166,8 @@ def serve(
                 name, plan = _load_plan(target, cat, nmax=nmax, templates_dir=templates_dir)
             from coral.runtime.deployment import read_instances
 
-            rows = read_instances(plan)
+            rows = read_instances(plan, cat, target if target.endswith(".json") else
+                                  f"the plan of {name}")
             opts = dict(skip_unservable=skip_unservable, json=json, dry_run=dry_run)
             if eng is EngineName.vllm:
                 _vllm_plan(name, rows, cat, provisioner=provisioner, out=out, **opts)
@@ -215,6 +216,12 @@ def _check_refusals(report: dict[str, Any], refused: Any, *, engine: str, fix: s
     row left out."""
     total, servable = report["instances"], report["servable"]
     listing = "".join(f"\n  - {r.instance}: {r.reason}" for r in refused)
+    # a row the plan check refuses is fixed in the plan file; `fix` is for rows this
+    # engine cannot run
+    fixes = ([f"correct the plan's rows as each says, or re-plan with `coral plan SCENARIO "
+              "--out FILE`"] if any(r.invalid for r in refused) else [])
+    fixes += [fix] if not all(r.invalid for r in refused) else []
+    fix = "; or ".join(fixes)
     if servable == 0:
         message = (f"{engine} can run none of the plan's {total} instances:{listing}\n"
                    f"To fix: {fix}")

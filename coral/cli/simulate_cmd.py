@@ -36,6 +36,7 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
     """(name, instances, slos per model, demand req/s per model, plan payload) of a plan
     JSON or a scenario (planned here; its payload then holds what a re-plan reads: scenario,
     level, mode, engine, nmax and the instance rows)."""
+    from coral.allocator.plan_check import check_plan
     from coral.allocator.plan_file import PlanFileError, plan_slos, read_plan_file
     from coral.planning.libraries import scenario_slo
     from coral.planning.plan import plan_scenario
@@ -47,9 +48,10 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
     if path.suffix == ".json":
         try:
             payload = read_plan_file(path)
+            check_plan(payload, cat, str(path)).raise_if_any()
+            slos = plan_slos(payload, path)
         except PlanFileError as exc:
             raise UserError(str(exc)) from None
-        slos = plan_slos(payload, path)
         if slos is None:  # a plan file written before plans carried their SLOs
             scenario = load_scenario(payload["scenario"], level=payload.get("level"),
                                      catalog=cat)

@@ -44,6 +44,7 @@ from coral.allocator.problem import NodeRegion
 from coral.allocator.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
 from coral.catalog.loader import Catalog
 from coral.messages import did_you_mean, entry_problem
+from coral.yaml_text import safe_load
 
 TIMELINE_SCHEMA_VERSION = 1
 
@@ -154,9 +155,12 @@ def load_timeline(path: str | Path, *, catalog: Catalog | None = None) -> Timeli
 def parse_timeline(text: str, *, source: str = "<timeline>", base_dir: Path | None = None,
                    catalog: Catalog | None = None) -> Timeline:
     try:
-        doc = yaml.safe_load(text)
+        doc = safe_load(text)
     except yaml.YAMLError as exc:
         raise TimelineError(f"{source}: malformed YAML: {exc}") from None
+    except (ValueError, TypeError, AttributeError, LookupError, RecursionError) as exc:
+        # PyYAML's constructors let these escape on bad tagged or implicit scalars
+        raise TimelineError(f"{source}: malformed YAML: {type(exc).__name__}: {exc}") from None
     if not isinstance(doc, dict):
         raise TimelineError(f"{source}: expected a mapping with at least 'name', 'scenario' and "
                             "'periods'")

@@ -22,13 +22,16 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from coral.errors import CoralError
 from coral.perf.pipeline import PipelineShape, ShapeError
 from coral.routing import serving_slots
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
 from coral.runtime.instance import RuntimeInstanceSpec
+
+if TYPE_CHECKING:
+    from coral.catalog import Catalog
 
 #: Width of the reduced models that stand in for catalog models on this machine.
 APPROX_HIDDEN_SIZE = 64
@@ -138,6 +141,9 @@ class Refusal:
     blocks: bool = True
     """Whether it refuses the plan unless the caller asks to skip unservable rows; False
     for rows an engine leaves out by design (the torch engine's prefill/decode rows)."""
+    invalid: bool = False
+    """Whether the row is not a valid plan row (`coral.allocator.plan_check`), which no
+    engine runs, rather than one this engine cannot run."""
 
     def to_dict(self) -> dict[str, str]:
         return {"instance": self.instance, "reason": self.reason}
@@ -156,16 +162,23 @@ class PlanRows:
         return len(self.instances) + len(self.refused)
 
 
-def read_instances(plan: Mapping[str, Any]) -> PlanRows:
-    """Every row of a plan's 'instances' list, nodes in layer order.
+def read_instances(plan: Mapping[str, Any], catalog: Catalog | None = None,
+                   source: str = "the plan") -> PlanRows:
+    """Every row of a plan's 'instances' list, nodes in layer order, after the plan check
+    (`coral.allocator.plan_check.check_plan`, with `catalog` when given; `source` names
+    the file in its messages).
 
-    A row the shape parser refuses (or that is malformed) is refused with the reason rather
-    than failing the plan: which rows a deployment may leave out is the caller's choice.
-    Raises `RuntimeDeploymentError` only when the plan has no list of rows, or no row that runs.
+    A row the check refuses is refused with every problem found rather than failing the
+    plan: which rows a deployment may leave out is the caller's choice. Raises
+    `RuntimeDeploymentError` when the plan as a whole is wrong (no list of rows, SLOs,
+    more instances than any deployment runs), or it has no row that runs.
     """
-    rows = plan.get("instances")
-    if not isinstance(rows, list):
-        raise RuntimeDeploymentError("the plan has no 'instances' list")
+    from coral.allocator.plan_check import check_plan
+
+    check = check_plan(plan, catalog, source)
+    if check.of_plan():  # listing the rows' problems too: all are fixed in one edit
+        raise RuntimeDeploymentError(check.message())
+    rows = plan["instances"]
     out: list[PlannedInstance] = []
     refused: list[Refusal] = []
     for k, row in enumerate(rows):
@@ -174,19 +187,17 @@ def read_instances(plan: Mapping[str, Any]) -> PlanRows:
             name = f"{row['region']}/{row['template_id']}"
         except (KeyError, TypeError):
             name = where
-        try:
-            if int(row["count"]) < 1:
-                continue  # a row that runs nothing is not an instance, whatever its shape
-        except (KeyError, TypeError, ValueError):
-            pass  # refused below, with the rest of what is wrong with it
+        problems = check.of_row(k)
+        if problems:
+            refused.append(Refusal(name, f"{check.source}: {'; '.join(map(str, problems))}",
+                                   invalid=True))
+            continue
+        if int(row["count"]) < 1:
+            continue  # a row that runs nothing is not an instance
         try:
             inst = _instance_of(row, name)
-        except ShapeError as exc:
-            refused.append(Refusal(name, f"plan {where} ({name}): {exc}"))
-            continue
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            refused.append(Refusal(name, f"plan {where} is malformed ({type(exc).__name__}: "
-                                         f"{exc}); expected a row written by `coral plan --out`"))
+        except ShapeError as exc:  # the check parses the same shape: a safety net
+            refused.append(Refusal(name, f"plan {where} ({name}): {exc}", invalid=True))
             continue
         out.append(inst)
     if not out and not refused:

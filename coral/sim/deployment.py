@@ -142,8 +142,10 @@ def _capacity_rps(row: Mapping[str, Any], role: str, slo: SloSpec | None) -> flo
 def instances_from_plan(result: Any, slos: Mapping[str, SloSpec]) -> list[InstanceSpec]:
     """Every instance of a `PlanResult` (or of its `to_dict()` / `coral plan --out` JSON)."""
     if isinstance(result, Mapping):
-        rows = result.get("instances")
-        if rows is None:
-            raise DeploymentError("the plan JSON has no 'instances' list")
-        return _instances_from_rows(rows, slos)
+        from coral.allocator.plan_check import check_plan
+
+        check = check_plan(result)  # a reader with a catalog checks its names first
+        if check.problems:
+            raise DeploymentError(check.message())
+        return _instances_from_rows(result["instances"], slos)
     return _instances_from_rows((i.to_dict() for i in result.instances), slos)

@@ -18,7 +18,8 @@ from importlib import resources
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator)
 
 from coral.errors import CoralError
 from coral.catalog.schema import ModelArch
@@ -39,14 +40,17 @@ class SloSpec(BaseModel):
     input_tokens: int = Field(default=1024, ge=1, le=1_000_000, description="Mean prompt tokens.")
     output_tokens: int = Field(default=256, ge=1, le=1_000_000, description="Mean output tokens.")
 
-    @model_validator(mode="after")
-    def _check(self) -> "SloSpec":
-        if self.ttft_s < self.tpot_s:
+    @field_validator("ttft_s")
+    @classmethod
+    def _ttft_not_below_tpot(cls, ttft_s: float, info: ValidationInfo) -> float:
+        # a field validator, so that the error names ttft_s (tpot_s is validated first)
+        tpot_s = info.data.get("tpot_s")
+        if tpot_s is not None and ttft_s < tpot_s:
             raise ValueError(
-                f"ttft_s ({self.ttft_s:g} s) is below tpot_s ({self.tpot_s:g} s): the first "
-                "token cannot come faster than one decode step"
+                f"ttft_s ({ttft_s:g} s) is below tpot_s ({tpot_s:g} s): the first token "
+                "cannot come faster than one decode step"
             )
-        return self
+        return ttft_s
 
     @classmethod
     def make(cls, **values: Any) -> "SloSpec":

@@ -571,7 +571,7 @@ def test_the_default_plan_is_never_beaten_by_a_baseline(setup, two_models, level
     scenario = load_scenario(path, catalog=setup.catalog, level=level).in_mode("auto")
     result = plan_scenario(scenario, catalog=setup.catalog, perf=setup.perf,
                            templates=templates, mip_gap=1e-6, time_limit_s=60.0)
-    assert set(result.baselines) == {"homo", "homo-independent", "melange", "cauchy", "helix"}
+    assert set(result.baselines) == {"homo", "homo-joint", "melange", "cauchy", "helix"}
     priority = {m.name: m.priority for m in scenario.models}
     demand = result.plan.demand_rps
 

@@ -126,6 +126,8 @@ def print_comparison(result: Any) -> None:
         # cheaper by what it leaves unserved
         if name == "coral" or result.cost_per_hour <= 0 or not p.meets_demand:
             ratio = "-"
+        elif short and 0 < scale < 1:
+            ratio = f"{cost / result.cost_per_hour:.2f} at x{scale:.3g}"  # the scarcity rule
         elif short:
             ratio = "short"
         else:
@@ -133,7 +135,9 @@ def print_comparison(result: Any) -> None:
         good = "-" if goodput is None or not math.isfinite(goodput) else f"{goodput:,.0f}"
         cells = [escape(name), f"{cost:,.2f}", ratio,
                  pct(_overall_served(served, dict(p.demand_rps))), good, f"{scale:.4g}",
-                 escape(solved), escape(", ".join(short)) or "-"]
+                 escape(solved),
+                 f"every model, to x{scale:.3g}" if short and 0 < scale < 1
+                 else escape(", ".join(short)) or "-"]
         table.add_row(*[f"[bold]{c}[/]" if bold else c for c in cells])
 
     row("coral", result.cost_per_hour, p.served_fraction, p.proof, bold=True,
@@ -154,7 +158,7 @@ def print_comparison(result: Any) -> None:
         console.print(escape(line), highlight=False, soft_wrap=True)
     if result.baselines:
         console.print(f"[dim]demand x: the paper's scarcity rule, the largest uniform factor on "
-                      "every model's demand the planner meets (bisected to {SCALE_TOL:g}); goodput "
+                      f"every model's demand the planner meets (bisected to {SCALE_TOL:g}); goodput "
                       "tok/s = served req/s x output tokens per request.[/]")
         console.print("[dim]solved: a plan's proven gap bounds how much cheaper (under "
                       "scarcity: how much more goodput, then how much cheaper at it) the best "

@@ -22,7 +22,8 @@ efficiency is `rps * (I + O) * 3600 / price` tokens per USD.
 Allocation, as Cauchy does it in two steps:
 
 1. candidates: per model and region, the `CANDIDATES_PER_REGION` combos of highest Token/USD
-   (Cauchy's "top performers of cost efficiency");
+   (Cauchy's "top performers of cost efficiency") among those of which the region's
+   availability holds at least one copy (a combo no region can rent is no candidate);
 2. an ILP over whole copies `x_c` of the candidates: every model's demand covered
    (`sum_c rps_c x_c >= demand_m`), every (node type, region) within availability, and as
    objective the models' cost efficiencies, each model's $/hour over its own demanded
@@ -169,10 +170,21 @@ class UnitTable:
         )
 
 
-def candidates(table: UnitTable, per_region: int = CANDIDATES_PER_REGION) -> np.ndarray:
-    """Indices of the `per_region` best-Token/USD combos of each region (table order)."""
-    keep = [np.flatnonzero(table.region == r)[:per_region] for r in range(len(table.regions))]
-    return np.sort(np.concatenate(keep)) if keep else np.zeros(0, np.int64)
+def candidates(table: UnitTable, availability: Mapping[tuple[str, str], int],
+               per_region: int = CANDIDATES_PER_REGION) -> np.ndarray:
+    """Indices of the `per_region` best-Token/USD combos of each region among those one copy
+    of which the region's availability holds (table order)."""
+    if not len(table):
+        return np.zeros(0, np.int64)
+    avail = np.array([[availability.get((g, r), 0) for r in table.regions]
+                      for g in table.node_types], dtype=np.int64)
+    have_p = avail[table.p_g, table.region]
+    have_d = avail[table.d_g, table.region]
+    fits = np.where(table.p_g == table.d_g, table.p_n + table.d_n <= have_p,
+                    (table.p_n <= have_p) & (table.d_n <= have_d))
+    keep = [np.flatnonzero((table.region == r) & fits)[:per_region]
+            for r in range(len(table.regions))]
+    return np.sort(np.concatenate(keep))
 
 
 @dataclass(frozen=True)
@@ -188,7 +200,7 @@ def allocate(tables: Sequence[UnitTable], availability: Mapping[tuple[str, str],
              per_region: int = CANDIDATES_PER_REGION, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
              mip_gap: float = DEFAULT_MIP_GAP) -> CauchyAllocation:
     """Cauchy's ILP (module docstring) over each table's candidates."""
-    cand = [candidates(t, per_region) for t in tables]
+    cand = [candidates(t, availability, per_region) for t in tables]
     cols: list[tuple[int, int]] = [(k, int(i)) for k, idx in enumerate(cand) for i in idx]
     if not cols:
         empty = all(t.demand.requests_per_s <= 0 for t in tables)

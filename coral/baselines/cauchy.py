@@ -45,6 +45,7 @@ same pairing rule as every PD plan.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -194,6 +195,7 @@ class CauchyAllocation:
     units: dict[str, list[tuple[PdUnit, int]]]  # model -> (combo, copies)
     status: str  # HiGHS's model status
     solved: bool  # a plan meeting every demand was found
+    solve_s: float = 0.0  # the ILP's wall time
 
 
 def allocate(tables: Sequence[UnitTable], availability: Mapping[tuple[str, str], int], *,
@@ -240,17 +242,19 @@ def allocate(tables: Sequence[UnitTable], availability: Mapping[tuple[str, str],
         idx = np.array(sorted(row), dtype=np.int32)
         h.addRow(-highspy.kHighsInf, float(availability.get(key, 0)), len(idx), idx,
                  np.array([row[j] for j in idx]))
+    t0 = time.perf_counter()
     h.run()
+    solve_s = time.perf_counter() - t0
     status = h.modelStatusToString(h.getModelStatus())
     info = h.getInfo()
     if info.primal_solution_status != 2:  # no feasible solution
-        return CauchyAllocation({}, status, False)
+        return CauchyAllocation({}, status, False, solve_s)
     x = np.round(np.asarray(h.getSolution().col_value)).astype(np.int64)
     units: dict[str, list[tuple[PdUnit, int]]] = {}
     for j in np.flatnonzero(x > 0):
         k, i = cols[j]
         units.setdefault(tables[k].demand.model, []).append((tables[k].unit(i), int(x[j])))
-    return CauchyAllocation(units, status, True)
+    return CauchyAllocation(units, status, True, solve_s)
 
 
 def cauchy(
@@ -293,7 +297,7 @@ def cauchy(
         "Token/USD per model and region as candidates, and an ILP minimising the sum of "
         "each model's USD per demanded token within availability",
         "KV transfer between prefill and decode is not costed",
-        f"ILP: {found.status}" + ("" if found.solved else
+        f"ILP: {found.status} in {found.solve_s:.2f} s" + ("" if found.solved else
                                   "; no plan meets the demand, nothing deployed"),
     )
     plan = heuristic_plan(problem, instances, notes=notes)

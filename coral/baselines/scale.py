@@ -64,5 +64,7 @@ def scale_down(run: Callable[[Scenario], BaselineResult], scenario: Scenario, *,
         notes=res.notes + (
             f"scarcity rule: short of demand at full rate, so every model's rate is scaled "
             f"down uniformly to {found.factor:.4f} (largest factor met, bisected to {tol:g}; "
-            f"{found.upper:.4f} falls short; {found.runs} runs of the planner)",),
+            f"{found.upper:.4f} falls short; {found.runs} runs of the planner); at the full "
+            "demand it served " + ", ".join(f"{m} {f:.1%}" for m, f in
+                                            first.served_fraction.items() if f < 1.0 - 1e-6),),
     )

@@ -17,6 +17,7 @@ from coral.baselines import (
     scale_down,
     scaled_scenario,
 )
+from coral.baselines.common import columns_of
 from coral.baselines.homo import greedy_replicas
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
@@ -86,7 +87,6 @@ def test_greedy_homo_matches_a_brute_force_of_its_rule(small):
     res = homo_greedy(scenario, homo)
     left = dict(scenario.availability)
     want: dict[tuple[str, str], int] = {}
-    from coral.baselines.common import columns_of
     for m in scenario.models:
         cols = columns_of(scenario, homo[m.name], prefix="homo")
         ranked = sorted(((c.capacity * m.output_tokens / usd, -usd, c, r)

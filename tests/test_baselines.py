@@ -20,7 +20,7 @@ from coral.allocator import (
 )
 from coral.allocator.scenario import parse_scenario
 from coral.baselines import (
-    MAX_PD_RATIO,
+    MAX_DECODE_PER_PREFILL,
     BaselineResult,
     JointInfeasibleError,
     TemplateBuilder,
@@ -33,7 +33,7 @@ from coral.baselines import (
     run_baselines,
     slo_share,
 )
-from coral.baselines.cauchy import greedy_units
+from coral.baselines.cauchy import allocate
 from coral.baselines.common import combo_key, scenario_slo
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
@@ -116,7 +116,7 @@ def _combo_of(template_id: str) -> str:
 
 
 def test_every_baseline_reports_cost_and_served_share(results):
-    assert set(results) == {"coral", "homo", "homo-independent", "melange", "cauchy", "helix"}
+    assert set(results) == {"coral", "homo", "homo-joint", "melange", "cauchy", "helix"}
     for name, r in results.items():
         assert isinstance(r, BaselineResult) and r.name == name
         assert set(r.served_fraction) == set(MODELS)
@@ -128,10 +128,10 @@ def test_every_baseline_reports_cost_and_served_share(results):
 def test_every_baseline_says_how_its_plan_was_reached(results):
     """A comparison is only as fair as its baselines' plans: the allocation baselines carry
     their status and proven gap, the heuristic ones say that nothing bounds their cost."""
-    for name in ("homo-independent", "cauchy"):
+    for name in ("homo", "cauchy"):
         r = results[name]
         assert r.heuristic and r.gap == float("inf") and r.solved == "heuristic, no bound"
-    for name in ("coral", "homo", "melange"):
+    for name in ("coral", "homo-joint", "melange"):
         r = results[name]
         assert not r.heuristic and r.gap == r.plan.gap and r.gap < float("inf")
         assert r.solved == r.plan.proof and r.solved.endswith(f"gap {r.gap:.2%}")
@@ -163,16 +163,22 @@ def test_baseline_deployments_decode_their_plans(results):
 
 
 def test_homo_never_cheaper_than_coral(results):
-    coral, homo = results["coral"], results["homo"]
-    assert coral.meets_demand and homo.meets_demand
-    assert homo.cost_per_hour >= coral.cost_per_hour * (1 - 1e-9)
+    coral, joint, greedy = results["coral"], results["homo-joint"], results["homo"]
+    assert coral.meets_demand and joint.meets_demand
+    assert joint.cost_per_hour >= coral.cost_per_hour * (1 - 1e-9)
     # homo replicas are k copies of one node type
-    for tid, _region in homo.plan.instances:
-        assert "+" not in _combo_of(tid)
-    # deciding per model, first come first served, costs no less than deciding jointly
-    independent = results["homo-independent"]
-    if independent.meets_demand:
-        assert independent.cost_per_hour >= homo.cost_per_hour * (1 - 1e-9)
+    for r in (joint, greedy):
+        for tid, _region in r.plan.instances:
+            assert "+" not in _combo_of(tid)
+    assert joint.demand_scale == 1.0 and coral.demand_scale == 1.0
+    # the greedy takes llama-3.1-8b's best strategy (2 x 1x-a10g) first, which leaves
+    # qwen3-14b (on nothing but 1x-a10g pairs here) short: the joint ILP shares the nodes
+    assert not greedy.meets_demand and 0 < greedy.demand_scale < 1
+    assert greedy.served_fraction == pytest.approx(
+        {m: greedy.demand_scale for m in MODELS})
+    # goodput: served req/s times 256 output tokens per request
+    assert greedy.goodput_tokens_per_s == pytest.approx(greedy.demand_scale * (5 + 1.2) * 256)
+    assert joint.goodput_tokens_per_s == pytest.approx((5 + 1.2) * 256)
 
 
 def test_melange_uses_single_node_replicas_only(results):
@@ -215,12 +221,18 @@ def test_scarce_availability_gives_partial_service(parts, scenario, coral_templa
         SCENARIO_YAML.replace("base_availability: {1x-l4: 8, 1x-a10g: 8, 1x-t4: 8}",
                               SCARCE_AVAILABILITY), catalog=catalog)
     res = run_baselines(scarce, coral_templates, catalog=catalog, perf=perf, tables=tables,
-                        baselines=["coral", "homo", "homo-independent", "melange", "cauchy"],
+                        baselines=["coral", "homo", "homo-joint", "melange", "cauchy"],
                         builder=builder)
-    assert set(res) == {"coral", "homo", "homo-independent", "melange", "cauchy"}
+    assert set(res) == {"coral", "homo", "homo-joint", "melange", "cauchy"}
     assert not res["coral"].meets_demand
-    # a small prefill:decode ratio still fits where the most efficient one does not
-    assert res["cauchy"].served_fraction["llama-3.1-8b"] > 0
+    # the scarcity rule: every method is judged at one demand factor for all models
+    assert 0 < res["coral"].demand_scale < 1
+    assert res["coral"].served_fraction == pytest.approx(
+        {m: res["coral"].demand_scale for m in MODELS})
+    # qwen3-14b's prefill and decode halves each need a pair of 1x-a10g, and a region has
+    # two: no combo of Cauchy's serves it, so no uniform share of the demand can be met
+    assert res["cauchy"].demand_scale == 0.0
+    assert any("meets no uniform share" in n for n in res["cauchy"].notes)
     for r in res.values():
         assert all(0.0 <= f <= 1.0 for f in r.served_fraction.values())
         assert all(n <= scarce.availability.get(key, 0) for key, n in r.plan.nodes_used.items())
@@ -235,27 +247,43 @@ def test_homogeneous_templates_fill_in_what_the_library_lacks(scenario, builder)
     assert ("1x-t4",) not in combos  # 16 GB: the weights alone do not leave room for a request
 
 
-def test_cauchy_units_balance_the_halves_and_fit_availability():
+def test_cauchy_combos_feed_several_decodes_from_one_prefill():
     # one prefill instance serves 1 req/s (1000 prompt tokens), one decode instance 0.5 req/s
     pre = TemplateColumn("p", "m", "prefill", {"a": 1}, 1000.0, {"r": 1.0})
     dec = TemplateColumn("d", "m", "decode", {"b": 1}, 100.0, {"r": 1.0})
     table = UnitTable(ModelDemand("m", 2.5, input_tokens=1000, output_tokens=200), [pre], [dec],
                       ["r"])
-    assert len(table) == MAX_PD_RATIO ** 2
-    best = table.unit(0)
-    assert (best.n_prefill, best.n_decode) == (1, 2)  # balanced, and the smallest such unit
+    assert len(table) == MAX_DECODE_PER_PREFILL
+    units = [table.unit(i) for i in range(len(table))]
+    assert all(u.n_prefill == 1 for u in units)
+    assert sorted(u.n_decode for u in units) == list(range(1, MAX_DECODE_PER_PREFILL + 1))
+    best = units[0]
+    assert best.n_decode == 2  # balanced, and the smallest such combo
     assert best.rps == pytest.approx(1.0) and best.usd_per_hour == pytest.approx(3.0)
     assert best.tokens_per_usd == pytest.approx(1.0 * 1200 * 3600 / 3.0)
-    # two balanced units, then the cheapest unit covering the last 0.5 req/s (1 + 1)
-    left = {("a", "r"): 10, ("b", "r"): 10}
-    taken = greedy_units(table, left)
-    assert [(u.n_prefill, u.n_decode, n) for u, n in taken] == [(1, 2, 2), (1, 1, 1)]
-    assert left == {("a", "r"): 7, ("b", "r"): 5}
-    # one node of each: only the 1 + 1 unit fits, and the model stays short
-    left = {("a", "r"): 1, ("b", "r"): 1}
-    taken = greedy_units(table, left)
-    assert [(u.n_prefill, u.n_decode, n) for u, n in taken] == [(1, 1, 1)]
-    assert left == {("a", "r"): 0, ("b", "r"): 0}
+    # 2.5 req/s needs 3 prefill and 5 decode instances at least: $8, e.g. 2 x (1:2) + (1:1)
+    found = allocate([table], {("a", "r"): 10, ("b", "r"): 10}, mip_gap=1e-9)
+    assert found.solved
+    taken = found.units["m"]
+    assert sum(u.usd_per_hour * n for u, n in taken) == pytest.approx(8.0)
+    assert sum(u.rps * n for u, n in taken) >= 2.5 - 1e-9
+    assert sum(n for _, n in taken) == 3  # three prefill instances, one per combo
+    # one node of each: no plan meets 2.5 req/s, nothing is deployed
+    short = allocate([table], {("a", "r"): 1, ("b", "r"): 1})
+    assert not short.solved and short.units == {}
+
+
+def test_cauchy_plan_respects_its_prefill_decode_ratios(results):
+    """Every (model, region) of the plan holds whole combos: one prefill instance per combo,
+    1 to MAX_DECODE_PER_PREFILL decode instances each."""
+    per: dict[tuple[str, str], dict[str, int]] = {}
+    for (tid, region), n in results["cauchy"].plan.instances.items():
+        model, mode = tid.split(":")[1:3]
+        per.setdefault((model, region), {"prefill": 0, "decode": 0})[mode] += n
+    assert per
+    for counts in per.values():
+        assert counts["prefill"] <= counts["decode"] <= MAX_DECODE_PER_PREFILL * counts["prefill"]
+    assert any("combos: " in n and "1 x " in n for n in results["cauchy"].notes)
 
 
 # ------------------------------------------------------------------------- helix placement

@@ -157,6 +157,11 @@ def baseline_summary(result: Any) -> dict[str, Any]:
     return {
         "cost_per_hour": float(result.cost_per_hour),
         "served_fraction": served,
+        # the paper's scarcity rule: the uniform factor on every model's demand its plan
+        # meets (1: the full demand), and the generated tokens/s it serves
+        "demand_scale": float(getattr(result, "demand_scale", 1.0)),
+        "goodput_tokens_per_s": finite(float(getattr(result, "goodput_tokens_per_s",
+                                                     math.nan))),
         # only a plan serving all demand compares with Coral's on cost
         "meets_demand": bool(getattr(result, "meets_demand",
                                      all(f >= 1.0 - 1e-6 for f in served.values()))),

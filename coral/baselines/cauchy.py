@@ -1,37 +1,64 @@
-"""Cauchy-like: PD-disaggregated replicas of homogeneous configurations, added greedily.
+"""Cauchy as the paper runs it: PD-disaggregated GPU combos, ranked by Token/USD, and an ILP
+that deploys a set of them per model.
 
-A replica ("unit") is `a` prefill instances and `b` decode instances in one region, each
-instance `k` copies of one node type, solved by the template builder in `prefill` mode
-(prompt tokens/s under TTFT) and `decode` mode (output tokens/s under TPOT). With mean prompt
-`I` and output `O` tokens, a unit serves
+Cauchy (SoCC 2025) serves each model with prefill and decode instances on separate GPUs. Its
+allocation unit is a "GPU combo": a prefill configuration and a decode configuration that
+serve requests together, valued by its cost efficiency, Token/USD. As the paper extends it,
+one prefill instance may feed several decode instances, so a combo here is
 
-    rps = min(a * prefill_capacity / I, b * decode_capacity / O)   requests/s
+    one prefill instance of P + `b` decode instances of D, in one region,
+    `b` in 1..MAX_DECODE_PER_PREFILL (the combo's prefill:decode ratio 1:b),
 
-(the allocator's PD pairing rule) at `a * prefill_price + b * decode_price` $/hour. Units are
-every (prefill configuration, decode configuration, region, `a`, `b`) with `a, b` in
-`1..MAX_PD_RATIO`, ranked by tokens per dollar (`rps * (I + O) * 3600 / price`), and added
-greedily: as many copies of the best unit that fits in the remaining availability as the
-remaining demand calls for, until the demand is met. Small ratios stay in the list, so when
-availability is short a smaller unit of the same pair can still be taken. One refinement keeps
-the last step from overshooting: when the best fitting unit would cover the rest of the
-demand, the cheapest fitting unit that covers it is taken instead. Models go in priority order
-and share availability first come, first served.
+where P and D are each `k` copies of one node type (homogeneous, as Cauchy's configurations
+are), solved by the template builder in `prefill` mode (prompt tokens/s under TTFT) and
+`decode` mode (output tokens/s under TPOT). With mean prompt `I` and output `O` tokens a
+combo serves
 
-The units are held as arrays (a core-size scenario has ~10^5 of them per model), and a
-`PdUnit` is made only for those taken.
+    rps = min(prefill_capacity / I, b * decode_capacity / O)   requests/s
 
-Approximations: the ratio is capped at `MAX_PD_RATIO`; the KV transfer between the halves is
-not costed (as in the allocator's pairing); greedy, so no optimality is claimed.
+(the allocator's PD pairing rule) at `price(P) + b * price(D)` $/hour, and its cost
+efficiency is `rps * (I + O) * 3600 / price` tokens per USD.
+
+Allocation, as Cauchy does it in two steps:
+
+1. candidates: per model and region, the `CANDIDATES_PER_REGION` combos of highest Token/USD
+   (Cauchy's "top performers of cost efficiency") among those of which the region's
+   availability holds at least one copy (a combo no region can rent is no candidate);
+2. an ILP over whole copies `x_c` of the candidates: every model's demand covered
+   (`sum_c rps_c x_c >= demand_m`), every (node type, region) within availability, and as
+   objective the models' cost efficiencies, each model's $/hour over its own demanded
+   tokens per hour, summed over models: `sum_m sum_(c of m) price_c x_c / tokens_m`, i.e.
+   minimise the sum of each model's USD per token (the inverse of its Token/USD), scaled
+   by the total demanded tokens (a constant, so dollars' size coefficients). With one
+   model, or availability to spare, this is the cheapest cover of the candidates; when models
+   compete for nodes it favours the one whose USD per token each node lowers most.
+
+When the ILP has no solution (availability short) the result deploys nothing and says so;
+the scarcity rule (`coral.baselines.scale`) then scales the demand down until it has one.
+
+Approximations: the ratio is capped at `MAX_DECODE_PER_PREFILL`; the KV transfer between the
+halves is not costed (as in the allocator's pairing); the candidate cut means no optimality
+is claimed on cost (the result is marked heuristic). Cauchy's runtime scheduling
+(opportunistic, goodput-weighted round robin) is not modelled: served share comes from the
+same pairing rule as every PD plan.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import highspy
 import numpy as np
 
-from coral.allocator.problem import ModelDemand, TemplateColumn, TemplateRegion
+from coral.allocator.problem import (
+    DEFAULT_MIP_GAP,
+    DEFAULT_TIME_LIMIT_S,
+    ModelDemand,
+    TemplateColumn,
+    TemplateRegion,
+)
 from coral.allocator.scenario import Scenario
 from coral.baselines.common import (
     BaselineResult,
@@ -41,15 +68,19 @@ from coral.baselines.common import (
     result_of,
     scenario_problem,
 )
+from coral.solvers.highs import quiet_highs
 from coral.templates.build import Template
 
-#: Largest number of prefill (or decode) instances in one unit.
-MAX_PD_RATIO = 4
+#: Most decode instances one prefill instance feeds in a combo (the ratio 1:b, b <= this).
+MAX_DECODE_PER_PREFILL = 8
+#: Combos kept per (model, region), best Token/USD first, as the ILP's candidates.
+CANDIDATES_PER_REGION = 64
 
 
 @dataclass(frozen=True)
 class PdUnit:
-    """`n_prefill` prefill plus `n_decode` decode instances of one model in one region."""
+    """A GPU combo: `n_prefill` (1) prefill plus `n_decode` decode instances of one model in
+    one region."""
 
     model: str
     region: str
@@ -79,10 +110,14 @@ def _single_type(col: TemplateColumn) -> tuple[str, int]:
 
 
 class UnitTable:
-    """Every unit of one model as arrays, best tokens per dollar first."""
+    """Every combo of one model as arrays (one prefill instance feeding 1..`max_decode`
+    decode instances), best tokens per dollar first."""
 
     def __init__(self, demand: ModelDemand, prefill: Sequence[TemplateColumn],
-                 decode: Sequence[TemplateColumn], regions: Sequence[str]):
+                 decode: Sequence[TemplateColumn], regions: Sequence[str], *,
+                 max_decode: int = MAX_DECODE_PER_PREFILL):
+        if max_decode < 1:
+            raise ValueError(f"max_decode must be >= 1, got {max_decode}")
         self.demand = demand
         self.prefill, self.decode, self.regions = list(prefill), list(decode), list(regions)
         inp, out = float(demand.input_tokens), float(demand.output_tokens)
@@ -92,8 +127,7 @@ class UnitTable:
             di = [j for j, c in enumerate(self.decode) if region in c.price_usd_per_hour]
             if not pi or not di:
                 continue
-            ratio = np.arange(1, MAX_PD_RATIO + 1)
-            p, d, a, b = np.meshgrid(pi, di, ratio, ratio, indexing="ij")
+            p, d, a, b = np.meshgrid(pi, di, [1], np.arange(1, max_decode + 1), indexing="ij")
             p, d, a, b = p.ravel(), d.ravel(), a.ravel(), b.ravel()
             p_cap = np.array([c.capacity for c in self.prefill])[p]
             d_cap = np.array([c.capacity for c in self.decode])[d]
@@ -128,16 +162,6 @@ class UnitTable:
     def __len__(self) -> int:
         return len(self.rps)
 
-    def copies_that_fit(self, left: np.ndarray) -> np.ndarray:
-        """Copies of every unit the nodes `left[node type, region]` allow."""
-        if not len(self):
-            return np.zeros(0, np.int64)
-        have_p = left[self.p_g, self.region]
-        have_d = left[self.d_g, self.region]
-        same = self.p_g == self.d_g
-        return np.where(same, have_p // (self.p_n + self.d_n),
-                        np.minimum(have_p // self.p_n, have_d // self.d_n))
-
     def unit(self, i: int) -> PdUnit:
         return PdUnit(
             model=self.demand.model, region=self.regions[self.region[i]],
@@ -147,37 +171,90 @@ class UnitTable:
         )
 
 
-def greedy_units(table: UnitTable, left: dict[tuple[str, str], int]
-                 ) -> list[tuple[PdUnit, int]]:
-    """Units (with copies) added best-first until the model's demand is met; takes their
-    nodes from `left` ((node type, region) -> nodes)."""
-    avail = np.array([[left.get((g, r), 0) for r in table.regions] for g in table.node_types],
-                     dtype=np.int64).reshape(len(table.node_types), len(table.regions))
-    demand = table.demand.requests_per_s
-    remaining, tol = demand, 1e-9 * max(1.0, demand)
-    taken: list[tuple[PdUnit, int]] = []
-    while remaining > tol and len(table):
-        fit = table.copies_that_fit(avail)
-        ok = np.flatnonzero(fit > 0)
-        if not len(ok):
-            break  # availability is spent: the model stays short
-        top = int(ok[0])
-        if table.rps[top] >= remaining - tol:
-            covering = ok[table.rps[ok] >= remaining - tol]
-            pick = int(covering[np.argmin(table.usd[covering])])  # first cheapest: best value
-            copies = 1
-        else:
-            pick = top
-            copies = int(min(remaining // table.rps[top], fit[top]))
-        r = table.region[pick]
-        avail[table.p_g[pick], r] -= table.p_n[pick] * copies
-        avail[table.d_g[pick], r] -= table.d_n[pick] * copies
-        unit = table.unit(pick)
-        for g, n in unit.nodes().items():
-            left[(g, unit.region)] -= n * copies
-        taken.append((unit, copies))
-        remaining -= copies * unit.rps
-    return taken
+def candidates(table: UnitTable, availability: Mapping[tuple[str, str], int],
+               per_region: int = CANDIDATES_PER_REGION) -> np.ndarray:
+    """Indices of the `per_region` best-Token/USD combos of each region among those one copy
+    of which the region's availability holds (table order)."""
+    if not len(table):
+        return np.zeros(0, np.int64)
+    avail = np.array([[availability.get((g, r), 0) for r in table.regions]
+                      for g in table.node_types], dtype=np.int64)
+    have_p = avail[table.p_g, table.region]
+    have_d = avail[table.d_g, table.region]
+    fits = np.where(table.p_g == table.d_g, table.p_n + table.d_n <= have_p,
+                    (table.p_n <= have_p) & (table.d_n <= have_d))
+    keep = [np.flatnonzero((table.region == r) & fits)[:per_region]
+            for r in range(len(table.regions))]
+    return np.sort(np.concatenate(keep))
+
+
+@dataclass(frozen=True)
+class CauchyAllocation:
+    """The ILP's answer: combo copies per model, or why there is none."""
+
+    units: dict[str, list[tuple[PdUnit, int]]]  # model -> (combo, copies)
+    status: str  # HiGHS's model status
+    solved: bool  # a plan meeting every demand was found
+    solve_s: float = 0.0  # the ILP's wall time
+
+
+def allocate(tables: Sequence[UnitTable], availability: Mapping[tuple[str, str], int], *,
+             per_region: int = CANDIDATES_PER_REGION, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+             mip_gap: float = DEFAULT_MIP_GAP) -> CauchyAllocation:
+    """Cauchy's ILP (module docstring) over each table's candidates."""
+    cand = [candidates(t, availability, per_region) for t in tables]
+    cols: list[tuple[int, int]] = [(k, int(i)) for k, idx in enumerate(cand) for i in idx]
+    if not cols:
+        empty = all(t.demand.requests_per_s <= 0 for t in tables)
+        return CauchyAllocation({}, "no candidate combos", empty)
+    h = quiet_highs()
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    n = len(cols)
+    tokens = [t.demand.requests_per_s * (t.demand.input_tokens + t.demand.output_tokens)
+              for t in tables]
+    # each model's $/hour over its own demanded tokens, times the total demanded tokens:
+    # the same optimum, with coefficients of dollars' size (HiGHS's absolute tolerances
+    # would stop at once on coefficients of 1e-7)
+    total = sum(tokens)
+    cost = np.empty(n)
+    for j, (k, i) in enumerate(cols):
+        cost[j] = tables[k].usd[i] * (total / tokens[k] if tokens[k] > 0 else 1.0)
+    h.addVars(n, np.zeros(n), np.full(n, highspy.kHighsInf))
+    idx_all = np.arange(n, dtype=np.int32)
+    h.changeColsCost(n, idx_all, cost)
+    h.changeColsIntegrality(n, idx_all, np.full(n, highspy.HighsVarType.kInteger))
+    for k, t in enumerate(tables):
+        mine = np.array([j for j, (kk, _) in enumerate(cols) if kk == k], dtype=np.int32)
+        if t.demand.requests_per_s > 0:
+            if not len(mine):
+                return CauchyAllocation({}, f"no combo of {t.demand.model}", False)
+            rps = np.array([t.rps[cols[j][1]] for j in mine])
+            h.addRow(float(t.demand.requests_per_s), highspy.kHighsInf, len(mine), mine, rps)
+    usage: dict[tuple[str, str], dict[int, float]] = {}
+    for j, (k, i) in enumerate(cols):
+        t = tables[k]
+        r = t.regions[t.region[i]]
+        for g, nodes in ((t.node_types[t.p_g[i]], t.p_n[i]), (t.node_types[t.d_g[i]], t.d_n[i])):
+            row = usage.setdefault((g, r), {})
+            row[j] = row.get(j, 0.0) + float(nodes)
+    for key, row in sorted(usage.items()):
+        idx = np.array(sorted(row), dtype=np.int32)
+        h.addRow(-highspy.kHighsInf, float(availability.get(key, 0)), len(idx), idx,
+                 np.array([row[j] for j in idx]))
+    t0 = time.perf_counter()
+    h.run()
+    solve_s = time.perf_counter() - t0
+    status = h.modelStatusToString(h.getModelStatus())
+    info = h.getInfo()
+    if info.primal_solution_status != 2:  # no feasible solution
+        return CauchyAllocation({}, status, False, solve_s)
+    x = np.round(np.asarray(h.getSolution().col_value)).astype(np.int64)
+    units: dict[str, list[tuple[PdUnit, int]]] = {}
+    for j in np.flatnonzero(x > 0):
+        k, i = cols[j]
+        units.setdefault(tables[k].demand.model, []).append((tables[k].unit(i), int(x[j])))
+    return CauchyAllocation(units, status, True, solve_s)
 
 
 def cauchy(
@@ -186,36 +263,45 @@ def cauchy(
     decode: Mapping[str, Sequence[Template]],
     *,
     name: str = "cauchy",
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    mip_gap: float = DEFAULT_MIP_GAP,
+    max_decode: int = MAX_DECODE_PER_PREFILL,
+    per_region: int = CANDIDATES_PER_REGION,
 ) -> BaselineResult:
-    """Greedy PD units for every model, in priority order, within availability."""
+    """Cauchy's combos and ILP for every model at once, within availability."""
     demands = {d.model: d for d in scenario.demands()}
-    left: dict[tuple[str, str], int] = dict(scenario.availability)
     columns: dict[str, TemplateColumn] = {}
-    instances: dict[TemplateRegion, int] = {}
-    used: list[str] = []
-    for m in sorted(scenario.models, key=lambda m: -m.priority):
+    tables: list[UnitTable] = []
+    for m in scenario.models:
         pre = columns_of(scenario, prefill.get(m.name, ()), prefix=name)
         dec = columns_of(scenario, decode.get(m.name, ()), prefix=name)
         columns.update({c.id: c for c in pre + dec})
-        demand = demands[m.name]
-        if demand.requests_per_s <= 0:
-            continue
-        for unit, copies in greedy_units(UnitTable(demand, pre, dec, scenario.regions), left):
+        tables.append(UnitTable(demands[m.name], pre, dec, scenario.regions,
+                                max_decode=max_decode))
+    found = allocate(tables, scenario.availability, per_region=per_region,
+                     time_limit_s=time_limit_s, mip_gap=mip_gap)
+    instances: dict[TemplateRegion, int] = {}
+    used: list[str] = []
+    for model, taken in found.units.items():
+        for unit, copies in taken:
             for col, n in ((unit.prefill, unit.n_prefill), (unit.decode, unit.n_decode)):
                 key = (col.id, unit.region)
                 instances[key] = instances.get(key, 0) + n * copies
-            used.append(f"{m.name}: {copies} x ({unit.n_prefill} x "
-                        f"{unit.prefill.id.split(':', 3)[-1]} prefill + {unit.n_decode} x "
-                        f"{unit.decode.id.split(':', 3)[-1]} decode) in {unit.region}")
+            used.append(f"{model}: {copies} x (1 x {unit.prefill.id.split(':', 3)[-1]} prefill "
+                        f"+ {unit.n_decode} x {unit.decode.id.split(':', 3)[-1]} decode) in "
+                        f"{unit.region}")
     problem = scenario_problem(scenario, list(columns.values()))
     notes = (
-        "PD units of homogeneous prefill and decode configurations, ratio a:b up to "
-        f"{MAX_PD_RATIO}:{MAX_PD_RATIO}, ranked by tokens per dollar and added greedily "
-        "(the last step takes the cheapest unit covering the rest); models in priority order",
+        "Cauchy's GPU combos (one homogeneous prefill instance feeding 1 to "
+        f"{max_decode} homogeneous decode instances, one region), the {per_region} of best "
+        "Token/USD per model and region as candidates, and an ILP minimising the sum of "
+        "each model's USD per demanded token within availability",
         "KV transfer between prefill and decode is not costed",
+        f"ILP: {found.status} in {found.solve_s:.2f} s" + ("" if found.solved else
+                                  "; no plan meets the demand, nothing deployed"),
     )
     plan = heuristic_plan(problem, instances, notes=notes)
     halves = (t for side in (prefill, decode) for tpls in side.values() for t in tpls)
-    return result_of(name, plan, notes + (("units: " + "; ".join(used)) if used
-                                          else "no unit could be placed",),
+    return result_of(name, plan, notes + (("combos: " + "; ".join(used)) if used
+                                          else "no combo deployed",),
                      instances=deployment_of(scenario, plan, halves, prefix=name))

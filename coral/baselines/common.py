@@ -48,7 +48,7 @@ HEURISTIC_NOTE = "heuristic plan: no optimality claimed (gap inf)"
 class BaselineResult:
     """One baseline's deployment, judged like Coral's plan."""
 
-    name: str  # "homo", "homo-independent", "cauchy", "melange", "helix", "coral", ...
+    name: str  # "homo", "homo-joint", "cauchy", "melange", "helix", "coral", ...
     cost_per_hour: float  # $/hour of every node it rents
     served_fraction: dict[str, float]  # model -> served req/s / demand, in [0, 1]
     plan: AllocationPlan | None  # instances per (template column, region), when it has one
@@ -56,6 +56,12 @@ class BaselineResult:
     #: The plan's instances with their templates' nodes and placement (`PlannedInstances`),
     #: so that the deployment can be simulated like Coral's; empty when not decodable.
     instances: tuple = ()
+    #: The uniform factor on every model's demand its plan meets (`scale_down`): 1.0 when it
+    #: meets the full demand; below 1, `plan` is planned for that share of the demand.
+    demand_scale: float = 1.0
+    #: Generated tokens/s it serves (served req/s times output tokens per request, summed
+    #: over models; NaN when not computed).
+    goodput_tokens_per_s: float = math.nan
 
     def __post_init__(self) -> None:
         clipped = {m: min(1.0, max(0.0, float(f))) for m, f in self.served_fraction.items()}

@@ -1,14 +1,23 @@
 """Homo: every replica is `k` copies of one node type (homogeneous replicas).
 
-This is how most serving systems are deployed: pick a GPU configuration per model and
-replicate it. Two variants, on the same templates, prices and availability as Coral:
+This is how most serving systems are deployed (SkyServe, SageServe): pick a GPU configuration
+per model and replicate it; replicas of one model may differ. Two variants, on the same
+templates, prices and availability as Coral:
 
-- `homo`: one allocation ILP over all models with only homogeneous templates, so the models
-  share availability optimally and a model may still mix several homogeneous configurations;
-- `homo-independent`: each model on its own picks the single configuration with the lowest
-  $/hour per req/s among those whose remaining availability can meet its demand (else the
-  one that serves the most) and replicates it, cheapest region first; models go in priority
-  order and take nodes first come, first served, as independent deployments would.
+- `homo` (`homo_greedy`, the paper's Homo): greedy, per model, by goodput per USD; see its
+  docstring for exactly what it does;
+- `homo-joint` (`homo_joint`): one allocation ILP over all models with only homogeneous
+  templates, so the models share availability optimally and a model may mix several
+  homogeneous configurations at their cheapest combination. It is never dearer than `homo`
+  when both meet demand (the greedy plan is one of its feasible plans), so it is the
+  stronger baseline.
+
+An earlier `homo-independent` variant (each model replicating the one configuration whose
+remaining availability met its whole demand) is folded into `homo`: both rank configurations
+the same way (lowest $/hour per req/s is highest goodput per USD, goodput being served req/s
+times the model's output tokens); they differed only when the best configuration ran out,
+where `homo-independent` skipped to a configuration that could hold the whole demand alone and
+`homo` takes what the best one holds and moves on to the next best, as the paper says.
 
 Homogeneous templates come from the planner's templates where it has them; the others (a
 library prunes, e.g., `2 x 1x-l4` when two single-node replicas do as well) are solved here
@@ -19,10 +28,11 @@ library (`n_max`, `rho`, memory floor), so Homo has no node set Coral could not 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from coral.allocator.ilp import solve_allocation
-from coral.allocator.problem import TemplateColumn, TemplateRegion
+from coral.allocator.problem import DEMAND_REL_TOL, TemplateColumn, TemplateRegion
 from coral.allocator.scenario import Scenario
 from coral.baselines.common import (
     BaselineResult,
@@ -78,7 +88,7 @@ def homo_joint(
     *,
     time_limit_s: float,
     mip_gap: float,
-    name: str = "homo",
+    name: str = "homo-joint",
     notes: Sequence[str] = (),
 ) -> BaselineResult:
     """The allocation ILP over all models' homogeneous templates at once."""
@@ -97,19 +107,76 @@ def _deployment(scenario: Scenario, plan, homogeneous: Mapping[str, Sequence[Tem
                          prefix=prefix)
 
 
+@dataclass(frozen=True)
+class HomoStrategy:
+    """One homogeneous strategy of a model: replicas of one template column in one region."""
+
+    column: TemplateColumn
+    region: str
+    usd_per_hour: float  # one replica
+    goodput_per_usd: float  # output tokens/s served per $/hour of one replica
+
+    @property
+    def label(self) -> str:
+        return f"{self.column.id.split(':', 3)[-1]} in {self.region}"
+
+
+def homo_strategies(columns: Sequence[TemplateColumn], output_tokens: float
+                    ) -> list[HomoStrategy]:
+    """Every (column, region) a column is priced in, best goodput per USD first; ties:
+    cheaper replica first, then column id and region (deterministic)."""
+    out = [HomoStrategy(col, region, usd, col.capacity * output_tokens / usd)
+           for col in columns for region, usd in col.price_usd_per_hour.items() if usd > 0]
+    return sorted(out, key=lambda s: (-s.goodput_per_usd, s.usd_per_hour, s.column.id,
+                                      s.region))
+
+
 def _fit(col: TemplateColumn, region: str, left: Mapping[tuple[str, str], int]) -> int:
-    """Instances of `col` the nodes left in `region` allow."""
+    """Replicas of `col` the nodes left in `region` allow."""
     return min(left.get((g, region), 0) // n for g, n in col.node_counts.items())
 
 
-def homo_independent(
+def greedy_replicas(strategies: Sequence[HomoStrategy], demand_rps: float,
+                    left: dict[tuple[str, str], int]) -> list[tuple[HomoStrategy, int]]:
+    """Replicas of the best strategy until `demand_rps` is met, then of the next best while
+    availability has run out, and so on; takes their nodes from `left`."""
+    remaining = demand_rps
+    tol = DEMAND_REL_TOL * max(1.0, demand_rps)
+    taken: list[tuple[HomoStrategy, int]] = []
+    for s in strategies:
+        if remaining <= tol:
+            break
+        take = min(math.ceil(remaining / s.column.capacity - 1e-9), _fit(s.column, s.region,
+                                                                         left))
+        if take <= 0:
+            continue
+        for g, n in s.column.node_counts.items():
+            left[(g, s.region)] -= n * take
+        taken.append((s, take))
+        remaining -= take * s.column.capacity
+    return taken
+
+
+def homo_greedy(
     scenario: Scenario,
     homogeneous: Mapping[str, Sequence[Template]],
     *,
-    name: str = "homo-independent",
+    name: str = "homo",
     notes: Sequence[str] = (),
 ) -> BaselineResult:
-    """Each model replicates its single cheapest-per-req/s homogeneous configuration."""
+    """The paper's Homo: per model, greedy by goodput per USD over homogeneous strategies.
+
+    A strategy is one homogeneous template (`k` copies of one node type, `k <= n_max`) in one
+    region, valued at its goodput per USD: its planned req/s times the model's output tokens
+    per request, per $/hour of one replica in that region. For each model, in priority order
+    (file order on ties), the greedy walks its strategies best first and rents
+    `ceil(remaining demand / replica req/s)` replicas of each, or as many as the nodes left in
+    that region allow, until the model's demand is met; a model whose strategies all run out
+    stays short. Models take nodes first come, first served, as independent deployments
+    would. Nothing is re-optimised afterwards: the last replica of a strategy may overshoot
+    the demand, and a cheaper mix of two configurations (what `homo-joint` finds) is not
+    looked for.
+    """
     demands = {d.model: d for d in scenario.demands()}
     order = sorted(scenario.models, key=lambda m: -m.priority)  # stable: file order on ties
     left: dict[tuple[str, str], int] = dict(scenario.availability)
@@ -117,38 +184,23 @@ def homo_independent(
     columns: list[TemplateColumn] = []
     chosen: list[str] = []
     for m in order:
-        demand = demands[m.name].requests_per_s
+        demand = demands[m.name]
         cols = columns_of(scenario, homogeneous.get(m.name, ()), prefix=name)
         columns.extend(cols)
-        if demand <= 0 or not cols:
+        if demand.requests_per_s <= 0 or not cols:
             continue
-        best: tuple[tuple[int, float], TemplateColumn] | None = None
-        for col in cols:
-            servable = sum(_fit(col, r, left) for r in col.price_usd_per_hour) * col.capacity
-            usd_per_rps = min(col.price_usd_per_hour.values()) / col.capacity
-            # meets its demand first, then cheapest per req/s; when none meets it, most served
-            rank = (0, usd_per_rps) if servable >= demand else (1, -servable)
-            if best is None or rank < best[0]:
-                best = (rank, col)
-        assert best is not None
-        col = best[1]
-        need = math.ceil(demand / col.capacity - 1e-9)
-        for region, _ in sorted(col.price_usd_per_hour.items(), key=lambda kv: (kv[1], kv[0])):
-            take = min(need, _fit(col, region, left))
-            if take <= 0:
-                continue
-            instances[(col.id, region)] = take
-            for g, n in col.node_counts.items():
-                left[(g, region)] -= n * take
-            need -= take
-            if need == 0:
-                break
-        chosen.append(f"{m.name}: {col.id.split(':', 3)[-1]}")
+        taken = greedy_replicas(homo_strategies(cols, demand.output_tokens),
+                                demand.requests_per_s, left)
+        for s, n in taken:
+            key = (s.column.id, s.region)
+            instances[key] = instances.get(key, 0) + n
+        chosen.append(f"{m.name}: " + (", ".join(f"{n} x {s.label}" for s, n in taken)
+                                       or "nothing fits"))
     problem = scenario_problem(scenario, columns)
     plan = heuristic_plan(problem, instances, notes=notes)
     return result_of(name, plan, tuple(notes) + (
-        "each model alone: the single homogeneous configuration of lowest $/hour per req/s "
-        "(cheapest region) whose remaining availability meets its demand, replicated, "
-        "cheapest region first; models in priority order, first come first served",
+        "the paper's Homo: per model (priority order, first come first served), homogeneous "
+        "strategies (k x one node type in one region) best goodput per USD first, each "
+        "replicated until the demand is met or its region's nodes run out",
         "chosen: " + "; ".join(chosen) if chosen else "no model chose a configuration",
     ), instances=_deployment(scenario, plan, homogeneous, name))

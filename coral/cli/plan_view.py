@@ -3,11 +3,13 @@ baselines beside it, its spot risk. Presentation only: every figure comes from t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
+from coral.allocator.uniform_scale import SCALE_TOL
 from coral.cli.common import console
 
 
@@ -105,42 +107,62 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
 
 
 def print_comparison(result: Any) -> None:
-    """Coral's plan beside every baseline: $/hour, ratio to Coral, share of demand served."""
+    """Coral's plan beside every baseline: $/hour, ratio to Coral, share of demand served,
+    goodput in generated tokens/s and, under scarcity, the uniform demand factor each meets
+    (the paper's rule; Coral's own row at that rule is `coral (uniform)`)."""
     p = result.plan
+    extras = getattr(result, "extras", {}) or {}
     table = Table(title="Coral against the baselines (same templates, prices, availability)",
                   title_justify="left")
-    names = ["coral", *result.baselines]
+    names = ["coral (uniform)", *result.baselines]
     table.add_column("planner", min_width=max(map(len, names)))
-    for col in ("$/hour", "x Coral's cost", "served (all models)"):
+    for col in ("$/hour", "x Coral's cost", "served (all models)", "goodput tok/s",
+                "demand x"):
         table.add_column(col, justify="right")
     table.add_column("solved")
     table.add_column("models short", ratio=1)
 
     def row(name: str, cost: float, served: dict[str, float], solved: str,
-            bold: bool = False) -> None:
+            bold: bool = False, goodput: float | None = None, scale: float = 1.0) -> None:
         short = [m for m, f in served.items() if f < 1.0 - 1e-6]
         # costs compare only between plans that serve all demand: a plan short of it is
         # cheaper by what it leaves unserved
         if name == "coral" or result.cost_per_hour <= 0 or not p.meets_demand:
             ratio = "-"
+        elif short and 0 < scale < 1:
+            ratio = f"{cost / result.cost_per_hour:.2f} at x{scale:.3g}"  # the scarcity rule
         elif short:
             ratio = "short"
         else:
             ratio = f"{cost / result.cost_per_hour:.2f}"
+        good = "-" if goodput is None or not math.isfinite(goodput) else f"{goodput:,.0f}"
         cells = [escape(name), f"{cost:,.2f}", ratio,
-                 pct(_overall_served(served, dict(p.demand_rps))), escape(solved),
-                 escape(", ".join(short)) or "-"]
+                 pct(_overall_served(served, dict(p.demand_rps))), good, f"{scale:.4g}",
+                 escape(solved),
+                 f"every model, to x{scale:.3g}" if short and 0 < scale < 1
+                 else escape(", ".join(short)) or "-"]
         table.add_row(*[f"[bold]{c}[/]" if bold else c for c in cells])
 
-    row("coral", result.cost_per_hour, p.served_fraction, p.proof, bold=True)
+    row("coral", result.cost_per_hour, p.served_fraction, p.proof, bold=True,
+        goodput=extras.get("goodput_tokens_per_s"))
+    uniform = extras.get("uniform_scale")
+    if uniform:
+        row("coral (uniform)", float(uniform["cost_per_hour"]), dict(uniform["served_fraction"]),
+            "scarcity rule", goodput=float(uniform["goodput_tokens_per_s"]),
+            scale=float(uniform["factor"]))
     for name, b in result.baselines.items():
-        row(name, float(b.cost_per_hour), dict(b.served_fraction), b.solved)
+        row(name, float(b.cost_per_hour), dict(b.served_fraction), b.solved,
+            goodput=getattr(b, "goodput_tokens_per_s", None),
+            scale=float(getattr(b, "demand_scale", 1.0)))
     if not result.baselines:
-        table.add_row("(no baselines)", "-", "-", "-", "-", "-")
+        table.add_row("(no baselines)", "-", "-", "-", "-", "-", "-", "-")
     console.print(table)
     for line in comparison_lines(result):
         console.print(escape(line), highlight=False, soft_wrap=True)
     if result.baselines:
+        console.print(f"[dim]demand x: the paper's scarcity rule, the largest uniform factor on "
+                      f"every model's demand the planner meets (bisected to {SCALE_TOL:g}); goodput "
+                      "tok/s = served req/s x output tokens per request.[/]")
         console.print("[dim]solved: a plan's proven gap bounds how much cheaper (under "
                       "scarcity: how much more goodput, then how much cheaper at it) the best "
                       "plan of that planner's own restriction could be; a heuristic has no "

@@ -49,7 +49,13 @@ def _headline(head: dict[str, Any]) -> list[tuple[str, str, str]]:
             rows.append(("Cost vs homogeneous replicas", f"{PAPER_COST_RATIO}x cheaper",
                          f"{homo[0] / coral:.2f}x cheaper (homo ${homo[0]:,.0f}/h serving "
                          f"{pct(homo[1])}; Coral ${coral:,.0f}/h serving "
-                         f"{pct(head.get('coral_served'))}; `{head.get('scenario')}` 1x)"))
+                         f"{pct(head.get('coral_served'))}; `{head.get('scenario')}` 1x; homo "
+                         "is the paper's greedy Homo)"))
+        joint = bl.get("homo-joint")
+        if joint:
+            rows.append(("Cost vs homogeneous replicas, one joint ILP", "-",
+                         f"{joint[0] / coral:.2f}x cheaper (homo-joint ${joint[0]:,.0f}/h "
+                         f"serving {pct(joint[1])})"))
         full = {b: c for b, (c, f) in bl.items() if f >= 1 - 1e-6 and c > 0}
         if full:
             b = min(full, key=full.__getitem__)

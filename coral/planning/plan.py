@@ -29,6 +29,12 @@ from coral.allocator.problem import (
 )
 from coral.allocator.robust import RobustPlanner
 from coral.allocator.scenario import AUTO_MODES, Scenario
+from coral.allocator.uniform_scale import (
+    SCALE_TOL,
+    goodput_tokens_per_s,
+    largest_scale,
+    scaled_problem,
+)
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
 from coral.planning.baseline_runs import baseline_start, baselines_beside
@@ -175,8 +181,16 @@ def plan_scenario(
         notes.append("mode auto: " + "; ".join(
             f"{m} ${p.cost_usd_per_hour:,.2f}/hour serving {_served_share(p):.1%}"
             for m, _, _, _, p in tried) + f" -> {mode}")
+    extras["goodput_tokens_per_s"] = goodput_tokens_per_s(plan.served_fraction,
+                                                           scenario.demands())
     if not plan.meets_demand:
         notes.append(infeasibility_message(problem, plan))
+        if robust_planner is None and spot_planner is None:
+            extras["uniform_scale"] = uniform_scale(problem, plan, scenario)
+            notes.append(f"scarcity rule (as for the baselines): every model's demand scaled "
+                         f"down uniformly, Coral's allocation meets "
+                         f"{extras['uniform_scale']['factor']:.4f} of it at "
+                         f"${extras['uniform_scale']['cost_per_hour']:,.2f}/hour")
     return PlanResult(
         scenario=scenario.name,
         level=scenario.level,
@@ -194,6 +208,28 @@ def plan_scenario(
         priorities={m.name: float(m.priority) for m in scenario.models},
         extras=extras,
     )
+
+
+def uniform_scale(problem: Any, plan: AllocationPlan, scenario: Scenario) -> dict[str, Any]:
+    """The paper's scarcity rule on Coral's allocation (`coral.allocator.uniform_scale`): the
+    largest uniform factor on every model's demand that the allocation meets in the chosen
+    mode, with its $/hour, served share (the factor, for every model) and goodput in
+    tokens/s against the full demand. The plan itself stays the goodput-maximising one."""
+    def attempt(f: float) -> tuple[bool, AllocationPlan]:
+        p = plan if f == 1.0 else solve_allocation(scaled_problem(problem, f))
+        return p.meets_demand, p
+
+    hint = min(plan.served_fraction.values(), default=0.0)
+    found = largest_scale(attempt, hint=hint if hint > 0 else None)
+    served = {m: found.factor for m in plan.served_fraction}
+    return {
+        "factor": found.factor,
+        "tolerance": SCALE_TOL,
+        "cost_per_hour": float(found.result.cost_usd_per_hour) if found.factor > 0 else 0.0,
+        "served_fraction": served,
+        "goodput_tokens_per_s": goodput_tokens_per_s(served, scenario.demands()),
+        "runs": found.runs,
+    }
 
 
 def _deployable(templates: Mapping[str, Sequence[Template]], engine: str, catalog: Catalog

@@ -17,6 +17,16 @@ class RetriableBackendError(BackendError):
     request again (it restarts from the prompt) is safe."""
 
 
+class RequestFailedError(BackendError):
+    """The request's own computation failed (its sampling, say) while the instance stays
+    healthy: running it again elsewhere would fail the same way, so it is not."""
+
+
+class PoisonRequestError(BackendError):
+    """The request was in flight each time its model's workers died, repeatedly: it is taken
+    for the cause and not run again."""
+
+
 class ModelUnavailableError(BackendError):
     """The model has no ready instance to run the request (all lost, restarting or given up
     on): the server's state, not the request's fault, so the client may send it again later."""
@@ -48,7 +58,8 @@ class EngineBackend:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
-        def on_token(token: int | None, finished: bool, error: str | None) -> None:
+        def on_token(token: int | None, finished: bool,
+                     error: str | BaseException | None) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (token, finished, error))
 
         from coral.runtime.engine import EngineStoppedError
@@ -62,8 +73,10 @@ class EngineBackend:
         try:
             while not finished:
                 token, finished, error = await queue.get()
+                if isinstance(error, BackendError):
+                    raise error
                 if error is not None:
-                    raise BackendError(error)
+                    raise BackendError(str(error))
                 if token is not None:
                     yield token
         finally:

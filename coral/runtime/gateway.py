@@ -14,6 +14,7 @@ client raises, never with a silent truncation.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import difflib
 import json
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from fastapi import FastAPI, Request
+from jinja2 import TemplateError
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -47,7 +49,7 @@ from coral.runtime.openai_api import (
     model_health,
     validation_error,
 )
-from coral.runtime.tokenizer import ByteTokenizer, Tokenizer
+from coral.runtime.tokenizer import ByteTokenizer, Tokenizer, fewest_tokens
 
 log = logging.getLogger(__name__)
 
@@ -150,24 +152,42 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                            code="model_not_found")
         return models[name]
 
-    def prepare(body: RequestBody, prompt: str, default_max: int | None
-                ) -> tuple[Backend, list[int], int, SamplingParams, list[str]]:
+    def context_error(body: RequestBody, context: int, prompt_tokens: int, max_tokens: int,
+                      *, at_least: bool = False) -> ApiError:
+        prompt = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
+        total = f"at least {prompt_tokens + max_tokens}" if at_least else str(
+            prompt_tokens + max_tokens)
+        return ApiError(400, f"This model's maximum context length is {context} tokens. "
+                        f"However, you requested {total} tokens ({prompt} in the prompt, "
+                        f"{max_tokens} for the completion). Please reduce the prompt or "
+                        "max_tokens.", param="messages" if isinstance(body, ChatRequest)
+                        else "prompt", code="context_length_exceeded")
+
+    async def prepare(body: RequestBody, prompt: str, default_max: int | None
+                      ) -> tuple[Backend, list[int], int, SamplingParams, list[str]]:
+        """Check the request against the model's context, cheaply first (a bound on its
+        tokens from its length), then tokenize it in a worker thread: a long prompt neither
+        reaches the tokenizer nor holds up the event loop."""
         backend = backend_of(body.model)
-        ids = tok_of(body.model).encode(prompt)
+        stops = body.stop_list()
+        tok = tok_of(body.model)
         max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
         context = backend.max_context_tokens
+        fewest = fewest_tokens(tok, prompt)
+        if fewest + (max_tokens or 1) > context:
+            raise context_error(body, context, fewest, max_tokens or 1, at_least=True)
+        ids = await asyncio.to_thread(tok.encode, prompt)
+        if not ids:
+            raise ApiError(400, "The prompt is empty once tokenized; send some text.",
+                           param="messages" if isinstance(body, ChatRequest) else "prompt",
+                           code="invalid_value")
         if max_tokens is None:
             max_tokens = max(1, min(default_max or DEFAULT_CHAT_MAX_TOKENS, context - len(ids)))
         if len(ids) + max_tokens > context:
-            raise ApiError(400, f"This model's maximum context length is {context} tokens. "
-                           f"However, you requested {len(ids) + max_tokens} tokens "
-                           f"({len(ids)} in the prompt, {max_tokens} for the completion). "
-                           "Please reduce the prompt or max_tokens.", param="messages"
-                           if isinstance(body, ChatRequest) else "prompt",
-                           code="context_length_exceeded")
-        sampling = SamplingParams(body.temperature,
-                                  body.seed if body.seed is not None else secrets.randbits(31))
-        return backend, ids, max_tokens, sampling, body.stop_list()
+            raise context_error(body, context, len(ids), max_tokens)
+        seed = body.seed if body.seed is not None else secrets.randbits(31)
+        sampling = SamplingParams(body.temperature, seed, body.top_p)
+        return backend, ids, max_tokens, sampling, stops
 
     async def run(body: RequestBody, endpoint: str, backend: Backend, ids: list[int], max_tokens: int,
                   sampling: SamplingParams, stops: list[str], outcome: _Outcome
@@ -279,9 +299,10 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
             yield "data: [DONE]\n\n"
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    def counted_prepare(body: RequestBody, endpoint: str, prompt: str, default_max: int | None):
+    async def counted_prepare(body: RequestBody, endpoint: str, prompt: str,
+                              default_max: int | None):
         try:
-            return prepare(body, prompt, default_max)
+            return await prepare(body, prompt, default_max)
         except ApiError:
             stats.count_request(body.model if body.model in models else "unknown", endpoint,
                                 "rejected")
@@ -330,7 +351,8 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
         if len(prompts) != 1:
             raise ApiError(400, f"'prompt' holds {len(prompts)} prompts; send one per request",
                            param="prompt")
-        args = counted_prepare(body, "completions", prompts[0], DEFAULT_COMPLETION_MAX_TOKENS)
+        args = await counted_prepare(body, "completions", prompts[0],
+                                     DEFAULT_COMPLETION_MAX_TOKENS)
         rid, now, outcome = f"cmpl-{secrets.token_hex(12)}", int(time.time()), _Outcome()
 
         def chunk(text: str, finish: str | None) -> dict[str, Any]:
@@ -352,9 +374,14 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
-        prompt = tok_of(body.model).apply_chat_template(
-            [(m.role, m.text()) for m in body.messages])
-        args = counted_prepare(body, "chat", prompt, None)
+        backend_of(body.model)
+        try:
+            prompt = await asyncio.to_thread(tok_of(body.model).apply_chat_template,
+                                             [(m.role, m.text()) for m in body.messages])
+        except (ValueError, TemplateError) as exc:  # no template, or messages it refuses
+            raise ApiError(400, f"The messages cannot be rendered with the model's chat "
+                           f"template: {exc}", param="messages") from None
+        args = await counted_prepare(body, "chat", prompt, None)
         rid, now, outcome = f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), _Outcome()
 
         def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import numpy as np
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy (argmax)
     seed: int = 0  # seeds the per-request sampler; token i uses seed + i
+    top_p: float = 1.0  # nucleus sampling: draw from the smallest set holding this mass
 
 
 #: `WorkItem.step` of a prompt chunk that is not the prompt's last (nothing to sample).

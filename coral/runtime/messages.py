@@ -44,6 +44,11 @@ class TokenResult:
     request_id: str
     step: int  # which generated token this is (0 = first)
     token_id: int
+    error: str | None = None
+    """Set when the request's step failed (no token): the request ends with this error."""
+    retry: bool = False
+    """With `error`: the failure was its micro-batch's, not the request's own (it may run
+    again); else the request's own computation failed and would fail again."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,16 @@ class Results:
     tokens: tuple[TokenResult, ...]
     batch_id: int
     node_id: str
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    """A node's step raised: the items it held fail (the worker itself goes on)."""
+
+    batch_id: int
+    node_id: str
+    error: str
+    items: tuple[tuple[str, int], ...]  # (request id, step) of each failed item
 
 
 @dataclass(frozen=True)

@@ -239,8 +239,13 @@ class Stage:
         if rows:
             logits = project(self.norm(x[[r for _, r in rows]]), self.lm_head)
             for k, (j, _) in enumerate(rows):
-                out[j] = TokenResult(items[j].request_id, items[j].step,
-                                     sample(logits[k], items[j]))
+                try:
+                    token = sample(logits[k], items[j])
+                except Exception as exc:  # noqa: BLE001 - that request fails, not the step
+                    out[j] = TokenResult(items[j].request_id, items[j].step, -1,
+                                         error=f"sampling failed: {type(exc).__name__}: {exc}")
+                    continue
+                out[j] = TokenResult(items[j].request_id, items[j].step, token)
         return out
 
 

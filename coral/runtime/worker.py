@@ -36,6 +36,7 @@ from coral.runtime.messages import (
     Results,
     Shutdown,
     StageTiming,
+    StepFailed,
     TokenResult,
     Wake,
     WorkItem,
@@ -155,7 +156,12 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
                 return
             assert isinstance(msg, Batch), f"unexpected message {type(msg).__name__}"
             t0 = clock()
-            out = stage.forward(msg.items)
+            try:
+                out = stage.forward(msg.items)
+            except Exception as exc:  # noqa: BLE001 - the micro-batch fails, not the worker
+                log.exception("node %s: micro-batch %d failed", me.node_id, msg.batch_id)
+                driver.send_pyobj(_step_failed(stage, me.node_id, msg, exc))
+                continue
             seconds = clock() - t0
             if slowdown != 1.0:  # test hook: a known slowdown to recover from the metrics
                 time.sleep((slowdown - 1.0) * seconds)
@@ -170,6 +176,15 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
         stop.set()
         beats.join(timeout=2 * heartbeat_s)
         ctx.destroy(linger=0)
+
+
+def _step_failed(stage: object, node_id: str, batch: Batch, exc: Exception) -> StepFailed:
+    """The failure of a micro-batch's step on this node. Its requests' KV caches here may be
+    half-written, so they are dropped; their releases come later, as for any failed request."""
+    failed = tuple((i.request_id, i.step) for i in batch.items if not i.release)
+    for request_id, _ in failed:
+        stage.release(request_id)  # type: ignore[attr-defined]
+    return StepFailed(batch.batch_id, node_id, f"{type(exc).__name__}: {exc}", failed)
 
 
 def _send_heartbeats(ctx: object, driver_address: str, node_id: str, stage_index: int,
@@ -297,6 +312,13 @@ class ZmqPipeline:
         now = time.time()
         return [n for n in self.node_ids if now - self.last_seen_s.get(n, 0.0) > timeout_s]
 
+    def crashed_nodes(self) -> list[str]:
+        """Nodes whose process ended on its own (an error exit or a fatal signal such as
+        SIGSEGV), not killed from outside (SIGKILL: an operator, a reclaimed node, the
+        kernel's out-of-memory killer): only those may be blamed on what they ran."""
+        return [nid for nid, p in zip(self.node_ids, self.processes)
+                if p.exitcode not in (None, 0, -signal.SIGKILL)]
+
     def dead_nodes(self) -> list[str]:
         """Nodes whose process has exited (found at once, without waiting for heartbeats)."""
         return [nid for nid, p in zip(self.node_ids, self.processes) if not p.is_alive()]
@@ -342,10 +364,12 @@ class ZmqPipeline:
         end = time.time() + timeout_s
         while not done:
             msg = self._receive(min(0.2, max(0.0, end - time.time())))
-            if isinstance(msg, Results):
+            if isinstance(msg, (Results, StepFailed)):
                 pending = self._pending.get(msg.batch_id)
                 if pending is not None:  # else a late reply of a micro-batch already failed
-                    pending.tokens.extend(msg.tokens)
+                    pending.tokens.extend(msg.tokens if isinstance(msg, Results) else [
+                        TokenResult(rid, step, -1, error=f"node {msg.node_id}: {msg.error}",
+                                    retry=True) for rid, step in msg.items])
                     if len(pending.tokens) >= pending.expected:
                         done.append((msg.batch_id, pending.tokens))
             self._check_in_flight()

@@ -57,10 +57,12 @@ POISON_CRASHES = 2
 CRASH_MEMORY = 4096
 
 
-def request_key(prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams) -> str:
-    """What identifies a request when it is sent again: its prompt, length and sampling."""
+def request_key(prompt_ids: Sequence[int], sampling: SamplingParams) -> str:
+    """What identifies a request when it is sent again: its prompt and how it samples. Not
+    its seed (drawn afresh for a request sent without one) nor its length: a client that
+    resends a request changes neither the prompt nor the sampling."""
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(repr((max_tokens, sampling)).encode())
+    digest.update(repr((sampling.temperature, sampling.top_p)).encode())
     digest.update(b"|" + ",".join(map(str, prompt_ids)).encode())
     return digest.hexdigest()
 
@@ -340,7 +342,7 @@ class ModelRouter:
         deadline = time.monotonic() + self.wait_s
         failed: list[Instance] = []  # instances that failed this request
         failed_at = 0.0
-        key = request_key(prompt_ids, max_tokens, sampling)
+        key = request_key(prompt_ids, sampling)
         while True:
             crashes = self._poisoned(key)
             if crashes:

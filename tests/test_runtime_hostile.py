@@ -233,6 +233,20 @@ def test_a_step_that_raises_fails_its_request_and_the_worker_lives_on(tiny):
     assert inst.failed_nodes() == []
 
 
+def test_a_stalled_driver_does_not_make_its_workers_look_lost(tiny):
+    """The engine's thread held up past the heartbeat timeout (as a long tokenization once
+    held up the gateway): heartbeats are read by a thread of their own, so no worker is
+    declared lost."""
+    from coral.runtime.worker import HEARTBEAT_TIMEOUT_S
+
+    server, controller, _, pids = tiny
+    (inst,) = controller.instances.values()
+    with inst.engine._lock:  # the engine's loop cannot read anything meanwhile
+        time.sleep(HEARTBEAT_TIMEOUT_S + 1.0)
+        assert inst.failed_nodes() == []
+    assert controller.dead == []
+
+
 def test_after_the_hostile_cases_the_model_answers_as_before(tiny):
     """Runs last in this module (pytest keeps file order): nothing above broke anything."""
     server, controller, model, pids = tiny

@@ -75,7 +75,8 @@ class NodeAddress:
 class Topology:
     spec: PipelineSpec
     nodes: tuple[tuple[NodeAddress, ...], ...]  # per stage
-    driver_address: str  # the driver's PULL socket (tokens and heartbeats)
+    driver_address: str  # the driver's PULL socket (tokens, step times)
+    heartbeat_address: str = ""  # the driver's heartbeat PULL socket ("": driver_address)
 
     @classmethod
     def on_loopback(cls, spec: PipelineSpec, host: str = "127.0.0.1") -> "Topology":
@@ -83,7 +84,8 @@ class Topology:
             tuple(NodeAddress(f"s{s}n{i}", s, i, f"tcp://{host}:{free_tcp_port(host)}")
                   for i in range(len(stage.node_weights)))
             for s, stage in enumerate(spec.stages))
-        return cls(spec, nodes, f"tcp://{host}:{free_tcp_port(host)}")
+        return cls(spec, nodes, f"tcp://{host}:{free_tcp_port(host)}",
+                   f"tcp://{host}:{free_tcp_port(host)}")
 
 
 def exit_with_parent(parent_pid: int, period_s: float = PARENT_WATCH_S) -> threading.Thread:
@@ -144,7 +146,8 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
     clock = time.thread_time if str(device).startswith("cpu") else time.perf_counter
     stop = threading.Event()
     beats = threading.Thread(target=_send_heartbeats, name="coral-heartbeat", daemon=True,
-                             args=(ctx, topology.driver_address, me.node_id, stage_index,
+                             args=(ctx, topology.heartbeat_address or topology.driver_address,
+                                   me.node_id, stage_index,
                                    stage, heartbeat_s, stop))
     beats.start()
     try:
@@ -254,13 +257,27 @@ class ZmqPipeline:
         except zmq.ZMQError:
             self._ctx.destroy(linger=0)
             raise
+        self.last_seen_s: dict[str, float] = {}
+        self._beats_stop = threading.Event()
+        self._beats: threading.Thread | None = None
+        if self.topology.heartbeat_address:
+            # heartbeats are read by a thread of their own: a driver thread busy elsewhere
+            # (a long step, a loaded event loop) does not make its workers look silent
+            beats = self._ctx.socket(zmq.PULL)
+            try:
+                beats.bind(self.topology.heartbeat_address)
+            except zmq.ZMQError:
+                self._ctx.destroy(linger=0)
+                raise
+            self._beats = threading.Thread(target=self._read_heartbeats, args=(beats,),
+                                           name="coral-heartbeats", daemon=True)
+            self._beats.start()
         self._first = []
         for node in self.topology.nodes[0]:
             sock = self._ctx.socket(zmq.PUSH)
             sock.connect(node.address)
             self._first.append(sock)
         self._router = WeightedRouter(spec.stages[0].node_weights)
-        self.last_seen_s: dict[str, float] = {}
         self.step_times = StepTimes(spec.model.name, [(st.first_layer, st.end_layer)
                                                       for st in spec.stages],
                                     [st.node_type for st in spec.stages])
@@ -283,6 +300,21 @@ class ZmqPipeline:
     @property
     def node_ids(self) -> list[str]:
         return [n.node_id for stage in self.topology.nodes for n in stage]
+
+    def _read_heartbeats(self, sock: object) -> None:
+        """Record every worker's heartbeats until the pipeline closes (this thread owns
+        `sock`)."""
+        try:
+            while not self._beats_stop.is_set():
+                if not sock.poll(timeout=int(HEARTBEAT_S * 1000)):  # type: ignore[attr-defined]
+                    continue
+                msg = sock.recv_pyobj()  # type: ignore[attr-defined]
+                if isinstance(msg, Heartbeat):
+                    self.last_seen_s[msg.node_id] = time.time()
+        except self._zmq.ZMQError:  # the context is being destroyed
+            pass
+        finally:
+            sock.close(linger=0)  # type: ignore[attr-defined]
 
     def _receive(self, timeout_s: float):
         if not self._inbox.poll(timeout=int(timeout_s * 1000)):
@@ -460,4 +492,7 @@ class ZmqPipeline:
             if p.is_alive():
                 p.kill()
                 p.join()
+        self._beats_stop.set()
+        if self._beats is not None:
+            self._beats.join(timeout=2 * HEARTBEAT_S + 1.0)
         self._ctx.destroy(linger=0)

@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from coral.runtime.backends import BackendError, RequestFailedError
+from coral.runtime.backend_errors import BackendError, RequestFailedError
 from coral.runtime.config import EOS_TOKEN_ID
 from coral.runtime.messages import PROMPT_CHUNK_STEP, SamplingParams, TokenResult, WorkItem
 from coral.runtime.pipeline import Executor

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from coral.runtime.backends import (
     BackendError,
@@ -77,8 +77,15 @@ class RequestBody(BaseModel):
 
 
 class CompletionRequest(RequestBody):
-    # An empty prompt has nothing to continue (and some tokenizers give it no token at all).
-    prompt: Annotated[Text, Field(min_length=1)] | list[Annotated[Text, Field(min_length=1)]]
+    prompt: Text | list[Text]
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, prompt: str | list[str]) -> str | list[str]:
+        # an empty prompt has nothing to continue (and some tokenizers give it no token)
+        if prompt == "" or (isinstance(prompt, list) and "" in prompt):
+            raise ValueError("the prompt is empty; send some text to continue")
+        return prompt
 
 
 class TextPart(BaseModel):
@@ -153,9 +160,19 @@ def model_health(backend: Any) -> dict[str, Any]:
     return health() if callable(health) else {"status": "ready"}
 
 
+#: Names pydantic gives the members of a union in an error's location (not fields).
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "tuple"})
+
+
+def _union_tag(part: object) -> bool:
+    """Whether a part of an error's location names a union member (`str`,
+    `list[function-after[...]]`) rather than a field or an index."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or "(" in part)
+
+
 def validation_error(exc: RequestValidationError) -> ApiError:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _union_tag(p)]
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return ApiError(400, "The request body is not valid JSON.", code="invalid_json")

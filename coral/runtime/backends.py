@@ -5,26 +5,14 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Protocol
 
+from coral.runtime.backend_errors import (  # noqa: F401 - re-exported: the backends' vocabulary
+    BackendError,
+    ModelUnavailableError,
+    PoisonRequestError,
+    RequestFailedError,
+    RetriableBackendError,
+)
 from coral.runtime.messages import SamplingParams
-
-
-class BackendError(RuntimeError):
-    """Generation failed inside the backend (e.g. a worker was lost)."""
-
-
-class RetriableBackendError(BackendError):
-    """The instance serving the request was lost after it had produced tokens; sending the
-    request again (it restarts from the prompt) is safe."""
-
-
-class ModelUnavailableError(BackendError):
-    """The model has no ready instance to run the request (all lost, restarting or given up
-    on): the server's state, not the request's fault, so the client may send it again later."""
-
-    def __init__(self, message: str, retry_after_s: int = 5):
-        super().__init__(message)
-        self.retry_after_s = max(1, int(retry_after_s))
-        """Seconds after which the client may expect the model back (a hint)."""
 
 
 class Backend(Protocol):
@@ -48,7 +36,8 @@ class EngineBackend:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
-        def on_token(token: int | None, finished: bool, error: str | None) -> None:
+        def on_token(token: int | None, finished: bool,
+                     error: str | BaseException | None) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (token, finished, error))
 
         from coral.runtime.engine import EngineStoppedError
@@ -62,8 +51,10 @@ class EngineBackend:
         try:
             while not finished:
                 token, finished, error = await queue.get()
+                if isinstance(error, BackendError):
+                    raise error
                 if error is not None:
-                    raise BackendError(error)
+                    raise BackendError(str(error))
                 if token is not None:
                     yield token
         finally:

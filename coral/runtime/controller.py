@@ -407,6 +407,15 @@ class Controller:
     def _lost(self, inst: Instance, why: str, *, workers: int = 0) -> None:
         """Take a failed instance out of routing, count the failure and kill what is left of
         it (in the background: a hung worker takes a moment to kill)."""
+        router = self.models.get(inst.spec.served_name)
+        try:
+            crashed = bool(inst.crashed_nodes())
+        except Exception:  # noqa: BLE001 - unknown: not blamed on a request
+            crashed = False
+        # a crash of workers running a request that was on an earlier crash is that
+        # request's (it is refused from now on), not the instance's: it counts once
+        blamed = (router.blame(inst, crashed=crashed)
+                  if router is not None and inst.state == "active" else False)
         with self._state:
             if inst.state in ("dead", "stopped"):
                 return
@@ -415,8 +424,11 @@ class Controller:
             self.dead.append(inst.name)
             slot = self._slots.get(inst.name)
             if slot is not None and slot.instance is inst:
-                self._failure(slot, why)
-            router = self.models.get(inst.spec.served_name)
+                if blamed:
+                    slot.error = f"{why} (put on a request that crashed workers before)"
+                    slot.next_start_s = time.monotonic()
+                else:
+                    self._failure(slot, why)
         if router is not None:
             router.remove(inst)
             router.count("instance_deaths")

@@ -28,14 +28,16 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from coral.runtime.backend_errors import BackendError, RequestFailedError
 from coral.runtime.config import EOS_TOKEN_ID
 from coral.runtime.messages import PROMPT_CHUNK_STEP, SamplingParams, TokenResult, WorkItem
 from coral.runtime.pipeline import Executor
 
 log = logging.getLogger(__name__)
 
-#: on_token(token_id or None, finished, error): token None with finished=True ends the stream.
-TokenCallback = Callable[[int | None, bool, str | None], None]
+#: on_token(token_id or None, finished, error): token None with finished=True ends the stream;
+#: `error` is a message, or a `BackendError` that says whether the request may run again.
+TokenCallback = Callable[[int | None, bool, "str | BaseException | None"], None]
 
 #: How often an idle engine lets its executor check on its workers (drain heartbeats), and
 #: the longest a pipelined engine waits for a result before it looks at its queue again.
@@ -172,7 +174,13 @@ class Engine:
         with self._lock:
             for res in results:
                 r = self._running.get(res.request_id)
-                if r is None or res.step != len(r.generated):
+                if r is None:
+                    continue
+                if res.error is not None:  # its step failed: the request ends, not the engine
+                    self._finish(r, BackendError(res.error) if res.retry
+                                 else RequestFailedError(res.error))
+                    continue
+                if res.step != len(r.generated):
                     continue
                 r.generated.append(res.token_id)
                 done = (len(r.generated) >= r.max_tokens or
@@ -181,7 +189,8 @@ class Engine:
                 if done:
                     self._finish(r, None, notify=False)
 
-    def _finish(self, r: _Request, error: str | None, notify: bool = True) -> None:
+    def _finish(self, r: _Request, error: str | BaseException | None,
+                notify: bool = True) -> None:
         self._running.pop(r.request_id, None)
         self._prefill.pop(r.request_id, None)
         release = WorkItem(r.request_id, 0, (), release=True)

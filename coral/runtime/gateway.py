@@ -14,6 +14,7 @@ client raises, never with a silent truncation.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import difflib
 import json
@@ -25,10 +26,13 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
 from fastapi import FastAPI, Request
+from jinja2 import TemplateError
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from coral.runtime.http_guard import GatewayLimits, GuardMiddleware, uvicorn_options
 from coral.runtime.backends import (
     Backend,
     BackendError,
@@ -47,7 +51,7 @@ from coral.runtime.openai_api import (
     model_health,
     validation_error,
 )
-from coral.runtime.tokenizer import ByteTokenizer, Tokenizer
+from coral.runtime.tokenizer import ByteTokenizer, Tokenizer, fewest_tokens
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,9 @@ DEFAULT_CHAT_MAX_TOKENS = 256
 MAX_REQUEST_RETRIES = 2
 #: How long a stopping server lets requests in flight finish before it closes them.
 GRACEFUL_SHUTDOWN_S = 30.0
+#: Retry-After of a request refused because its model's queue is full: requests of the tiny
+#: models here take about a second, so a place is usually free by then.
+QUEUE_FULL_RETRY_AFTER_S = 1
 
 
 # ---------------------------------------------------------------- generation
@@ -74,16 +81,20 @@ class _Outcome:
 def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                tokenizer: Tokenizer | Mapping[str, Tokenizer] | None = None,
                metrics: GatewayMetrics | None = None,
-               preempt: Callable[[str, float], Any] | None = None) -> FastAPI:
+               preempt: Callable[[str, float], Any] | None = None,
+               limits: GatewayLimits | None = None) -> FastAPI:
     """The gateway over `models` (served name -> backend).
 
     `tokenizer`: one for every model, or one per served name (models not in the mapping use
-    the byte tokenizer). `api_key`, when set, is required on /v1/* and /admin/* as
-    `Authorization: Bearer <api_key>`; /health and /metrics stay open (bind the gateway to
-    loopback or a private network). `preempt` (a controller's `notice`) serves
-    `POST /admin/preempt {"instance": NAME, "notice_s": S}`: a preemption notice for an
-    instance, as a cloud's would be delivered.
+    the byte tokenizer). `api_key`, when set, is required on every path but /health and
+    /metrics (the OpenAPI schema and /admin/* included) as `Authorization: Bearer <api_key>`;
+    bind the gateway to loopback or a private network. `preempt` (a controller's `notice`)
+    serves `POST /admin/preempt {"instance": NAME, "notice_s": S}`: a preemption notice for an
+    instance, as a cloud's would be delivered. `limits`: body size, timeouts, allowed Host
+    names and the admission limit per model (`coral.runtime.http_guard`); the servers below
+    apply its HTTP-level ones.
     """
+    limits = limits or GatewayLimits()
     default_tok: Tokenizer = ByteTokenizer()
     per_model: Mapping[str, Tokenizer] = {}
     if isinstance(tokenizer, Mapping):
@@ -98,6 +109,8 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
     created = int(time.time())
     app = FastAPI(title="coral gateway", docs_url=None, redoc_url=None)
     app.state.metrics = stats
+    app.state.limits = limits
+    app.add_middleware(GuardMiddleware, limits=limits, api_key=api_key)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -118,17 +131,8 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
         return ApiError(500, f"Internal error: {type(exc).__name__}", type="server_error"
                         ).response()
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith(("/v1/", "/admin/")):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return ApiError(401, "Incorrect API key provided.",
-                                type="invalid_request_error", code="invalid_api_key").response()
-        return await call_next(request)
-
     if preempt is not None:
-        @app.post("/admin/preempt")
+        @app.post("/admin/preempt", include_in_schema=False)
         async def admin_preempt(body: dict[str, Any]) -> dict[str, Any]:
             name, notice_s = body.get("instance"), body.get("notice_s", 0.0)
             if not isinstance(name, str) or not isinstance(notice_s, (int, float)) \
@@ -141,6 +145,28 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
             return {"instance": name, "notice_s": float(notice_s),
                     "in_flight": getattr(record, "in_flight", None)}
 
+    admitted: dict[str, int] = {}  # model -> requests admitted (event loop only)
+
+    def admit(model: str, endpoint: str) -> Callable[[], None]:
+        """Admit a request of `model`, or refuse it (429) past the model's queue depth;
+        returns the function that frees its place (once, however often it is called)."""
+        held = admitted.get(model, 0)
+        if limits.max_queue is not None and held >= limits.max_queue:
+            stats.count_request(model, endpoint, "throttled")
+            raise ApiError(429, f"Model '{model}' has {held} requests in progress, as many as "
+                           f"this gateway admits (--max-queue {limits.max_queue}). Please "
+                           f"retry after {QUEUE_FULL_RETRY_AFTER_S} s.", type="rate_limit_error",
+                           code="queue_full", retry_after_s=QUEUE_FULL_RETRY_AFTER_S)
+        admitted[model] = held + 1
+        freed = False
+
+        def release() -> None:
+            nonlocal freed
+            if not freed:
+                freed = True
+                admitted[model] -= 1
+        return release
+
     def backend_of(name: str) -> Backend:
         if name not in models:
             close = difflib.get_close_matches(name, list(models), n=1)
@@ -150,24 +176,42 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                            code="model_not_found")
         return models[name]
 
-    def prepare(body: RequestBody, prompt: str, default_max: int | None
-                ) -> tuple[Backend, list[int], int, SamplingParams, list[str]]:
+    def context_error(body: RequestBody, context: int, prompt_tokens: int, max_tokens: int,
+                      *, at_least: bool = False) -> ApiError:
+        prompt = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
+        total = f"at least {prompt_tokens + max_tokens}" if at_least else str(
+            prompt_tokens + max_tokens)
+        return ApiError(400, f"This model's maximum context length is {context} tokens. "
+                        f"However, you requested {total} tokens ({prompt} in the prompt, "
+                        f"{max_tokens} for the completion). Please reduce the prompt or "
+                        "max_tokens.", param="messages" if isinstance(body, ChatRequest)
+                        else "prompt", code="context_length_exceeded")
+
+    async def prepare(body: RequestBody, prompt: str, default_max: int | None
+                      ) -> tuple[Backend, list[int], int, SamplingParams, list[str]]:
+        """Check the request against the model's context, cheaply first (a bound on its
+        tokens from its length), then tokenize it in a worker thread: a long prompt neither
+        reaches the tokenizer nor holds up the event loop."""
         backend = backend_of(body.model)
-        ids = tok_of(body.model).encode(prompt)
+        stops = body.stop_list()
+        tok = tok_of(body.model)
         max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
         context = backend.max_context_tokens
+        fewest = fewest_tokens(tok, prompt)
+        if fewest + (max_tokens or 1) > context:
+            raise context_error(body, context, fewest, max_tokens or 1, at_least=True)
+        ids = await asyncio.to_thread(tok.encode, prompt)
+        if not ids:
+            raise ApiError(400, "The prompt is empty once tokenized; send some text.",
+                           param="messages" if isinstance(body, ChatRequest) else "prompt",
+                           code="invalid_value")
         if max_tokens is None:
             max_tokens = max(1, min(default_max or DEFAULT_CHAT_MAX_TOKENS, context - len(ids)))
         if len(ids) + max_tokens > context:
-            raise ApiError(400, f"This model's maximum context length is {context} tokens. "
-                           f"However, you requested {len(ids) + max_tokens} tokens "
-                           f"({len(ids)} in the prompt, {max_tokens} for the completion). "
-                           "Please reduce the prompt or max_tokens.", param="messages"
-                           if isinstance(body, ChatRequest) else "prompt",
-                           code="context_length_exceeded")
-        sampling = SamplingParams(body.temperature,
-                                  body.seed if body.seed is not None else secrets.randbits(31))
-        return backend, ids, max_tokens, sampling, body.stop_list()
+            raise context_error(body, context, len(ids), max_tokens)
+        seed = body.seed if body.seed is not None else secrets.randbits(31)
+        sampling = SamplingParams(body.temperature, seed, body.top_p)
+        return backend, ids, max_tokens, sampling, stops
 
     async def run(body: RequestBody, endpoint: str, backend: Backend, ids: list[int], max_tokens: int,
                   sampling: SamplingParams, stops: list[str], outcome: _Outcome
@@ -265,7 +309,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
         return {"prompt_tokens": o.prompt_tokens, "completion_tokens": o.completion_tokens,
                 "total_tokens": o.prompt_tokens + o.completion_tokens}
 
-    def sse(gen: AsyncIterator[dict]) -> StreamingResponse:
+    def sse(gen: AsyncIterator[dict], release: Callable[[], None]) -> StreamingResponse:
         async def events() -> AsyncIterator[str]:
             try:
                 async for chunk in gen:
@@ -276,12 +320,17 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                 log.exception("stream failed")
                 error = ApiError(500, f"Internal error: {type(exc).__name__}", type="server_error")
                 yield f"data: {json.dumps(error.body())}\n\n"
+            finally:
+                release()
             yield "data: [DONE]\n\n"
-        return StreamingResponse(events(), media_type="text/event-stream")
+        # the background task frees the place too when the client left before the stream ran
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 background=BackgroundTask(release))
 
-    def counted_prepare(body: RequestBody, endpoint: str, prompt: str, default_max: int | None):
+    async def counted_prepare(body: RequestBody, endpoint: str, prompt: str,
+                              default_max: int | None):
         try:
-            return prepare(body, prompt, default_max)
+            return await prepare(body, prompt, default_max)
         except ApiError:
             stats.count_request(body.model if body.model in models else "unknown", endpoint,
                                 "rejected")
@@ -330,56 +379,82 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
         if len(prompts) != 1:
             raise ApiError(400, f"'prompt' holds {len(prompts)} prompts; send one per request",
                            param="prompt")
-        args = counted_prepare(body, "completions", prompts[0], DEFAULT_COMPLETION_MAX_TOKENS)
-        rid, now, outcome = f"cmpl-{secrets.token_hex(12)}", int(time.time()), _Outcome()
+        backend_of(body.model)
+        release = admit(body.model, "completions")
+        try:
+            args = await counted_prepare(body, "completions", prompts[0],
+                                         DEFAULT_COMPLETION_MAX_TOKENS)
+            rid, now, outcome = f"cmpl-{secrets.token_hex(12)}", int(time.time()), _Outcome()
 
-        def chunk(text: str, finish: str | None) -> dict[str, Any]:
-            return {"id": rid, "object": "text_completion", "created": now, "model": body.model,
-                    "choices": [{"text": text, "index": 0, "logprobs": None,
-                                 "finish_reason": finish}]}
+            def chunk(text: str, finish: str | None) -> dict[str, Any]:
+                return {"id": rid, "object": "text_completion", "created": now,
+                        "model": body.model, "choices": [{"text": text, "index": 0,
+                                                          "logprobs": None,
+                                                          "finish_reason": finish}]}
 
-        if body.stream:
-            deltas = await started(body, "completions", args, outcome)
+            if body.stream:
+                deltas = await started(body, "completions", args, outcome)
 
-            async def stream() -> AsyncIterator[dict]:
-                async for delta in deltas:
-                    if delta:
-                        yield chunk(delta, None)
-                yield chunk("", outcome.finish_reason)
-            return sse(stream())
-        outcome = await collect(body, "completions", args)
-        return {**chunk(outcome.text, outcome.finish_reason), "usage": usage(outcome)}
+                async def stream() -> AsyncIterator[dict]:
+                    async for delta in deltas:
+                        if delta:
+                            yield chunk(delta, None)
+                    yield chunk("", outcome.finish_reason)
+                response = sse(stream(), release)
+                release = _kept  # the stream frees the place when it ends
+                return response
+            outcome = await collect(body, "completions", args)
+            return {**chunk(outcome.text, outcome.finish_reason), "usage": usage(outcome)}
+        finally:
+            release()
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
-        prompt = tok_of(body.model).apply_chat_template(
-            [(m.role, m.text()) for m in body.messages])
-        args = counted_prepare(body, "chat", prompt, None)
-        rid, now, outcome = f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), _Outcome()
+        backend_of(body.model)
+        release = admit(body.model, "chat")
+        try:
+            try:
+                prompt = await asyncio.to_thread(tok_of(body.model).apply_chat_template,
+                                                 [(m.role, m.text()) for m in body.messages])
+            except (ValueError, TemplateError) as exc:  # no template, or messages it refuses
+                raise ApiError(400, f"The messages cannot be rendered with the model's chat "
+                               f"template: {exc}", param="messages") from None
+            args = await counted_prepare(body, "chat", prompt, None)
+            rid, now = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
+            outcome = _Outcome()
 
-        def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
-            return {"id": rid, "object": "chat.completion.chunk", "created": now,
+            def chunk(delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+                return {"id": rid, "object": "chat.completion.chunk", "created": now,
+                        "model": body.model,
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+            if body.stream:
+                deltas = await started(body, "chat", args, outcome)
+
+                async def stream() -> AsyncIterator[dict]:
+                    yield chunk({"role": "assistant", "content": ""}, None)
+                    async for delta in deltas:
+                        if delta:
+                            yield chunk({"content": delta}, None)
+                    yield chunk({}, outcome.finish_reason)
+                response = sse(stream(), release)
+                release = _kept  # the stream frees the place when it ends
+                return response
+            outcome = await collect(body, "chat", args)
+            return {"id": rid, "object": "chat.completion", "created": now,
                     "model": body.model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-        if body.stream:
-            deltas = await started(body, "chat", args, outcome)
-
-            async def stream() -> AsyncIterator[dict]:
-                yield chunk({"role": "assistant", "content": ""}, None)
-                async for delta in deltas:
-                    if delta:
-                        yield chunk({"content": delta}, None)
-                yield chunk({}, outcome.finish_reason)
-            return sse(stream())
-        outcome = await collect(body, "chat", args)
-        return {"id": rid, "object": "chat.completion", "created": now, "model": body.model,
-                "choices": [{"index": 0, "message": {"role": "assistant",
-                                                     "content": outcome.text},
-                             "finish_reason": outcome.finish_reason}],
-                "usage": usage(outcome)}
+                    "choices": [{"index": 0, "message": {"role": "assistant",
+                                                         "content": outcome.text},
+                                 "finish_reason": outcome.finish_reason}],
+                    "usage": usage(outcome)}
+        finally:
+            release()
 
     return app
+
+
+def _kept() -> None:
+    """A request's place that a stream now holds (it frees it itself)."""
 
 
 # ---------------------------------------------------------------- serving helpers
@@ -395,8 +470,10 @@ class ServerThread:
             from coral.runtime.worker import free_tcp_port
             port = free_tcp_port(host)
         self.host, self.port = host, port
+        limits = getattr(app.state, "limits", None) or GatewayLimits()
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
-                                                    log_level=log_level, lifespan="off"))
+                                                    log_level=log_level, lifespan="off",
+                                                    **uvicorn_options(limits)))
         self.thread = threading.Thread(target=self.server.run, name="coral-gateway",
                                        daemon=True)
 
@@ -433,5 +510,7 @@ def run_gateway(app: FastAPI, *, host: str = DEFAULT_HOST, port: int = 8000,
     process before the caller's cleanup."""
     import uvicorn
 
+    limits = getattr(app.state, "limits", None) or GatewayLimits()
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                  timeout_graceful_shutdown=graceful_s)).run()
+                                  timeout_graceful_shutdown=graceful_s,
+                                  **uvicorn_options(limits))).run()

@@ -127,6 +127,12 @@ class Instance:
             return []
         return check() if heartbeat_timeout_s is None else check(heartbeat_timeout_s)
 
+    def crashed_nodes(self) -> list[str]:
+        """Workers that ended on their own (an error exit or a fatal signal), not killed from
+        outside: a death that may be put on a request it ran."""
+        check = getattr(self.executor, "crashed_nodes", None)
+        return [] if check is None else check()
+
     def kill(self) -> None:
         """End what is left of a failed instance's workers at once (no graceful stop: they
         may be hung, and their requests are already being failed over)."""

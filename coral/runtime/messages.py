@@ -15,6 +15,7 @@ import numpy as np
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy (argmax)
     seed: int = 0  # seeds the per-request sampler; token i uses seed + i
+    top_p: float = 1.0  # nucleus sampling: draw from the smallest set holding this mass
 
 
 #: `WorkItem.step` of a prompt chunk that is not the prompt's last (nothing to sample).
@@ -43,6 +44,11 @@ class TokenResult:
     request_id: str
     step: int  # which generated token this is (0 = first)
     token_id: int
+    error: str | None = None
+    """Set when the request's step failed (no token): the request ends with this error."""
+    retry: bool = False
+    """With `error`: the failure was its micro-batch's, not the request's own (it may run
+    again); else the request's own computation failed and would fail again."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,16 @@ class Results:
     tokens: tuple[TokenResult, ...]
     batch_id: int
     node_id: str
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    """A node's step raised: the items it held fail (the worker itself goes on)."""
+
+    batch_id: int
+    node_id: str
+    error: str
+    items: tuple[tuple[str, int], ...]  # (request id, step) of each failed item
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,8 @@ RUNTIME_METRICS = (
      "Requests answered 503 because the model had no ready instance."),
     ("retriable_errors", "coral_requests_cut_total", "counter",
      "Requests whose instance was lost after it produced tokens."),
+    ("poison_requests", "coral_requests_poison_total", "counter",
+     "Requests refused as the cause of repeated worker crashes."),
     ("unavailable_s", "coral_model_unavailable_seconds_total", "counter",
      "Seconds during which the model had no ready instance."),
     ("ready_instances", "coral_model_ready_instances", "gauge",

@@ -239,16 +239,42 @@ class Stage:
         if rows:
             logits = project(self.norm(x[[r for _, r in rows]]), self.lm_head)
             for k, (j, _) in enumerate(rows):
-                out[j] = TokenResult(items[j].request_id, items[j].step,
-                                     sample(logits[k], items[j]))
+                try:
+                    token = sample(logits[k], items[j])
+                except Exception as exc:  # noqa: BLE001 - that request fails, not the step
+                    out[j] = TokenResult(items[j].request_id, items[j].step, -1,
+                                         error=f"sampling failed: {type(exc).__name__}: {exc}")
+                    continue
+                out[j] = TokenResult(items[j].request_id, items[j].step, token)
         return out
 
 
+#: Below this temperature a draw is greedy: dividing logits by it would overflow (inf/NaN
+#: probabilities), and the distribution is the argmax's anyway.
+MIN_TEMPERATURE = 1e-5
+#: torch's generators take 64-bit seeds: (request seed, step) is folded into that range.
+_SEED_SPACE = 2 ** 64
+
+
 def sample(logits: torch.Tensor, item: WorkItem) -> int:
-    """Greedy at temperature 0, else a draw seeded by (request seed, step): reproducible."""
+    """Greedy at temperature 0 (or one too small to divide by), else a draw seeded by
+    (request seed, step): reproducible. Any 64-bit seed and any temperature in [0, 2] are
+    safe: the scaling runs in float64 from the largest logit, so no probability is inf or
+    NaN; `top_p` < 1 keeps the smallest set of tokens holding that much of the mass."""
     temperature = item.sampling.temperature
-    if temperature <= 0:
+    if not temperature >= MIN_TEMPERATURE:  # NaN too
         return int(torch.argmax(logits))
-    gen = torch.Generator().manual_seed(item.sampling.seed * 1_000_003 + item.step)
-    probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)  # CPU generator
+    scores = logits.detach().to("cpu", torch.float64)  # CPU generator
+    scaled = (scores - scores.max()) / temperature
+    probs = torch.softmax(scaled, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError(f"request {item.request_id}: logits hold non-finite values")
+    top_p = item.sampling.top_p
+    if top_p < 1.0:
+        ordered, order = torch.sort(probs, descending=True)
+        # keep a token while the mass before it is below top_p (the first is always kept)
+        keep = (torch.cumsum(ordered, dim=-1) - ordered) < top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], ordered[keep])
+    gen = torch.Generator().manual_seed((item.sampling.seed * 1_000_003 + item.step)
+                                        % _SEED_SPACE)
     return int(torch.multinomial(probs, 1, generator=gen))

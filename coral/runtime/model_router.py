@@ -13,14 +13,22 @@ Retry-After), never with a client error. Its counters and health feed /metrics a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from coral.routing import LOAD_SLACK, SwrrRouter
-from coral.runtime.backends import BackendError, ModelUnavailableError, RetriableBackendError
+from coral.runtime.backends import (
+    BackendError,
+    ModelUnavailableError,
+    PoisonRequestError,
+    RequestFailedError,
+    RetriableBackendError,
+)
 from coral.runtime.instance import Instance, RuntimeInstanceSpec, InstanceStatus
 from coral.runtime.messages import SamplingParams
 
@@ -41,6 +49,22 @@ AVOID_S = 1.0
 DEFAULT_RETRY_AFTER_S = 5
 #: Retry-After of a model whose every instance was given up on (it needs an operator).
 FAILED_RETRY_AFTER_S = 60
+#: A request on (or just failed by) this many instances whose workers crashed is taken for
+#: their cause: it is not run again, and a crash it is part of after its first is not
+#: counted as the instance's failure.
+POISON_CRASHES = 2
+#: Requests whose crashes are remembered (the oldest are forgotten first).
+CRASH_MEMORY = 4096
+
+
+def request_key(prompt_ids: Sequence[int], sampling: SamplingParams) -> str:
+    """What identifies a request when it is sent again: its prompt and how it samples. Not
+    its seed (drawn afresh for a request sent without one) nor its length: a client that
+    resends a request changes neither the prompt nor the sampling."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(repr((sampling.temperature, sampling.top_p)).encode())
+    digest.update(b"|" + ",".join(map(str, prompt_ids)).encode())
+    return digest.hexdigest()
 
 
 class ModelRouter:
@@ -81,8 +105,13 @@ class ModelRouter:
         self.instance_deaths = 0
         self.restarts = 0
         self.restart_failures = 0
+        self.poison_requests = 0  # requests refused as the cause of worker crashes
         self._down_since: float | None = None
         self._down_total_s = 0.0
+        # requests in flight on each instance object, or failed by it (until its fate is
+        # known): keys of `request_key`; a replacement is another object under the same name
+        self._on: dict[int, dict[str, int]] = {}
+        self._crashes: OrderedDict[str, int] = OrderedDict()  # request key -> crashes seen
 
     # ---- membership (controller) ----
     def plan(self, specs: Sequence[RuntimeInstanceSpec]) -> None:
@@ -118,6 +147,7 @@ class ModelRouter:
             self._credit = self._credits_now()
             self._instances = [i for i in self._instances if i is not instance]
             self._credit.pop(instance.name, None)
+            self._on.pop(id(instance), None)
             self._draining.discard(instance.name)
             self._rr = None
             self._note_availability()
@@ -170,6 +200,47 @@ class ModelRouter:
             return self._context_tokens
         return min((i.max_context_tokens for i in self.instances), default=0)
 
+    # ---- poison requests ----
+    def _track(self, instance: Instance, key: str, n: int) -> None:
+        with self._lock:
+            held = self._on.setdefault(id(instance), {})
+            held[key] = held.get(key, 0) + n
+            if held[key] <= 0:
+                del held[key]
+
+    def _poisoned(self, key: str) -> int:
+        with self._lock:
+            crashes = self._crashes.get(key, 0)
+            return crashes if crashes >= POISON_CRASHES else 0
+
+    def blame(self, instance: Instance, *, crashed: bool) -> bool:
+        """An instance was lost (the controller calls this): when its workers crashed on
+        their own, the crash counts against each request it held or had just failed. Returns
+        whether one of them was on an earlier crash too: the crash is then put on that
+        request, which is refused from now on, and the caller does not count it as the
+        instance's failure."""
+        with self._lock:
+            held = self._on.pop(id(instance), {})
+            if not crashed:
+                return False
+            blamed = False
+            for key in held:
+                crashes = self._crashes.pop(key, 0) + 1
+                self._crashes[key] = crashes
+                blamed |= crashes >= POISON_CRASHES
+            while len(self._crashes) > CRASH_MEMORY:
+                self._crashes.popitem(last=False)
+        if blamed:
+            log.error("model %s: instance %s crashed running a request that was on an earlier "
+                      "crash too; that request is refused from now on", self.name,
+                      instance.name)
+        return blamed
+
+    def _refuse(self, crashes: int) -> PoisonRequestError:
+        self.count("poison_requests")
+        return PoisonRequestError(f"this request was being run each of the {crashes} times "
+                                  f"workers of model '{self.name}' crashed")
+
     # ---- health ----
     def unavailable_s(self) -> float:
         """Seconds so far during which the model had no ready instance."""
@@ -195,7 +266,7 @@ class ModelRouter:
         with self._lock:
             counters = {k: getattr(self, k) for k in (
                 "worker_deaths", "instance_deaths", "restarts", "restart_failures", "retries",
-                "retriable_errors", "unavailable")}
+                "retriable_errors", "unavailable", "poison_requests")}
             ready = len(self._instances)
         return {**counters, "ready_instances": ready, "planned_instances": self._planned,
                 "unavailable_s": self.unavailable_s()}
@@ -271,7 +342,11 @@ class ModelRouter:
         deadline = time.monotonic() + self.wait_s
         failed: list[Instance] = []  # instances that failed this request
         failed_at = 0.0
+        key = request_key(prompt_ids, sampling)
         while True:
+            crashes = self._poisoned(key)
+            if crashes:
+                raise self._refuse(crashes)
             avoid = (failed if time.monotonic() - failed_at < AVOID_S
                      else [i for i in failed if i.state != "active"])
             instance = self._pick(exclude=avoid)
@@ -284,14 +359,19 @@ class ModelRouter:
                     f"model '{self.name}' is temporarily unavailable: no ready instance"
                     + (f" after {self.wait_s:g} s" if self._recovering() else ""))
             produced = 0
+            self._track(instance, key, 1)
+            kept = False  # whether the instance's fate may still be put on this request
             try:
                 async for token in instance.backend.generate(prompt_ids, max_tokens, sampling):
                     produced += 1
                     yield token
                 return
+            except RequestFailedError:
+                raise  # its own failure: it would fail the same way anywhere
             except BackendError as exc:
                 log.warning("model %s: instance %s failed a request: %s", self.name,
                             instance.name, exc)
+                kept = instance.state in ("active", "dead")
                 if produced:
                     self.count("retriable_errors")
                     raise RetriableBackendError(
@@ -305,4 +385,6 @@ class ModelRouter:
                         f"failed on {len(failed)} attempts ({exc})") from exc
                 self.count("retries")  # nothing was produced: restart from the prompt
             finally:
+                if not kept:
+                    self._track(instance, key, -1)
                 self._done(instance)

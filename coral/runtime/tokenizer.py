@@ -33,9 +33,21 @@ class Tokenizer(Protocol):
     def apply_chat_template(self, messages: list[tuple[str, str]]) -> str: ...
 
 
+def fewest_tokens(tokenizer: Tokenizer, text: str) -> int:
+    """A lower bound on the tokens of `text`, found without tokenizing it (0 when the
+    tokenizer does not tell how many bytes its longest token covers): a prompt far longer
+    than the context is refused before any work is spent on it."""
+    widest = getattr(tokenizer, "max_token_bytes", None)
+    if not widest:
+        return 0
+    return -(-len(text.encode("utf-8", errors="surrogatepass")) // int(widest))
+
+
 class ByteTokenizer:
     bos_token_id = BOS_TOKEN_ID
     eos_token_id = EOS_TOKEN_ID
+    #: Every token is one byte of the text.
+    max_token_bytes = 1
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         return ([BOS_TOKEN_ID] if add_bos else []) + list(text.encode("utf-8"))
@@ -95,6 +107,8 @@ class GgufTokenizer:
         self.add_bos = bool(f.get("tokenizer.ggml.add_bos_token", False))
         self.chat_template: str | None = f.get("tokenizer.chat_template")
         self._tokens = tokens
+        # byte-level BPE: each character of a token's string stands for one byte of text
+        self.max_token_bytes = max((len(t) for t in tokens), default=1)
 
     def token(self, token_id: int) -> str:
         return self._tokens[token_id]

@@ -132,7 +132,8 @@ class VllmBackend:
         from coral.runtime.backends import BackendError
 
         body = {"model": self.served_name, "prompt": list(prompt_ids), "max_tokens": max_tokens,
-                "temperature": sampling.temperature, "seed": sampling.seed, "stream": True,
+                "temperature": sampling.temperature, "seed": sampling.seed,
+                "top_p": getattr(sampling, "top_p", 1.0), "stream": True,
                 "logprobs": 0, "return_tokens_as_token_ids": True,
                 "skip_special_tokens": False}
         try:

@@ -36,6 +36,7 @@ from coral.runtime.messages import (
     Results,
     Shutdown,
     StageTiming,
+    StepFailed,
     TokenResult,
     Wake,
     WorkItem,
@@ -74,7 +75,8 @@ class NodeAddress:
 class Topology:
     spec: PipelineSpec
     nodes: tuple[tuple[NodeAddress, ...], ...]  # per stage
-    driver_address: str  # the driver's PULL socket (tokens and heartbeats)
+    driver_address: str  # the driver's PULL socket (tokens, step times)
+    heartbeat_address: str = ""  # the driver's heartbeat PULL socket ("": driver_address)
 
     @classmethod
     def on_loopback(cls, spec: PipelineSpec, host: str = "127.0.0.1") -> "Topology":
@@ -82,7 +84,8 @@ class Topology:
             tuple(NodeAddress(f"s{s}n{i}", s, i, f"tcp://{host}:{free_tcp_port(host)}")
                   for i in range(len(stage.node_weights)))
             for s, stage in enumerate(spec.stages))
-        return cls(spec, nodes, f"tcp://{host}:{free_tcp_port(host)}")
+        return cls(spec, nodes, f"tcp://{host}:{free_tcp_port(host)}",
+                   f"tcp://{host}:{free_tcp_port(host)}")
 
 
 def exit_with_parent(parent_pid: int, period_s: float = PARENT_WATCH_S) -> threading.Thread:
@@ -143,7 +146,8 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
     clock = time.thread_time if str(device).startswith("cpu") else time.perf_counter
     stop = threading.Event()
     beats = threading.Thread(target=_send_heartbeats, name="coral-heartbeat", daemon=True,
-                             args=(ctx, topology.driver_address, me.node_id, stage_index,
+                             args=(ctx, topology.heartbeat_address or topology.driver_address,
+                                   me.node_id, stage_index,
                                    stage, heartbeat_s, stop))
     beats.start()
     try:
@@ -155,7 +159,12 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
                 return
             assert isinstance(msg, Batch), f"unexpected message {type(msg).__name__}"
             t0 = clock()
-            out = stage.forward(msg.items)
+            try:
+                out = stage.forward(msg.items)
+            except Exception as exc:  # noqa: BLE001 - the micro-batch fails, not the worker
+                log.exception("node %s: micro-batch %d failed", me.node_id, msg.batch_id)
+                driver.send_pyobj(_step_failed(stage, me.node_id, msg, exc))
+                continue
             seconds = clock() - t0
             if slowdown != 1.0:  # test hook: a known slowdown to recover from the metrics
                 time.sleep((slowdown - 1.0) * seconds)
@@ -170,6 +179,15 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
         stop.set()
         beats.join(timeout=2 * heartbeat_s)
         ctx.destroy(linger=0)
+
+
+def _step_failed(stage: object, node_id: str, batch: Batch, exc: Exception) -> StepFailed:
+    """The failure of a micro-batch's step on this node. Its requests' KV caches here may be
+    half-written, so they are dropped; their releases come later, as for any failed request."""
+    failed = tuple((i.request_id, i.step) for i in batch.items if not i.release)
+    for request_id, _ in failed:
+        stage.release(request_id)  # type: ignore[attr-defined]
+    return StepFailed(batch.batch_id, node_id, f"{type(exc).__name__}: {exc}", failed)
 
 
 def _send_heartbeats(ctx: object, driver_address: str, node_id: str, stage_index: int,
@@ -239,13 +257,27 @@ class ZmqPipeline:
         except zmq.ZMQError:
             self._ctx.destroy(linger=0)
             raise
+        self.last_seen_s: dict[str, float] = {}
+        self._beats_stop = threading.Event()
+        self._beats: threading.Thread | None = None
+        if self.topology.heartbeat_address:
+            # heartbeats are read by a thread of their own: a driver thread busy elsewhere
+            # (a long step, a loaded event loop) does not make its workers look silent
+            beats = self._ctx.socket(zmq.PULL)
+            try:
+                beats.bind(self.topology.heartbeat_address)
+            except zmq.ZMQError:
+                self._ctx.destroy(linger=0)
+                raise
+            self._beats = threading.Thread(target=self._read_heartbeats, args=(beats,),
+                                           name="coral-heartbeats", daemon=True)
+            self._beats.start()
         self._first = []
         for node in self.topology.nodes[0]:
             sock = self._ctx.socket(zmq.PUSH)
             sock.connect(node.address)
             self._first.append(sock)
         self._router = WeightedRouter(spec.stages[0].node_weights)
-        self.last_seen_s: dict[str, float] = {}
         self.step_times = StepTimes(spec.model.name, [(st.first_layer, st.end_layer)
                                                       for st in spec.stages],
                                     [st.node_type for st in spec.stages])
@@ -268,6 +300,21 @@ class ZmqPipeline:
     @property
     def node_ids(self) -> list[str]:
         return [n.node_id for stage in self.topology.nodes for n in stage]
+
+    def _read_heartbeats(self, sock: object) -> None:
+        """Record every worker's heartbeats until the pipeline closes (this thread owns
+        `sock`)."""
+        try:
+            while not self._beats_stop.is_set():
+                if not sock.poll(timeout=int(HEARTBEAT_S * 1000)):  # type: ignore[attr-defined]
+                    continue
+                msg = sock.recv_pyobj()  # type: ignore[attr-defined]
+                if isinstance(msg, Heartbeat):
+                    self.last_seen_s[msg.node_id] = time.time()
+        except self._zmq.ZMQError:  # the context is being destroyed
+            pass
+        finally:
+            sock.close(linger=0)  # type: ignore[attr-defined]
 
     def _receive(self, timeout_s: float):
         if not self._inbox.poll(timeout=int(timeout_s * 1000)):
@@ -296,6 +343,13 @@ class ZmqPipeline:
     def stale_nodes(self, timeout_s: float = HEARTBEAT_TIMEOUT_S) -> list[str]:
         now = time.time()
         return [n for n in self.node_ids if now - self.last_seen_s.get(n, 0.0) > timeout_s]
+
+    def crashed_nodes(self) -> list[str]:
+        """Nodes whose process ended on its own (an error exit or a fatal signal such as
+        SIGSEGV), not killed from outside (SIGKILL: an operator, a reclaimed node, the
+        kernel's out-of-memory killer): only those may be blamed on what they ran."""
+        return [nid for nid, p in zip(self.node_ids, self.processes)
+                if p.exitcode not in (None, 0, -signal.SIGKILL)]
 
     def dead_nodes(self) -> list[str]:
         """Nodes whose process has exited (found at once, without waiting for heartbeats)."""
@@ -342,10 +396,12 @@ class ZmqPipeline:
         end = time.time() + timeout_s
         while not done:
             msg = self._receive(min(0.2, max(0.0, end - time.time())))
-            if isinstance(msg, Results):
+            if isinstance(msg, (Results, StepFailed)):
                 pending = self._pending.get(msg.batch_id)
                 if pending is not None:  # else a late reply of a micro-batch already failed
-                    pending.tokens.extend(msg.tokens)
+                    pending.tokens.extend(msg.tokens if isinstance(msg, Results) else [
+                        TokenResult(rid, step, -1, error=f"node {msg.node_id}: {msg.error}",
+                                    retry=True) for rid, step in msg.items])
                     if len(pending.tokens) >= pending.expected:
                         done.append((msg.batch_id, pending.tokens))
             self._check_in_flight()
@@ -436,4 +492,7 @@ class ZmqPipeline:
             if p.is_alive():
                 p.kill()
                 p.join()
+        self._beats_stop.set()
+        if self._beats is not None:
+            self._beats.join(timeout=2 * HEARTBEAT_S + 1.0)
         self._ctx.destroy(linger=0)

@@ -22,23 +22,7 @@ from coral.baselines.homo import greedy_replicas
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
 from coral.templates.operating_points import shared_tables
-
-SCENARIO_YAML = """
-schema_version: 1
-name: small
-n_max: 2
-startup_s: 0
-node_types: [1x-l4, 1x-a10g, 1x-t4]
-models:
-  - {name: llama-3.1-8b, demand_rps: 5, input_tokens: 1024, output_tokens: 256,
-     tpot_s: 0.10, ttft_s: 2.0}
-  - {name: qwen3-14b, demand_rps: 1.2, input_tokens: 1024, output_tokens: 256,
-     tpot_s: 0.10, ttft_s: 2.5}
-regions:
-  - {name: aws-us-east-1}
-  - {name: gcp-us-central1}
-base_availability: {1x-l4: 8, 1x-a10g: 8, 1x-t4: 8}
-"""
+from test_baselines import SCENARIO_YAML  # the same small two-model scenario
 
 
 @pytest.fixture(scope="module")

@@ -339,16 +339,22 @@ def test_no_robust_plan_is_a_clear_error(tiny):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_plan_cli_robust_writes_its_entry(tiny):
+def _plan_cli(tiny, robust: str) -> tuple[str, dict]:
+    """`coral plan` of the tiny aggregated scenario with `--robust robust`: its output and the
+    plan file's `robust` entry."""
     folder, _, _, paths, _, _ = tiny
-    out = folder / "plan.json"
+    out = folder / f"plan-{robust}.json"
     result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [
-        "plan", str(paths["aggregated"]), "--robust", "0.2", "--no-baselines",
+        "plan", str(paths["aggregated"]), "--robust", robust, "--no-baselines",
         "--no-progress", "--templates-dir", str(folder / "templates"), "--mode", "aggregated",
         "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "robust: every demand covered" in result.output
-    entry = json.loads(out.read_text())["robust"]
+    return result.output, json.loads(out.read_text())["robust"]
+
+
+def test_plan_cli_robust_writes_its_entry(tiny):
+    output, entry = _plan_cli(tiny, "0.2")
+    assert "robust: every demand covered" in output
     assert entry["R"] == 0.2 and entry["factor"] == pytest.approx(1.2)
     assert entry["gpu_types"] == ["a10g", "l4", "l40s"]
     assert math.isfinite(entry["nominal_cost_per_hour"])
@@ -360,15 +366,9 @@ def test_plan_cli_robust_auto_plans_each_card_against_its_own_uncertainty(tiny):
     instances, re-rated independently at those factors, cover demand in every scenario."""
     from coral.perf.uncertainty import card_uncertainty
 
-    folder, catalog, perf, paths, _, templates = tiny
-    out = folder / "plan-auto.json"
-    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [
-        "plan", str(paths["aggregated"]), "--robust", "auto", "--no-baselines",
-        "--no-progress", "--templates-dir", str(folder / "templates"), "--mode", "aggregated",
-        "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    assert "slower than modelled by its own uncertainty" in result.output
-    entry = json.loads(out.read_text())["robust"]
+    _, catalog, perf, paths, _, templates = tiny
+    output, entry = _plan_cli(tiny, "auto")
+    assert "slower than modelled by its own uncertainty" in output
     cards = card_uncertainty(catalog, perf)
     assert entry["R"] == "auto" and entry["factor"] is None
     assert entry["gpu_types"] == ["a10g", "l4", "l40s"]

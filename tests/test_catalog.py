@@ -43,8 +43,18 @@ PUBLISHED_PARAMS_B: dict[str, tuple[float, float]] = {
     "mixtral-8x22b": (141.0, 39.0),
     "qwen3-30b-a3b": (30.5, 3.3),
     "qwen3-235b-a22b": (235.0, 22.0),
+    "phi-4": (14.7, 14.7),
 }
 PARAMS_REL_TOL = 0.03
+
+# GPT-OSS (model card, arXiv:2508.10925): (total, active) parameters in billions, counting
+# the unembedding but not the input embedding as active, and the checkpoint in GiB (MXFP4
+# experts, bf16 elsewhere). Biases, which the catalog does not count, are 0.03 % of the total.
+GPT_OSS_PUBLISHED: dict[str, tuple[float, float, float]] = {
+    "gpt-oss-20b": (20.9, 3.6, 12.8),
+    "gpt-oss-120b": (116.8, 5.1, 60.8),
+}
+GPT_OSS_REL_TOL = 0.01
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +166,47 @@ def test_parameter_totals_match_published(cat: Catalog, name: str) -> None:
     model = cat.model(name)
     assert model.total_params / 1e9 == pytest.approx(total_b, rel=PARAMS_REL_TOL)
     assert model.active_params / 1e9 == pytest.approx(active_b, rel=PARAMS_REL_TOL)
-    assert model.weight_bytes == model.total_params * model.dtype_bytes
+    if model.expert_weight_format is None:
+        assert model.weight_bytes == model.total_params * model.dtype_bytes
+
+
+@pytest.mark.parametrize("name", sorted(GPT_OSS_PUBLISHED))
+def test_gpt_oss_sizes_match_the_model_card(cat: Catalog, name: str) -> None:
+    total_b, active_b, checkpoint_gib = GPT_OSS_PUBLISHED[name]
+    m = cat.model(name)
+    assert m.total_params / 1e9 == pytest.approx(total_b, rel=GPT_OSS_REL_TOL)
+    input_embedding = m.vocab_size * m.hidden_size
+    assert (m.active_params - input_embedding) / 1e9 == pytest.approx(active_b,
+                                                                      rel=GPT_OSS_REL_TOL)
+    assert m.weight_bytes / 2**30 == pytest.approx(checkpoint_gib, rel=GPT_OSS_REL_TOL)
+    # MXFP4 experts: 4.25 bits a weight; the same model at bf16 would be about 3x larger
+    assert m.expert_weight_bits == 4.25
+    assert m.weight_bytes < 0.35 * m.total_params * m.dtype_bytes
+
+
+def test_gpt_oss_alternates_sliding_and_full_layers(cat: Catalog) -> None:
+    for name, layers in (("gpt-oss-20b", 24), ("gpt-oss-120b", 36)):
+        m = cat.model(name)
+        assert m.num_layers == layers and m.sliding_window == 128
+        assert [m.layer_is_sliding(i) for i in range(4)] == [True, False, True, False]
+        assert m.sliding_layer_share == 0.5
+        assert m.sliding_layers_in(0, 3) == 2 and m.sliding_layers_in(1, 3) == 1
+        assert m.kv_tokens_stored(0, 1000) == 128 and m.kv_tokens_stored(1, 1000) == 1000
+        assert m.kv_tokens_stored(0, 100) == 100
+        assert m.sink_params_per_layer == 64
+    assert all(cat.model(n).sliding_layer_share == 0.0
+               for n in PUBLISHED_PARAMS_B)
+
+
+def test_attention_pattern_needs_its_window() -> None:
+    base = default_catalog().model("gpt-oss-20b").model_dump()
+    with pytest.raises(ValueError, match="sliding_window is not set"):
+        ModelArch.model_validate({**base, "sliding_window": None})
+    with pytest.raises(ValueError, match="has no 'sliding' layer"):
+        ModelArch.model_validate({**base, "attention_pattern": ["full"]})
+    dense = default_catalog().model("phi-4").model_dump()
+    with pytest.raises(ValueError, match="MoE models only"):
+        ModelArch.model_validate({**dense, "expert_weight_format": "mxfp4"})
 
 
 def test_dense_models_have_equal_total_and_active(cat: Catalog) -> None:

@@ -38,6 +38,7 @@ from coral.allocator.robust_rating import (
     RATINGS_FILE,
     RatingStore,
     gpu_types_of,
+    robust_columns,
     scenario_capacities,
     step_rating,
 )
@@ -100,7 +101,8 @@ def test_unslowed_ratings_are_the_planned_capacities(tiny):
     _, catalog, perf, _, mixed, templates = tiny
     cols, chosen = columns_and_templates(mixed, templates)
     assert {c.mode for c in cols} == {"aggregated", "prefill", "decode"}
-    caps = scenario_capacities(mixed, chosen, 1.0, RatingStore(perf, catalog, SlowedPerf))
+    caps = scenario_capacities(robust_columns(mixed, chosen, 1.0,
+                                               RatingStore(perf, catalog, SlowedPerf)))
     for col in cols:
         gpus = gpu_types_of(chosen[col.id], catalog)
         assert gpus
@@ -123,39 +125,53 @@ def test_a_one_node_template_slows_by_exactly_the_factor(tiny):
     assert step_rating(one, SlowedPerf(perf, catalog, {other: 1.3}), catalog) == nominal
 
 
+def _largest_micro_batch(template, p, catalog, target: float) -> int:
+    """The largest micro-batch (scanned one by one) whose busy step on `p` meets `target`
+    (0: none; the template's own when it does)."""
+    full = min(st.count * st.batch for st in template.shape.stages)
+    for micro in range(full, 0, -1):
+        if _rated(template, p, catalog, micro)[0].step_s <= target:
+            return micro
+    return 0
+
+
+def _rated(template, p, catalog, micro: int | None) -> tuple[Saturation, float]:
+    slo = template.slo
+    shape = template.shape
+    if micro is not None:
+        shape = PipelineShape(tuple(replace(st, batch=max(1, min(st.batch, -(-micro // st.count))))
+                                    for st in shape.stages))
+    s = saturation(template.model, template.mode, shape, input_tokens=slo.input_tokens,
+                   output_tokens=slo.output_tokens, perf=p, catalog=catalog)
+    if template.mode != "aggregated":
+        return s, s.step_s
+    layout = build_step_model(template.model, stages_from_shape(shape), p, catalog)
+    steps = busy_steps("aggregated", layout.n_stages, layout.max_seqs, slo.input_tokens,
+                       slo.output_tokens)
+    return s, max(layout.step_cost(*step)[0] for _, step in steps)
+
+
 def _independent_capacity(template, scenario, perf, catalog, gpu: str, factor: float
                           ) -> float:
     """A column's capacity with `gpu` slowed, from `coral.perf.step` and the headroom rule
-    directly: the largest micro-batch (scanned one by one) whose slowed busy step meets TPOT,
-    the template's figures scaled by what the slowdown does to the step model's, never above
-    nominal."""
+    directly: deployed at the largest micro-batch (scanned one by one) whose busy step meets
+    TPOT with each of its GPU types slowed in turn, the template's figures scaled by what
+    that batch and the slowdown do to the step model's, never above its nominal rating at
+    that batch."""
     slo = template.slo
-    slowed_perf = SlowedPerf(perf, catalog, {gpu: factor})
-
-    def rated(p, micro: int | None) -> tuple[Saturation, float]:
-        shape = template.shape
-        if micro is not None:
-            shape = PipelineShape(tuple(replace(st, batch=max(1, min(st.batch,
-                                                                    -(-micro // st.count))))
-                                        for st in shape.stages))
-        s = saturation(template.model, template.mode, shape, input_tokens=slo.input_tokens,
-                       output_tokens=slo.output_tokens, perf=p, catalog=catalog)
-        if template.mode != "aggregated":
-            return s, s.step_s
-        layout = build_step_model(template.model, stages_from_shape(shape), p, catalog)
-        steps = busy_steps("aggregated", layout.n_stages, layout.max_seqs, slo.input_tokens,
-                           slo.output_tokens)
-        return s, max(layout.step_cost(*step)[0] for _, step in steps)
-
-    nominal, nominal_ttft = rated(perf, None)
-    slowed, slowed_ttft = rated(slowed_perf, None)
-    if template.mode != "prefill" and slowed.step_s > slo.tpot_s * (1 + 1e-9):
-        full = min(st.count * st.batch for st in template.shape.stages)
-        for micro in range(full - 1, 0, -1):
-            s, ttft = rated(slowed_perf, micro)
-            if s.step_s <= slo.tpot_s * (1 + 1e-9):
-                slowed, slowed_ttft = s, ttft
-                break
+    target = slo.tpot_s * (1 + 1e-9)
+    full = min(st.count * st.batch for st in template.shape.stages)
+    deployed = None
+    if template.mode != "prefill":
+        for g in gpu_types_of(template, catalog):
+            m = _largest_micro_batch(template, SlowedPerf(perf, catalog, {g: factor}), catalog,
+                                     target)
+            if 0 < m < full:
+                deployed = m if deployed is None else min(deployed, m)
+    nominal, nominal_ttft = _rated(template, perf, catalog, None)
+    own, own_ttft = _rated(template, perf, catalog, deployed)
+    slowed, slowed_ttft = _rated(template, SlowedPerf(perf, catalog, {gpu: factor}), catalog,
+                                 deployed)
     spec = scenario.model_spec(template.model)
 
     def rate(s: Saturation, ttft: float) -> float:
@@ -172,7 +188,7 @@ def _independent_capacity(template, scenario, perf, catalog, gpu: str, factor: f
         return planned_capacity(t, arrival_cv=spec.arrival_cv,
                                 output_cv=spec.output_tokens_cv, saturation=s)
 
-    return min(rate(slowed, slowed_ttft), rate(nominal, nominal_ttft))
+    return min(rate(slowed, slowed_ttft), rate(own, own_ttft))
 
 
 def test_robust_plan_holds_demand_in_every_scenario_rerated_independently(tiny):
@@ -213,13 +229,13 @@ def test_ratings_are_stored_beside_each_library(tiny):
     _, catalog, perf, _, mixed, templates = tiny
     _, chosen = columns_and_templates(mixed, templates)
     first = RatingStore(perf, catalog, SlowedPerf, templates.template_dirs)
-    caps = scenario_capacities(mixed, chosen, 1.35, first)
+    caps = scenario_capacities(robust_columns(mixed, chosen, 1.35, first))
     first.save()
     assert first.computed > 0
     for folder in templates.template_dirs.values():
         assert (Path(folder) / RATINGS_FILE).exists()
     again = RatingStore(perf, catalog, SlowedPerf, templates.template_dirs)
-    assert scenario_capacities(mixed, chosen, 1.35, again) == caps
+    assert scenario_capacities(robust_columns(mixed, chosen, 1.35, again)) == caps
     assert again.computed == 0
 
 
@@ -431,3 +447,48 @@ def test_the_conservative_plan_is_found_where_it_is_the_only_one():
     assert robust.status is PlanStatus.OPTIMAL
     assert robust.cost_usd_per_hour == pytest.approx(oracle.cost_usd_per_hour)
     assert robust.cost_usd_per_hour < plan.cost_usd_per_hour
+
+
+# ---------------------------------------------------------------------------------------------
+# One slowed instance, one rating: the simulator runs what the robust plan rates
+# ---------------------------------------------------------------------------------------------
+
+
+def _simulated(template, perf, catalog, rate_rps: float, duration_s: float = 900):
+    from coral.sim import instance_from_template, simulate, summarize, synthetic
+
+    slo = template.slo
+    reqs = synthetic(MODEL, rate_rps=rate_rps, duration_s=duration_s, seed=3,
+                     prompt_tokens=slo.input_tokens, output_tokens=slo.output_tokens)
+    res = simulate([instance_from_template(template)], reqs, perf=perf, catalog=catalog)
+    return summarize(res, {MODEL: slo})["models"][MODEL]
+
+
+def test_the_slowed_instance_the_simulator_runs_is_the_one_rated(tiny):
+    """Every aggregated column whose busy step would miss TPOT with its GPU type 1.2x slower
+    is deployed at a smaller batch; the simulator, running that deployed instance with the
+    same GPU type slowed (`SlowedPerf`, as `coral simulate --slowdown` does), sees the rated
+    busy step when saturated (TPOT within target), and holds the SLO at the rated capacity.
+    The template's own batch, run the same way, misses TPOT: the cut is what holds it."""
+    _, catalog, perf, _, mixed, templates = tiny
+    _, chosen = columns_and_templates(mixed, templates)
+    store = RatingStore(perf, catalog, SlowedPerf)
+    columns = robust_columns(mixed, chosen, 1.2, store)
+    cut = {cid: col for cid, col in columns.items()
+           if col.micro_batch and col.deployed.mode == "aggregated"}
+    assert len(cut) >= 2
+    for cid, col in sorted(cut.items())[:2]:
+        template, deployed = chosen[cid], col.deployed
+        assert deployed.shape != template.shape
+        for gpu in gpu_types_of(template, catalog):
+            slowed = SlowedPerf(perf, catalog, {gpu: 1.2})
+            rating = store.rating(deployed, f"{gpu}=1.2", cut_batch=False)
+            busy = _simulated(deployed, slowed, catalog, 2.0 * rating.rps, 300)
+            assert busy["tpot_s_at_percentile"] == pytest.approx(
+                rating.saturation().tail_step_s, rel=0.05), (cid, gpu)
+            assert busy["tpot_s_at_percentile"] <= template.slo.tpot_s * 1.01, (cid, gpu)
+            own = _simulated(template, slowed, catalog, 2.0 * rating.rps, 300)
+            assert own["tpot_s_at_percentile"] > template.slo.tpot_s, (cid, gpu)
+            rps = col.slowed[gpu] * template.throughput_rps / template.throughput
+            at = _simulated(deployed, slowed, catalog, rps)
+            assert at["slo_met"], (cid, gpu, at)

@@ -60,6 +60,7 @@ from coral.allocator.problem import (
     AllocationPlan,
     AllocationProblem,
     PlanStatus,
+    TemplateColumn,
     TemplateRegion,
     make_plan,
 )
@@ -72,7 +73,13 @@ from coral.allocator.robust_problem import (  # noqa: F401  (the robust API, one
     robust_shortfall,
     scenario_capacity_rps,
 )
-from coral.allocator.robust_rating import RatingStore, SlowedPerfFactory, scenario_capacities
+from coral.allocator.robust_rating import (
+    RatingStore,
+    RobustColumn,
+    SlowedPerfFactory,
+    robust_columns,
+    scenario_capacities,
+)
 from coral.allocator.robust_starts import (  # noqa: F401
     conservative_problem,
     greedy_cover,
@@ -249,6 +256,7 @@ class RobustPlanner:
         self.threads = threads
         self.store = RatingStore(perf, catalog, slowed_perf, template_dirs)
         self.solved: dict[str, tuple[RobustProblem, AllocationPlan, AllocationPlan]] = {}
+        self.deployed: dict[str, dict[str, RobustColumn]] = {}  # mode -> column id -> ...
 
     @property
     def factor(self) -> float:
@@ -258,10 +266,15 @@ class RobustPlanner:
               chosen: Mapping[str, Template], *,
               starts: Sequence[Mapping[TemplateRegion, int]] = ()) -> AllocationPlan:
         """The robust plan of `problem` (the columns of `scenario`'s mode, `chosen` the
-        template behind each), and the nominal one kept for `summary`."""
-        caps = scenario_capacities(scenario, chosen, self.factor, self.store)
+        template behind each), and the nominal one kept for `summary`. Columns whose
+        template runs past TPOT with one of its GPU types slow are planned as deployed, at a
+        smaller batch (`robust_rating.robust_column`), nominally too."""
+        columns = robust_columns(scenario, chosen, self.factor, self.store)
         self.store.save()
-        rp = RobustProblem(problem, caps)
+        as_deployed = replace(problem, templates=tuple(
+            replace(c, capacity=columns[c.id].nominal) if columns[c.id].micro_batch else c
+            for c in problem.templates))
+        rp = RobustProblem(as_deployed, scenario_capacities(columns))
         # the robust plans of the modes planned before (mode auto plans mixed last, whose
         # columns hold theirs) start this one
         # ... and so does the nominal plan with instances added until it covers every scenario
@@ -271,7 +284,15 @@ class RobustPlanner:
         plan = solve_robust(rp, threads=self.threads,
                             starts=earlier + ([greedy] if greedy is not None else []))
         self.solved[scenario.mode] = (rp, plan, nominal)
+        self.deployed[scenario.mode] = columns
         return plan
+
+    def columns(self, mode: str) -> tuple[list[TemplateColumn], dict[str, Template]]:
+        """The columns of the plan of `mode` as planned and the template each deploys (the
+        plan file's instances)."""
+        rp = self.solved[mode][0]
+        return (list(rp.problem.templates),
+                {cid: col.deployed for cid, col in self.deployed[mode].items()})
 
     def nominal_plan(self) -> AllocationPlan | None:
         """The cheapest nominal plan meeting demand over the modes solved (what `coral plan`
@@ -312,8 +333,18 @@ class RobustPlanner:
                                    else plan.cost_usd_per_hour / nominal.cost_usd_per_hour
                                    - 1.0),
             "capacity_rps": {gpu: dict(sorted(c.items())) for gpu, c in caps.items()},
+            # columns of the plan deployed at a smaller batch than their template's, so that
+            # a slow GPU type of theirs cannot run them past TPOT: id -> sequences per stage
+            "batch_cut": self.batch_cuts(mode, plan),
             "ratings_computed": self.store.computed,
         }
+
+    def batch_cuts(self, mode: str, plan: AllocationPlan) -> dict[str, int]:
+        """Column id -> sequences per stage, for the plan's columns deployed at a smaller
+        batch than their template's."""
+        used = {tid for tid, _ in plan.instances}
+        return {cid: col.micro_batch for cid, col in sorted(self.deployed[mode].items())
+                if col.micro_batch and cid in used}
 
     def note(self, mode: str) -> str:
         s = self.summary(mode)
@@ -321,5 +352,7 @@ class RobustPlanner:
         beside = ("no nominal plan meets demand" if nominal is None else
                   f"the nominal plan ${nominal:,.2f}/hour, robustness "
                   f"{100 * s['cost_of_robustness']:+.1f}%")
+        cut = (f"; {len(s['batch_cut'])} of its templates deployed at a smaller batch so that "
+               "their slow GPU type cannot run them past TPOT" if s["batch_cut"] else "")
         return (f"robust to any one of {len(s['gpu_types'])} GPU types {self.factor:g}x slower "
-                f"than modelled: ${s['cost_per_hour']:,.2f}/hour; {beside}")
+                f"than modelled: ${s['cost_per_hour']:,.2f}/hour; {beside}{cut}")

@@ -19,16 +19,22 @@ the step model's figures at full occupancy, `coral.perf.step.saturation`):
 
 What the slowed instance delivers within the SLO: a TTFT that grows eats into the queueing
 slack, so the rating's utilisation drops (to 0 once the prompt's step alone exceeds the TTFT
-target). A busy step beyond the TPOT target would rate it at 0 (the rating's own rule), but
-the instance still serves within TPOT while fewer sequences are in flight: an aggregated or
-decode instance is then re-rated at the largest micro-batch (sequences per stage, every
-stage's node batch cut to it) whose slowed busy step meets TPOT, found by bisection (the step
-grows with the batch), and planned by the same queueing rule on that many slots, so that the
-rate it is planned for keeps it below that occupancy at the SLO's percentile. The plan still
-deploys the template's own batch; the lower planned rate is what keeps it within TPOT. Only
-when one sequence per stage already misses TPOT is it rated 0. Prefill halves are not
-re-rated at a smaller chunk: their step only sets TTFT, which the queueing slack already
-prices.
+target). A busy step beyond the TPOT target would rate it at 0 (the rating's own rule).
+
+**The instance a robust plan deploys is the instance rated.** Neither the gateway nor the
+simulator knows which GPU type is slow: both route by the plan's weights and fill an instance
+up to the batch it deploys (`coral.routing`), so an instance whose slowed busy step at its
+own batch misses TPOT keeps taking its share and runs full, past TPOT. Where that happens for
+any of a template's GPU types, the robust plan deploys the template with a smaller batch
+(`robust_columns`): the largest micro-batch (sequences per stage, every stage's node batch
+cut to it) whose busy step meets TPOT with each of its GPU types slowed, found by bisection
+(the step grows with the batch). Such an instance cannot run past TPOT when its GPU type is
+slow; what it cannot take queues, and the router's overload rule moves it to the model's
+other instances. Its nominal capacity and its capacity in every scenario are rated on that
+smaller batch, with the same step model the simulator runs (`SlowedPerf` in both): one
+placement, one rating. Only when one sequence per stage already misses TPOT is it rated 0
+in that scenario (and not cut). Prefill halves are not cut to a smaller chunk: their step
+only sets TTFT, which the queueing slack already prices.
 
 The ratings depend only on the template and the perf model, so they are stored beside each
 template library (`robust.json`, keyed by the library's digest, which covers the catalog and
@@ -57,8 +63,9 @@ log = logging.getLogger(__name__)
 
 #: The ratings of a library's templates, stored beside it.
 RATINGS_FILE = "robust.json"
-#: 3: per template key, per slowdown ("nominal" or "GPU=F"), the `StepRating` fields.
-RATINGS_FORMAT = 3
+#: 4: per template key, per rating key ("nominal" or "GPU=F", "/as-deployed" when not cut to a
+#: smaller batch, "@N" at N sequences per stage), the `StepRating` fields.
+RATINGS_FORMAT = 4
 
 #: perf, catalog, {GPU type: factor} -> the perf model with those GPU types slowed
 #: (`coral.sim.slowdown.SlowedPerf`; passed in, as the simulator sits above the allocator).
@@ -150,15 +157,13 @@ def _ratio(slowed: float, nominal: float) -> float:
     return slowed / nominal if nominal > 0 else 1.0
 
 
-def rerated_capacity(template: Template, scenario: Scenario, nominal: StepRating,
-                     slowed: StepRating) -> float:
-    """Planned capacity (the template's unit) of one instance whose step-model figures are
-    `slowed` where they were `nominal`: the template's own figures scaled by the ratios, the
-    slowed saturation handed to `planned_capacity` (see the module docstring)."""
-    q_rps = _ratio(slowed.rps, nominal.rps)
-    q_step = _ratio(slowed.step_s, nominal.step_s)
-    q_ttft = _ratio(slowed.ttft_step_s, nominal.ttft_step_s)
-    scaled = replace(
+def rescaled(template: Template, nominal: StepRating, rating: StepRating) -> Template:
+    """`template` with its own figures (throughput, TTFT, TPOT) scaled by what the step model
+    says of `rating` against `nominal` (its own placement on the nominal perf model)."""
+    q_rps = _ratio(rating.rps, nominal.rps)
+    q_step = _ratio(rating.step_s, nominal.step_s)
+    q_ttft = _ratio(rating.ttft_step_s, nominal.ttft_step_s)
+    return replace(
         template,
         throughput=template.throughput * q_rps,
         throughput_rps=template.throughput_rps * q_rps,
@@ -166,9 +171,36 @@ def rerated_capacity(template: Template, scenario: Scenario, nominal: StepRating
         ttft_s=None if template.ttft_s is None else template.ttft_s * q_ttft,
         tpot_s=None if template.tpot_s is None else template.tpot_s * q_step,
     )
+
+
+def rerated_capacity(template: Template, scenario: Scenario, nominal: StepRating,
+                     slowed: StepRating) -> float:
+    """Planned capacity (the template's unit) of one instance whose step-model figures are
+    `slowed` where they were `nominal`: the template's own figures scaled by the ratios, the
+    slowed saturation handed to `planned_capacity` (see the module docstring)."""
     spec = scenario.model_spec(template.model)
-    return planned_capacity(scaled, arrival_cv=spec.arrival_cv, output_cv=spec.output_tokens_cv,
-                            saturation=slowed.saturation())
+    return planned_capacity(rescaled(template, nominal, slowed), arrival_cv=spec.arrival_cv,
+                            output_cv=spec.output_tokens_cv, saturation=slowed.saturation())
+
+
+def with_batch_cut(template: Template, micro_batch: int, nominal: StepRating,
+                   cut: StepRating, why: str) -> Template:
+    """`template` deployed at `micro_batch` sequences per stage (each node's batch cut as
+    `with_micro_batch` cuts a shape), its figures those of `cut` (its nominal step-model
+    rating) against `nominal` (the template's own), and `why` in its notes."""
+    stage_nodes: dict[tuple[int, int], int] = {}
+    for node in template.nodes:
+        key = (node.first_layer, node.layers)
+        stage_nodes[key] = stage_nodes.get(key, 0) + 1
+    nodes = tuple(
+        replace(node, batch=max(1, min(node.batch,
+                                       -(-micro_batch // stage_nodes[(node.first_layer,
+                                                                      node.layers)]))))
+        for node in template.nodes)
+    out = replace(rescaled(template, nominal, cut), nodes=nodes,
+                  notes=(*template.notes, why))
+    assert out.shape == with_micro_batch(template.shape, micro_batch)
+    return out
 
 
 def gpu_types_of(template: Template, catalog: Any) -> tuple[str, ...]:
@@ -236,20 +268,30 @@ class RatingStore:
             log.warning("%s: unreadable (%s); rating again", path, exc)
         return {}
 
-    def rating(self, template: Template, slowdown: str) -> StepRating:
-        """The template's rating under `slowdown` ("nominal" or `slowdown_key(gpu, F)`)."""
+    def rating(self, template: Template, slowdown: str, *, micro_batch: int = 0,
+               cut_batch: bool = True) -> StepRating:
+        """The template's rating under `slowdown` ("nominal" or `slowdown_key(gpu, F)`): at
+        `micro_batch` sequences per stage when given; slowed, at the largest micro-batch
+        that meets TPOT (`within_tpot`) unless `cut_batch` is false (then at its own batch,
+        as deployed)."""
         table = self._table(template)
         per = table.setdefault(template_key(template), {})
-        hit = per.get(slowdown)
+        key = slowdown
+        if slowdown != "nominal" and not cut_batch:
+            key += "/as-deployed"
+        if micro_batch:
+            key += f"@{micro_batch}"
+        hit = per.get(key)
         if hit is not None:
             rps, step, ttft, seqs, kv, micro, chunked_step, chunked_rps = hit
             return StepRating(rps, step, ttft, int(seqs), kv, int(micro), chunked_step,
                               chunked_rps)
         perf = self._perf_for(slowdown)
-        r = (step_rating(template, perf, self.catalog) if slowdown == "nominal"
-             else within_tpot(template, perf, self.catalog))
-        per[slowdown] = [r.rps, r.step_s, r.ttft_step_s, r.sequences, r.kv_transfer_s,
-                         r.micro_batch, r.chunked_step_s, r.chunked_rps]
+        r = (within_tpot(template, perf, self.catalog)
+             if slowdown != "nominal" and cut_batch and not micro_batch
+             else step_rating(template, perf, self.catalog, micro_batch=micro_batch))
+        per[key] = [r.rps, r.step_s, r.ttft_step_s, r.sequences, r.kv_transfer_s,
+                    r.micro_batch, r.chunked_step_s, r.chunked_rps]
         self.computed += 1
         self._dirty.add(self.template_dirs.get(f"{template.model}/{template.mode}", ""))
         return r
@@ -268,21 +310,62 @@ class RatingStore:
         self._dirty.clear()
 
 
-def scenario_capacities(scenario: Scenario, chosen: Mapping[str, Template], factor: float,
-                        store: RatingStore) -> dict[str, dict[str, float]]:
-    """GPU type `g` -> column id -> planned capacity of that column when `g` is `factor`
-    times slower, for every column whose nodes include a `g` GPU (the others keep their
-    nominal capacity). `chosen`: the template behind each column id."""
+@dataclass(frozen=True)
+class RobustColumn:
+    """One column as a robust plan deploys it: the template (its batch cut where a slow GPU
+    type of it would run it past TPOT), its nominal capacity and its capacity with each of
+    its GPU types slowed (the template's unit)."""
+
+    deployed: Template
+    nominal: float
+    slowed: Mapping[str, float]  # GPU type -> capacity with that type slowed
+    micro_batch: int = 0  # sequences per stage it was cut to (0: its own batch)
+
+
+def robust_column(template: Template, scenario: Scenario, factor: float, store: RatingStore
+                  ) -> RobustColumn:
+    """`template` as a robust plan deploys it with any one of its GPU types `factor` times
+    slower (see the module docstring)."""
+    nominal = store.rating(template, "nominal")
+    gpus = gpu_types_of(template, store.catalog)
+    own = own_micro_batch(template.shape)
+    cuts = [r.micro_batch for r in (store.rating(template, slowdown_key(g, factor))
+                                    for g in gpus) if 0 < r.micro_batch < own]
+    deployed, micro = template, 0
+    if cuts:
+        micro = min(cuts)
+        cut = store.rating(template, "nominal", micro_batch=micro)
+        deployed = with_batch_cut(
+            template, micro, nominal, cut,
+            f"batch cut to {micro} sequences per stage so that TPOT holds with any one of its "
+            f"GPU types {factor:g}x slower (--robust)")
+    own_rating = store.rating(deployed, "nominal")
+    as_planned = rerated_capacity(template, scenario, nominal, own_rating)
+    slowed = {}
+    for gpu in gpus:
+        rated = rerated_capacity(template, scenario, nominal,
+                                 store.rating(deployed, slowdown_key(gpu, factor),
+                                              cut_batch=False))
+        # never above nominal: the rating rounds its slot count down, so a longer service
+        # time can add a slot and rate a slower instance higher; a slower GPU serves no more
+        slowed[gpu] = min(rated, as_planned)
+    return RobustColumn(deployed=deployed, nominal=as_planned, slowed=slowed,
+                        micro_batch=micro)
+
+
+def robust_columns(scenario: Scenario, chosen: Mapping[str, Template], factor: float,
+                   store: RatingStore) -> dict[str, RobustColumn]:
+    """Column id -> `robust_column` of the template behind it (`chosen`)."""
     if not (math.isfinite(factor) and factor >= 1.0):
         raise ValueError(f"slowdown factor must be a finite number >= 1, got {factor!r}")
+    return {cid: robust_column(t, scenario, factor, store) for cid, t in sorted(chosen.items())}
+
+
+def scenario_capacities(columns: Mapping[str, RobustColumn]) -> dict[str, dict[str, float]]:
+    """GPU type `g` -> column id -> capacity of that column when `g` is slow, for every
+    column whose nodes include a `g` GPU (the others keep their nominal capacity)."""
     out: dict[str, dict[str, float]] = {}
-    for cid, template in sorted(chosen.items()):
-        nominal = store.rating(template, "nominal")
-        as_planned = rerated_capacity(template, scenario, nominal, nominal)
-        for gpu in gpu_types_of(template, store.catalog):
-            slowed = store.rating(template, slowdown_key(gpu, factor))
-            rated = rerated_capacity(template, scenario, nominal, slowed)
-            # never above nominal: the rating rounds its slot count down, so a longer service
-            # time can add a slot and rate a slower instance higher; a slower GPU serves no more
-            out.setdefault(gpu, {})[cid] = min(rated, as_planned)
+    for cid, col in columns.items():
+        for gpu, cap in col.slowed.items():
+            out.setdefault(gpu, {})[cid] = cap
     return out

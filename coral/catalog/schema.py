@@ -266,8 +266,27 @@ class MoeConfig(Entry):
         return self
 
 
+AttentionKind = Literal["full", "sliding"]
+"""A layer's attention: over the whole context, or over the last `sliding_window` tokens."""
+
+#: Bits one stored routed-expert weight takes in each checkpoint format, block scales included:
+#: MXFP4 (OCP Microscaling) packs 32 4-bit E2M1 values with one 8-bit E8M0 scale,
+#: (32 x 4 + 8) / 32 = 4.25 bits.
+EXPERT_WEIGHT_BITS: dict[str, float] = {"mxfp4": 4.25}
+ExpertWeightFormat = Literal["mxfp4"]
+
+
 class ModelArch(Sourced):
-    """A model's architecture, as in its published config.json."""
+    """A model's architecture, as in its published config.json.
+
+    Attention layers follow `attention_pattern`, repeated from layer 0 (config.json
+    `layer_types`): a `sliding` layer attends to, reads and stores at most the last
+    `sliding_window` tokens of each sequence. `attention_sinks` adds one learned logit per
+    head to each layer's softmax (GPT-OSS): `num_heads` parameters a layer and one more column
+    in the softmax, which no cost here counts. `expert_weight_format` names how a checkpoint
+    stores its routed experts' weights when not in `dtype_bytes` (GPT-OSS: MXFP4); every other
+    weight, and the KV cache, stay at `dtype_bytes`.
+    """
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")
     hf_id: str = Field(min_length=1, description="Hugging Face repository id.")
@@ -282,6 +301,29 @@ class ModelArch(Sourced):
     tied_embeddings: bool = False
     moe: MoeConfig | None = None
     dtype_bytes: int = Field(default=2, gt=0)
+    sliding_window: int | None = Field(
+        default=None, gt=0, description="Tokens a sliding-window layer attends to.")
+    attention_pattern: tuple[AttentionKind, ...] = Field(
+        default=("full",), min_length=1,
+        description="Attention kind of layers 0, 1, ..., repeated over the layers.")
+    attention_sinks: bool = False
+    expert_weight_format: ExpertWeightFormat | None = Field(
+        default=None, description="Storage format of the routed experts' weights (MoE only).")
+
+    @model_validator(mode="after")
+    def _check_attention(self) -> "ModelArch":
+        slides = "sliding" in self.attention_pattern
+        if slides and self.sliding_window is None:
+            raise ValueError(
+                "attention_pattern has 'sliding' layers but sliding_window is not set; give "
+                "sliding_window (config.json 'sliding_window')")
+        if self.sliding_window is not None and not slides:
+            raise ValueError(
+                f"sliding_window ({self.sliding_window}) is set but attention_pattern has no "
+                "'sliding' layer; add them to attention_pattern or drop sliding_window")
+        if self.expert_weight_format is not None and self.moe is None:
+            raise ValueError("expert_weight_format applies to MoE models only (no 'moe' block)")
+        return self
 
     @field_validator("num_kv_heads")
     @classmethod
@@ -340,12 +382,41 @@ class ModelArch(Sourced):
         return m.experts_per_token * self.expert_params + shared + self.hidden_size * m.num_experts
 
     @property
+    def sink_params_per_layer(self) -> int:
+        """Attention sinks: one learned logit per head (0 without sinks)."""
+        return self.num_heads if self.attention_sinks else 0
+
+    @property
     def params_per_layer(self) -> int:
-        return self.attn_params_per_layer + self.mlp_params_per_layer + 2 * self.hidden_size
+        return (self.attn_params_per_layer + self.mlp_params_per_layer + 2 * self.hidden_size
+                + self.sink_params_per_layer)
 
     @property
     def active_params_per_layer(self) -> int:
-        return self.attn_params_per_layer + self.active_mlp_params_per_layer + 2 * self.hidden_size
+        return (self.attn_params_per_layer + self.active_mlp_params_per_layer
+                + 2 * self.hidden_size + self.sink_params_per_layer)
+
+    # ---- attention pattern ----
+    def layer_is_sliding(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) attends over a sliding window."""
+        return self.attention_pattern[layer % len(self.attention_pattern)] == "sliding"
+
+    def sliding_layers_in(self, first_layer: int, layers: int) -> int:
+        """Sliding-window layers among `layers` consecutive layers from `first_layer`."""
+        return sum(self.layer_is_sliding(i) for i in range(first_layer, first_layer + layers))
+
+    @property
+    def sliding_layer_share(self) -> float:
+        """Fraction of the model's layers that slide (0.0 when none do)."""
+        if "sliding" not in self.attention_pattern:
+            return 0.0
+        return self.sliding_layers_in(0, self.num_layers) / self.num_layers
+
+    def kv_tokens_stored(self, layer: int, context_tokens: int) -> int:
+        """KV-cache tokens layer `layer` keeps for one sequence of `context_tokens` tokens."""
+        if self.sliding_window is not None and self.layer_is_sliding(layer):
+            return min(context_tokens, self.sliding_window)
+        return context_tokens
 
     @property
     def embedding_params(self) -> int:
@@ -363,16 +434,39 @@ class ModelArch(Sourced):
 
     # ---- derived bytes ----
     @property
-    def weight_bytes_per_layer(self) -> int:
-        return self.params_per_layer * self.dtype_bytes
+    def expert_weight_bits(self) -> float:
+        """Bits one routed-expert weight takes as the checkpoint stores it."""
+        if self.expert_weight_format is None:
+            return 8.0 * self.dtype_bytes
+        return EXPERT_WEIGHT_BITS[self.expert_weight_format]
+
+    @property
+    def routed_expert_params_per_layer(self) -> int:
+        """Parameters of one layer's routed experts, all of them (0 for dense models)."""
+        return self.moe.num_experts * self.expert_params if self.moe else 0
+
+    def weight_bytes_per_layer_at(self, expert_bits: float) -> float:
+        """Bytes of one layer's weights with routed experts held at `expert_bits` bits each."""
+        routed = self.routed_expert_params_per_layer
+        return ((self.params_per_layer - routed) * self.dtype_bytes
+                + routed * expert_bits / 8.0)
+
+    @property
+    def weight_bytes_per_layer(self) -> int | float:
+        """Bytes of one layer's weights as the checkpoint stores them."""
+        if self.expert_weight_format is None:
+            return self.params_per_layer * self.dtype_bytes
+        return self.weight_bytes_per_layer_at(self.expert_weight_bits)
 
     @property
     def embedding_bytes(self) -> int:
         return self.embedding_params * self.dtype_bytes
 
     @property
-    def weight_bytes(self) -> int:
-        return self.total_params * self.dtype_bytes
+    def weight_bytes(self) -> int | float:
+        if self.expert_weight_format is None:
+            return self.total_params * self.dtype_bytes
+        return self.num_layers * self.weight_bytes_per_layer + self.embedding_bytes
 
     @property
     def kv_bytes_per_token_per_layer(self) -> int:

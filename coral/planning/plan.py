@@ -153,6 +153,7 @@ def plan_scenario(
     extras: dict[str, Any] = {}
     if robust_planner is not None:
         robust_planner.check(mode, plan)
+        columns, chosen = robust_planner.columns(mode)
         extras["robust"] = robust_planner.summary(mode)
         notes.append(robust_planner.note(mode))
     markets = None

@@ -1,34 +1,37 @@
 """Supply of the paper scenarios' `scarce` level: MARGIN above the estimated demand.
 
-The demand is estimated in GPUs as the GPUs of a plan that serves all demand at the default
-level (the plan JSON given, from `coral plan SCENARIO --out PLAN.json`). The scarce supply,
+The demand is estimated in GPUs as the GPUs of the homogeneous baseline's plan (`homo`: one
+node type per replica, the cheapest such plan) at the default level, in the scenario's own
+mode and n_max, on the template libraries under out/templates. The scarce supply,
 (1 + MARGIN) times that many GPUs, is spread over the (node type, region) pools in proportion
 to each pool's GPUs at the default level: a pool's share in nodes is `f * base nodes`, with
 `f` = target GPUs / default GPUs. Whole nodes: every pool first gets the floor of its share,
 then pools take one more node in order of their largest remainder until the GPUs reach the
 target. Prints the level as YAML to paste into the scenario.
 
-Run: `python benchmarks/paper_scarce.py paper-core /tmp/plan.json 0.25`.
+Run: `python benchmarks/paper_scarce.py paper-core 0.25` (paper-extended: 0.75).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
+from coral.planning.plan import plan_scenario
 
 
-def main(scenario: str, plan_json: str, margin: float) -> None:
+def main(scenario: str, margin: float, baseline: str = "homo") -> None:
     cat = default_catalog()
     sc = load_scenario(scenario, level="default", catalog=cat)
-    plan = json.load(open(plan_json))
-    if plan.get("level") != "default" or not plan.get("meets_demand"):
-        raise SystemExit(f"{plan_json}: need a plan at the default level that meets demand")
-    gpus = sum(cat.node_types[g].gpu_count * n for row in plan["nodes_per_region"].values()
-               for g, n in row.items())
+    result = plan_scenario(sc, catalog=cat, workers=None)
+    base = result.baselines[baseline]
+    if not base.meets_demand:
+        raise SystemExit(f"{baseline} does not serve all demand at the default level")
+    gpus = sum(cat.node_types[g].gpu_count * n * inst.count for inst in base.instances
+               for g, n in inst.node_counts.items())
+    source = f"{baseline}'s plan, ${base.cost_per_hour:.2f}/hour"
     target = math.ceil((1.0 + margin) * gpus)
     pools = {(g, r): n for (g, r), n in sc.availability.items()}
     default_gpus = sum(cat.node_types[g].gpu_count * n for (g, _), n in pools.items())
@@ -43,7 +46,7 @@ def main(scenario: str, plan_json: str, margin: float) -> None:
         counts[k] += 1
         have += cat.node_types[k[0]].gpu_count
         i += 1
-    print(f"# demand estimate: {gpus} GPUs ({plan_json}, ${plan['cost_per_hour']:.2f}/hour); "
+    print(f"# demand estimate: {gpus} GPUs ({source}); "
           f"target {target} GPUs; placed {have}")
     print("  scarce:")
     print(f'    description: "supply {margin:.0%} above the estimated demand ({gpus} GPUs): '
@@ -57,4 +60,4 @@ def main(scenario: str, plan_json: str, margin: float) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+    main(sys.argv[1], float(sys.argv[2]))

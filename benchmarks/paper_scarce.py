@@ -9,7 +9,8 @@ to each pool's GPUs at the default level: a pool's share in nodes is `f * base n
 then pools take one more node in order of their largest remainder until the GPUs reach the
 target. Prints the level as YAML to paste into the scenario.
 
-Run: `python benchmarks/paper_scarce.py paper-core 0.25` (paper-extended: 0.75).
+Run: `python benchmarks/paper_scarce.py paper-core 0.25 [NMAX]` (paper-extended: 0.75;
+NMAX defaults to the scenario's n_max).
 """
 
 from __future__ import annotations
@@ -22,16 +23,18 @@ from coral.catalog import default_catalog
 from coral.planning.plan import plan_scenario
 
 
-def main(scenario: str, margin: float, baseline: str = "homo") -> None:
+def main(scenario: str, margin: float, nmax: int | None = None,
+         baseline: str = "homo") -> None:
     cat = default_catalog()
     sc = load_scenario(scenario, level="default", catalog=cat)
-    result = plan_scenario(sc, catalog=cat, workers=None)
+    result = plan_scenario(sc, catalog=cat, workers=None, nmax=nmax)
     base = result.baselines[baseline]
     if not base.meets_demand:
         raise SystemExit(f"{baseline} does not serve all demand at the default level")
     gpus = sum(cat.node_types[g].gpu_count * n * inst.count for inst in base.instances
                for g, n in inst.node_counts.items())
-    source = f"{baseline}'s plan, ${base.cost_per_hour:.2f}/hour"
+    source = (f"{baseline}'s plan at n_max {result.nmax}, "
+              f"${base.cost_per_hour:.2f}/hour")
     target = math.ceil((1.0 + margin) * gpus)
     pools = {(g, r): n for (g, r), n in sc.availability.items()}
     default_gpus = sum(cat.node_types[g].gpu_count * n for (g, _), n in pools.items())
@@ -60,4 +63,4 @@ def main(scenario: str, margin: float, baseline: str = "homo") -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], float(sys.argv[2]))
+    main(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)

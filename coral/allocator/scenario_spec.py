@@ -12,7 +12,8 @@ startup_s: 300              # seconds a new instance loads weights before it ser
 node_types: [1x-l4, ...]    # optional: only these catalog node types (default: all)
 models:
   - {name: llama-3.1-8b, demand_rps: 120, input_tokens: 1024, output_tokens: 256,
-     tpot_s: 0.10, ttft_s: 2.0, percentile: 0.9, priority: 1}
+     tpot_s: 0.10, ttft_s: 2.0, percentile: 0.9, priority: 1,
+     trace: azure-conv-2023}   # optional: the trace the shape comes from (a label)
 base_availability: {1x-l4: 256, 8x-h100-sxm: 16, ...}   # nodes per region at scale 1
 regions:
   - name: aws-us-east-1

@@ -54,9 +54,13 @@ def _synthetic(tables, eff: Efficiencies):
     return out
 
 
+#: Catalog models with no packaged H200 table (added after the tables were measured).
+UNPROFILED_MODELS = {"phi-4", "gpt-oss-20b", "gpt-oss-120b"}
+
+
 def test_packaged_h200_tables(h200_tables):
     assert len(h200_tables) == 9
-    assert {t.model for t in h200_tables} == set(CATALOG.models)
+    assert {t.model for t in h200_tables} == set(CATALOG.models) - UNPROFILED_MODELS
     for t in h200_tables:
         assert t.device_name == "NVIDIA H200" and t.cuda_graphs and t.dtype == "bfloat16"
         assert len(t.rows) == 45 and not t.skipped

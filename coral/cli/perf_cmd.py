@@ -100,7 +100,7 @@ def predict(
         stage = {"first_stage": first_stage, "last_stage": last_stage}
         node_mem = cat.node_memory_bytes(node_t)
         if not pm.fits(arch, node_t, k, **stage):
-            weights = pm.stage_weight_bytes(arch, k, **stage)
+            weights = pm.stage_weight_bytes(arch, k, **stage, node=node_t)
             most = pm.max_layers(arch, node_t, **stage)
             raise UserError(
                 f"{k} layers of {arch.name} do not fit on {node_t.name}: weights "

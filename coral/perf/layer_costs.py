@@ -53,6 +53,9 @@ class LayerCoefficients:
     expert_down_bytes: float = 0.0  # one routed expert's down weights, per GPU
     fixed_up_bytes: float = 0.0  # router + shared experts' gate+up weights, per GPU
     fixed_down_bytes: float = 0.0  # shared experts' down weights, per GPU
+    # sliding-window attention (0 / 0 when every layer attends over the whole context)
+    sliding_share: float = 0.0  # fraction of the model's layers that slide
+    window: int = 0  # tokens a sliding layer attends to
 
     @property
     def profiled_elementwise_bytes_per_token(self) -> float:
@@ -68,14 +71,21 @@ class LayerCoefficients:
                 self.add_bytes_per_token)
 
 
-def layer_coefficients(model: ModelArch, tp: int) -> LayerCoefficients:
+def layer_coefficients(model: ModelArch, tp: int,
+                       expert_weight_bits: float | None = None) -> LayerCoefficients:
     """Per-GPU FLOPs/bytes coefficients of one layer of `model` sharded over `tp` GPUs.
 
     Heads are split over the GPUs; KV heads are replicated when tp exceeds their number.
     Inputs of the column-parallel matmuls and outputs of the row-parallel ones are full-size
-    on every GPU; norms and the residual add run replicated.
+    on every GPU; norms and the residual add run replicated. Routed experts' weights take
+    `expert_weight_bits` bits each (None: `dtype_bytes`; `coral.perf.precision` says which
+    a GPU type holds). A layer stands for the model's mix of full and sliding-window layers
+    (`sliding_share`), exact for a range of whole repeats of the attention pattern.
     """
     dt = float(model.dtype_bytes)
+    edt = dt if expert_weight_bits is None else expert_weight_bits / 8.0
+    share = model.sliding_layer_share
+    window = (model.sliding_window or 0) if share else 0
     h = float(model.hidden_size)
     c = float(tp)
     qg = model.num_heads * model.head_dim / c
@@ -98,6 +108,7 @@ def layer_coefficients(model: ModelArch, tp: int) -> LayerCoefficients:
             norm_bytes_per_token=norms, rope_bytes_per_token=rope, act_bytes_per_token=act,
             add_bytes_per_token=add, kv_write_bytes_per_token=kv_write,
             q_dim_per_gpu=qg, kv_dim_per_gpu=kvg, dtype_bytes=model.dtype_bytes,
+            sliding_share=share, window=window,
         )
     m = model.moe
     k, e = m.experts_per_token, m.num_experts
@@ -121,10 +132,11 @@ def layer_coefficients(model: ModelArch, tp: int) -> LayerCoefficients:
         add_bytes_per_token=add, kv_write_bytes_per_token=kv_write,
         q_dim_per_gpu=qg, kv_dim_per_gpu=kvg, dtype_bytes=model.dtype_bytes,
         moe_experts=e, moe_top_k=k,
-        expert_up_bytes=nu * h * fe * dt,
-        expert_down_bytes=h * fe * dt,
+        expert_up_bytes=nu * h * fe * edt,
+        expert_down_bytes=h * fe * edt,
         fixed_up_bytes=(nu * h * fs + h * e) * dt,
         fixed_down_bytes=h * fs * dt,
+        sliding_share=share, window=window,
     )
 
 

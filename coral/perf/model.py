@@ -46,10 +46,12 @@ formula.
 `iteration_seconds` is on the hot path of the template builder (called millions of times):
 per (model, node) constants are computed once and the call itself is plain float arithmetic.
 
-Why one module of ~580 lines: the formula's named constants, the per-(model, node) constants
+Why one module of ~520 lines: the formula's named constants, the per-(model, node) constants
 (`_Consts`) and the `PerfModel` that reads them are one model; its memory queries
-(`max_kv_tokens`, `fits`, `max_layers`) read the same constants. The operator-level counts
-already live in `coral.perf.layer_costs`, the efficiencies in `coral.perf.efficiencies`.
+(`max_kv_tokens`, `fits`, `max_layers`) read the same constants from `coral.perf.memory`. The
+operator-level counts live in `coral.perf.layer_costs`, sliding-window attention in
+`coral.perf.sliding`, the expert precision per GPU type in `coral.perf.precision`, the
+efficiencies in `coral.perf.efficiencies`.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ from coral.perf.layer_costs import (
     layer_coefficients,
     tile_padded_tokens,
 )
+from coral.perf.memory import MEMORY_RESERVE_FRACTION, MemoryQueries  # noqa: F401 (re-export)
+from coral.perf.precision import expert_weight_bits
+from coral.perf.sliding import mixed_attention_seconds
 from coral.perf.kernel_time import ROOFLINE_P, elementwise_seconds, kernel_seconds
 from coral.perf.sustained import elementwise_rate, scale_borrowed
 
@@ -84,7 +89,10 @@ _INV_P = 1.0 / ROOFLINE_P
 #: 5: borrowed element-wise figures carried by the SM-issue/DRAM ceilings (coral.perf.sustained).
 #: 6: borrowed matmul figures carried like for like by one public benchmark's matmul throughput
 #:    where borrower and donor both list it (the L4, T4 and V100 from the A100).
-FORMULA_VERSION = 6
+#: 7: sliding-window layers (attention and KV capped at the window) and 4-bit experts held and
+#:    read at the GPU type's precision (GPT-OSS). Every earlier model's figures are unchanged;
+#:    the bump retires libraries of the GPT-OSS entries built before their perf support.
+FORMULA_VERSION = 7
 
 
 def _efficiencies_digest() -> str:
@@ -100,10 +108,6 @@ def _efficiencies_digest() -> str:
 PERF_MODEL_VERSION = f"{FORMULA_VERSION}+{_efficiencies_digest()}"
 
 # ---- named constants ----
-
-#: Fraction of a node's memory kept free for activations, workspace and allocator slack
-#: (vLLM's default gpu_memory_utilization is 0.9).
-MEMORY_RESERVE_FRACTION = 0.10
 
 #: Fixed time per iteration per pipeline stage, s: scheduling, input preparation and
 #: sampling on the host. Not in Vidur's per-operator profiles, so not fitted; a nominal figure
@@ -187,11 +191,11 @@ class _Consts:
         "refs", "model", "node", "gpu", "eff", "coef", "num_layers", "tp", "flops", "bw", "bw_e",
         "t_kernel", "kernels", "ar_bw", "ar_lat", "hidden_bytes", "vocab", "hidden", "dt",
         "table", "lm_head", "ew_bytes_per_token", "up_routed_extra", "down_routed_extra",
-        "grouped_bw",
+        "grouped_bw", "expert_bits",
     )
 
 
-class PerfModel:
+class PerfModel(MemoryQueries):
     """Iteration times of model layers on node types, from the roofline or a measured table.
 
     `efficiencies`: None uses the committed calibration (`coral/perf/data/efficiencies.yaml`);
@@ -269,7 +273,9 @@ class PerfModel:
         k = _Consts()
         k.refs = (model, node)
         k.model, k.node, k.gpu, k.eff = arch, node_t, gpu, eff
-        k.coef = layer_coefficients(arch, tp)
+        k.expert_bits = (expert_weight_bits(arch, gpu, tp)
+                         if arch.expert_weight_format is not None else None)
+        k.coef = layer_coefficients(arch, tp, k.expert_bits)
         # bytes per token of each element-wise kernel of a served layer
         ew_kernels = [*k.coef.profiled_elementwise_kernels, k.coef.kv_write_bytes_per_token]
         k.up_routed_extra = k.down_routed_extra = 0.0
@@ -354,27 +360,30 @@ class PerfModel:
             else:
                 mem += tg
         kernels = k.kernels
-        # attention
-        if p:
+        # attention: one kernel per phase present in the batch
+        kernels += (1 if p else 0) + (1 if b else 0)
+        if coef.sliding_share:
+            c, m = mixed_attention_seconds(coef, p, b, ctx, fl, bw, k.dt)
+            comp += c
+            mem += m
+        else:  # every layer over the whole context
             qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
-            tc = 2.0 * p * (p + 1) * qg / fl
-            tm = p * (2.0 * qg + 2.0 * kvg) * k.dt / bw
-            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
-            if tc >= tm:
-                comp += tg
-            else:
-                mem += tg
-            kernels += 1
-        if b:
-            qg, kvg = coef.q_dim_per_gpu, coef.kv_dim_per_gpu
-            tc = 4.0 * ctx * qg / fl
-            tm = (ctx * 2.0 * kvg + b * 2.0 * qg) * k.dt / bw
-            tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
-            if tc >= tm:
-                comp += tg
-            else:
-                mem += tg
-            kernels += 1
+            if p:
+                tc = 2.0 * p * (p + 1) * qg / fl
+                tm = p * (2.0 * qg + 2.0 * kvg) * k.dt / bw
+                tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+                if tc >= tm:
+                    comp += tg
+                else:
+                    mem += tg
+            if b:
+                tc = 4.0 * ctx * qg / fl
+                tm = (ctx * 2.0 * kvg + b * 2.0 * qg) * k.dt / bw
+                tg = (tc**ROOFLINE_P + tm**ROOFLINE_P) ** _INV_P
+                if tc >= tm:
+                    comp += tg
+                else:
+                    mem += tg
         # element-wise
         mem += t * k.ew_bytes_per_token / k.bw_e
         comm = 2.0 * self._allreduce(k, t * k.hidden_bytes) if k.tp > 1 else 0.0
@@ -507,86 +516,3 @@ class PerfModel:
         for nbytes in coef.profiled_elementwise_kernels:
             total += elementwise_seconds(tokens * nbytes / k.bw_e, k.t_kernel)
         return total
-
-    def stage_weight_bytes(
-        self,
-        model: str | ModelArch,
-        layers: int,
-        *,
-        first_stage: bool = False,
-        last_stage: bool = False,
-    ) -> float:
-        """Bytes of weights a stage of `layers` layers holds (every expert of an MoE counts),
-        plus the input embedding on the first stage and the final norm + LM head on the last."""
-        arch = self.catalog.model(model) if isinstance(model, str) else model
-        total = float(layers * arch.weight_bytes_per_layer)
-        if first_stage:
-            total += arch.vocab_size * arch.hidden_size * arch.dtype_bytes
-        if last_stage:
-            lm = 0 if arch.tied_embeddings and first_stage else arch.vocab_size * arch.hidden_size
-            total += (lm + arch.hidden_size) * arch.dtype_bytes
-        return total
-
-    def kv_bytes_per_token(
-        self, model: str | ModelArch, node: str | NodeType, layers: int
-    ) -> float:
-        """KV-cache bytes one token takes over `layers` layers on the whole node (KV heads are
-        replicated when the node has more GPUs than the model has KV heads)."""
-        k = self._consts(model, node)
-        return layers * k.tp * 2.0 * k.coef.kv_dim_per_gpu * k.dt
-
-    def max_kv_tokens(
-        self,
-        model: str | ModelArch,
-        node: str | NodeType,
-        layers: int,
-        *,
-        first_stage: bool = False,
-        last_stage: bool = False,
-    ) -> int:
-        """KV-cache tokens that fit on the node after `layers` layers of weights, keeping
-        MEMORY_RESERVE_FRACTION of its memory for activations and workspace (0 if none fit)."""
-        k = self._consts(model, node)
-        usable = self.catalog.node_memory_bytes(k.node) * (1.0 - MEMORY_RESERVE_FRACTION)
-        free = usable - self.stage_weight_bytes(
-            k.model, layers, first_stage=first_stage, last_stage=last_stage
-        )
-        if free <= 0:
-            return 0
-        return int(free // self.kv_bytes_per_token(model, node, layers))
-
-    def fits(
-        self,
-        model: str | ModelArch,
-        node: str | NodeType,
-        layers: int,
-        *,
-        first_stage: bool = False,
-        last_stage: bool = False,
-    ) -> bool:
-        """True when `layers` layers' weights fit with the reserve and room for >= 1 KV token."""
-        return (
-            self.max_kv_tokens(
-                model, node, layers, first_stage=first_stage, last_stage=last_stage
-            )
-            >= 1
-        )
-
-    def max_layers(
-        self,
-        model: str | ModelArch,
-        node: str | NodeType,
-        *,
-        first_stage: bool = False,
-        last_stage: bool = False,
-    ) -> int:
-        """Most layers of `model` that fit on the node (0 when not even one does)."""
-        k = self._consts(model, node)
-        lo, hi = 0, k.num_layers
-        while lo < hi:  # fits() is monotone in layers
-            mid = (lo + hi + 1) // 2
-            if self.fits(model, node, mid, first_stage=first_stage, last_stage=last_stage):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo

@@ -215,8 +215,21 @@ def build_step_model(model: str, stages: Sequence[Stage], perf: Any, catalog: An
 
 # ----------------------------------------------------------------- prefill → decode hand-over
 def kv_bytes_per_token(arch: Any) -> float:
-    """KV-cache bytes of one token over the whole model: `2 x layers x kv_dim x dtype`."""
-    return float(arch.num_layers * arch.kv_bytes_per_token_per_layer)
+    """KV-cache bytes of one token over the model's full-attention layers (all of them but
+    the sliding-window ones): `2 x layers x kv_dim x dtype`."""
+    sliding = arch.sliding_layers_in(0, arch.num_layers) if arch.sliding_window else 0
+    return float((arch.num_layers - sliding) * arch.kv_bytes_per_token_per_layer)
+
+
+def kv_transfer_bytes(arch: Any, tokens: int) -> float:
+    """KV-cache bytes of one sequence of `tokens` tokens, what a prefill instance hands over:
+    every token in the full-attention layers, the last `sliding_window` in the sliding ones."""
+    nbytes = tokens * kv_bytes_per_token(arch)
+    if arch.sliding_window:
+        window = min(tokens, arch.sliding_window)
+        nbytes += (window * arch.sliding_layers_in(0, arch.num_layers)
+                   * arch.kv_bytes_per_token_per_layer)
+    return nbytes
 
 
 def slowest_nic_bytes_per_s(node_types: Sequence[str], catalog: Any) -> float:
@@ -389,7 +402,7 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
     kv_s = 0.0
     if mode in ("prefill", "decode"):
         nic = slowest_nic_bytes_per_s(shape.node_types(), catalog)
-        kv_s = transfer_seconds(i_tok, kv_bytes_per_token(catalog.model(model)), nic, nic)
+        kv_s = transfer_seconds(1, kv_transfer_bytes(catalog.model(model), i_tok), nic, nic)
     dt = 0.0
     for share, step in busy_steps(mode, layout.n_stages, b, i_tok, o_tok):
         dt += share * layout.step_cost(*step)[0]

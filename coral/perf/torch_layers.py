@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coral.catalog.schema import ModelArch, MoeConfig
+from coral.errors import InputError
 
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-5
@@ -57,6 +58,18 @@ class DecoderShape:
 
     @classmethod
     def of_arch(cls, arch: ModelArch) -> "DecoderShape":
+        """The layer of `arch`; refused for a model whose layers this one does not run, so
+        that a profile never times another layer than the model's."""
+        missing = [what for what, has in (
+            ("sliding-window attention", arch.sliding_window is not None),
+            ("attention sinks", arch.attention_sinks),
+            (f"{arch.expert_weight_format} experts", arch.expert_weight_format is not None),
+        ) if has]
+        if missing:
+            raise InputError(
+                f"model {arch.name!r} has {', '.join(missing)}, which Coral's torch layer "
+                "does not run: its profile would time another layer. To fix: predict it with "
+                "the roofline (`coral perf predict`) or profile it with its serving engine")
         return cls(arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim,
                    arch.ffn_size, arch.gated_mlp, moe=arch.moe)
 

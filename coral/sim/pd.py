@@ -73,7 +73,7 @@ from coral.perf.step import (
     KV_TRANSFER_LATENCY_S,
     StepCost,
     StepModel,
-    kv_bytes_per_token,
+    kv_transfer_bytes,
     slowest_nic_bytes_per_s,
 )
 from coral.sim.config import SimConfig
@@ -104,7 +104,7 @@ class PrefillInstance(SimInstance):
     """A prefill instance: chunked prefill only, its token budget the template's chunk; a
     request whose prompt is done goes on to a decode instance (`hand_over`)."""
 
-    __slots__ = ("decode_router", "kv_bytes", "nic", "nic_free")
+    __slots__ = ("decode_router", "kv_arch", "nic", "nic_free")
 
     def __init__(self, spec: InstanceSpec, index: int, layout: StepModel, cfg: SimConfig):
         super().__init__(spec, index, layout, cfg)
@@ -112,7 +112,7 @@ class PrefillInstance(SimInstance):
         self.max_tokens = self.max_seqs = layout.max_seqs
         self.handoff = self.hand_over
         self.decode_router: SimRouter | None = None  # set by `wire`
-        self.kv_bytes = 0.0  # KV bytes per token of the model
+        self.kv_arch: Any = None  # the model's architecture (its KV bytes a sequence)
         self.nic = 0.0  # slowest NIC, bytes/s
         self.nic_free = 0.0  # when the NIC has sent every transfer started so far
 
@@ -126,7 +126,7 @@ class PrefillInstance(SimInstance):
         router.inflight[dst.slot] += 1
         # each NIC sends (receives) its transfers one after another at its own rate; the
         # cache has landed when both ends are through with it
-        nbytes = s.ctx * self.kv_bytes
+        nbytes = kv_transfer_bytes(self.kv_arch, s.ctx)
         self.nic_free = max(t, self.nic_free) + nbytes / self.nic
         dst.nic_free = max(t, dst.nic_free) + nbytes / dst.nic
         end = max(self.nic_free, dst.nic_free) + KV_TRANSFER_LATENCY_S
@@ -281,8 +281,7 @@ def wire(instances: Sequence[SimInstance], routers: dict[str, SimRouter],
             raise DeploymentError(
                 f"model {model} has decode instances but no prefill instance to feed them")
     decode_routers = {key: SimRouter(v) for key, v in sorted(decode.items())}
-    kv_bytes = {m: kv_bytes_per_token(catalog.model(m)) for m, rs in roles.items()
-                if "prefill" in rs}
+    kv_arch = {m: catalog.model(m) for m, rs in roles.items() if "prefill" in rs}
     for inst in instances:
         if isinstance(inst, (PrefillInstance, DecodeInstance)):
             inst.nic = slowest_nic_bytes_per_s(inst.spec.node_types, catalog)
@@ -295,8 +294,8 @@ def wire(instances: Sequence[SimInstance], routers: dict[str, SimRouter],
                     f"prefill instance {spec.name} of {spec.model} has no decode instance of "
                     f"its model in {where} to hand its requests to")
             inst.decode_router = router
-            inst.kv_bytes = kv_bytes[spec.model]
-    for model in kv_bytes:
+            inst.kv_arch = kv_arch[spec.model]
+    for model in kv_arch:
         _pair_weights(routers[model], decode_routers)
     return decode_routers
 

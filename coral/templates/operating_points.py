@@ -222,6 +222,20 @@ class OperatingPointTables:
             return float(fn(arch, node, 1))
         return float(arch.kv_bytes_per_token_per_layer)
 
+    def weight_bytes_per_layer(self, arch: ModelArch, node: NodeType) -> float:
+        """One layer's weights as the node's GPU type holds them (4-bit experts where the
+        serving engine runs them, `coral.perf.precision`), else as the checkpoint stores them."""
+        fn = getattr(self.perf, "stage_weight_bytes", None)
+        if fn is not None and arch.expert_weight_format is not None:
+            return float(fn(arch, 1, node=node))
+        return float(arch.weight_bytes_per_layer)
+
+    def window_bytes_per_layer(self, arch: ModelArch, node: NodeType) -> float:
+        """KV bytes of one sequence's full windows per layer of the model's mix (0 without
+        sliding-window layers, or for a perf model that does not say)."""
+        fn = getattr(self.perf, "window_kv_bytes", None)
+        return float(fn(arch, node, 1)) if fn is not None and arch.sliding_window else 0.0
+
     def batch_grid(self, slo: SloSpec, mode: Mode) -> tuple[int, ...]:
         return prefill_chunks(slo) if mode == "prefill" else self.batches
 
@@ -360,10 +374,14 @@ class OperatingPointTables:
         kv = self.kv_bytes_per_token_per_layer(arch, node_t)
         is_last = 1.0 - not_last
         mem = (
-            layers * float(arch.weight_bytes_per_layer)
+            layers * self.weight_bytes_per_layer(arch, node_t)
             + b * rounds * tokens_per_seq * layers * kv
             + is_last * lm_head_bytes(arch)
         )
+        window = self.window_bytes_per_layer(arch, node_t)
+        if window:  # sliding layers keep one window per sequence (prefill: per prompt)
+            sequences = b * rounds if mode != "prefill" else np.ceil(b * rounds / I)
+            mem = mem + sequences * layers * window
         mem = np.broadcast_to(mem, t.shape)
 
         ok = mem <= self.usable_bytes(node_t)

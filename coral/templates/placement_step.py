@@ -437,9 +437,15 @@ class StepSearch:
 def _memory_bytes(perf: Any, arch: ModelArch, node: str, layers: int, last: bool,
                   kv_tokens: float) -> float:
     """A node's weights (without the input embedding, which the template adds) and its
-    share of the KV cache (0 for a perf model that does not say)."""
+    share of the KV cache (0 for a perf model that does not say). Sliding-window layers'
+    windows are not counted (the node's sequences are not known here): at most
+    `coral.perf.sliding.WINDOW_SEQUENCES` windows, which its KV capacity holds aside."""
     try:
-        weights = perf.stage_weight_bytes(arch, layers, first_stage=False, last_stage=last)
+        if arch.expert_weight_format is not None:
+            weights = perf.stage_weight_bytes(arch, layers, first_stage=False, last_stage=last,
+                                              node=node)
+        else:
+            weights = perf.stage_weight_bytes(arch, layers, first_stage=False, last_stage=last)
         return float(weights + kv_tokens * perf.kv_bytes_per_token(arch, node, layers))
     except AttributeError:
         return 0.0

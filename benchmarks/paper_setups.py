@@ -5,7 +5,8 @@ plan (mode auto, as `coral plan` plans by default) and of every baseline on the 
 templates, and the $/hour each plan spends on each model (its instances' nodes). Reuses the
 template libraries under out/templates (built by `coral plan SCENARIO`).
 
-Run: `python benchmarks/paper_setups.py paper-core [NMAX]`.
+Run: `python benchmarks/paper_setups.py paper-core [NMAX [LEVEL ...]]` (NMAX `-`: the
+scenario's; no LEVEL: every level).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ def per_model(instances) -> dict[str, float]:
     return dict(out)
 
 
-def main(name: str, nmax: int | None) -> None:
+def main(name: str, nmax: int | None, levels: list[str]) -> None:
     cat = default_catalog()
-    for level in load_scenario(name, catalog=cat).levels:
+    for level in levels or load_scenario(name, catalog=cat).levels:
         sc = load_scenario(name, level=level, catalog=cat).in_mode("auto")
         res = plan_scenario(sc, catalog=cat, workers=None, nmax=nmax)
         models = [m.name for m in sc.models]
@@ -54,4 +55,5 @@ def main(name: str, nmax: int | None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    nmax_arg = sys.argv[2] if len(sys.argv) > 2 else "-"
+    main(sys.argv[1], None if nmax_arg == "-" else int(nmax_arg), sys.argv[3:])

@@ -11,9 +11,9 @@ says "stand-in":
   pairs; the stand-in draws lengths from lognormals with their mean and coefficient of
   variation, clipped to [1, 8192] tokens.
 - Arrivals: the BurstGPT paper models request inter-arrival times with Gamma distributions
-  whose coefficient of variation exceeds 1 (burstier than Poisson) and scales the average rate
-  to the experiment; the stand-in uses Gamma gaps with `ARRIVAL_CV` at 1 request/s (a scenario
-  rescales the rate to its demand).
+  burstier than Poisson and scales the average rate to the experiment; no fitted shape could be
+  read here, so `ARRIVAL_CV` (sqrt 2, Gamma shape 0.5) is our choice, at 1 request/s (a
+  scenario rescales the rate to its demand).
 
 Run: `python benchmarks/burstgpt_standin.py` (deterministic: seed 0).
 """

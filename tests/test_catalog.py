@@ -292,7 +292,7 @@ def test_unknown_names_in_every_section(cat: Catalog) -> None:
     with pytest.raises(UnknownNameError, match="unknown node type"):
         cat.node_type("3x-l4")
     with pytest.raises(UnknownNameError, match="aws-us-east-1"):
-        cat.region("aws-us-east-2")
+        cat.region("aws-us-east-3")
     with pytest.raises(UnknownNameError, match="no catalog entry"):
         cat.lookup("zzz-nothing-like-it")
     # KeyError's repr-quoting is not applied to the message

@@ -1,5 +1,6 @@
 """The chain a user runs, end to end: `coral plan --out` → the plan file → `coral simulate` →
-`coral serve --dry-run`, for every built-in scenario, availability level and serving mode.
+`coral serve --dry-run`, for every built-in scenario, availability level and serving mode
+(the paper's setups at their default and scarce levels, in PD and auto).
 
 Each stage reads exactly what the stage before it wrote: every plan passes the plan-file
 check (`coral.allocator.plan_check`), every instance row of the plan is one pipeline
@@ -29,8 +30,12 @@ runner = CliRunner(env={"COLUMNS": "200"})
 NMAX = 2
 MODES = ("aggregated", "pd", "mixed", "auto")
 SCENARIOS = ("core", "advanced")
+#: The paper's setups: their two availability levels in PD (their mode) and auto (what `coral
+#: plan` runs); their demand variants change only the demand (tests/test_paper_scenarios.py).
+PAPER_SCENARIOS = ("paper-core", "paper-extended")
 CASES = [(s, level, mode) for s in SCENARIOS for level in load_scenario(s).levels
-         for mode in MODES]
+         for mode in MODES] + [(s, level, mode) for s in PAPER_SCENARIOS
+                               for level in ("default", "scarce") for mode in ("pd", "auto")]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +107,8 @@ def check_chain(plan_path: Path, plan: dict) -> None:
 
 
 VLLM_CASES = [(s, level, mode) for s in SCENARIOS for level in load_scenario(s).levels
-              for mode in ("aggregated", "mixed")]
+              for mode in ("aggregated", "mixed")] + [(s, "default", "mixed")
+                                                      for s in PAPER_SCENARIOS]
 
 
 @pytest.mark.parametrize("scenario,level,mode", VLLM_CASES)

@@ -237,6 +237,11 @@ def parse_scenario(
             f"{source}: field 'availability': no level chosen; name one of "
             f"{names_list(spec.levels)} here or when loading the scenario"
         )
+    variant = spec.levels[chosen].demand_rps if chosen is not None else {}
+    if variant:
+        spec = spec.model_copy(update={"models": [
+            m.model_copy(update={"demand_rps": float(variant[m.name])}) if m.name in variant
+            else m for m in spec.models]})
     node_types = tuple(spec.node_types) if spec.node_types is not None else tuple(
         sorted(cat.node_types))
     regions = tuple(r.name for r in spec.regions)

@@ -12,7 +12,8 @@ startup_s: 300              # seconds a new instance loads weights before it ser
 node_types: [1x-l4, ...]    # optional: only these catalog node types (default: all)
 models:
   - {name: llama-3.1-8b, demand_rps: 120, input_tokens: 1024, output_tokens: 256,
-     tpot_s: 0.10, ttft_s: 2.0, percentile: 0.9, priority: 1}
+     tpot_s: 0.10, ttft_s: 2.0, percentile: 0.9, priority: 1,
+     trace: azure-conv-2023}   # optional: the trace the shape comes from (a label)
 base_availability: {1x-l4: 256, 8x-h100-sxm: 16, ...}   # nodes per region at scale 1
 regions:
   - name: aws-us-east-1
@@ -24,6 +25,7 @@ levels:
   abundant: {scale: 1.0}
   limited:  {scale: 0.25, node_type_scale: {8x-h100-sxm: 0.5}}
   scarce:   {scale: 0.05, counts: {aws-us-east-1: {8x-h100-sxm: 1}}}
+  skewed:   {scale: 1.0, demand_rps: {llama-3.1-8b: 240}}   # a demand variant
 
 
 **Availability levels.** Real availability cannot be looked up, so a scenario states it. We
@@ -41,6 +43,11 @@ not say what is meant. The count of node type `g` in region `r` at level `L` is:
 - always 0 where `g` has no price in `r` (in the catalog or the region's `price_overrides`).
 
 A region whose `availability` names a level uses that level whatever the scenario's level is.
+
+**Demand variants.** A level may also replace some models' `demand_rps` (`demand_rps`), so a
+variant of the demand (say, 80 % of the requests to the largest models) is chosen the way an
+availability level is (`--level`), is recorded in the plan with its level name, and keeps the
+models, SLOs and availability of the file. Models it does not name keep their own demand.
 Without `levels`, the base table is the availability.
 
 Every problem is reported as a `ScenarioError` naming the file, the entry and the field, with
@@ -91,6 +98,10 @@ class ScenarioModel(_Entry):
     output_tokens_cv: float = Field(
         default=DEFAULT_OUTPUT_CV, ge=0, le=10,
         description="Coefficient of variation of output lengths (0: all the same).")
+    trace: str | None = Field(
+        default=None, min_length=1,
+        description="The request trace this model's shape is taken from (a label for reports; "
+        "`coral simulate --trace FILE` replays a trace file).")
 
     @field_validator("ttft_s")
     @classmethod
@@ -154,6 +165,10 @@ class AvailabilityLevel(_Entry):
     counts: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="Region -> node type -> absolute node count."
     )
+    demand_rps: dict[str, float] = Field(
+        default_factory=dict,
+        description="Model -> requests/s replacing its `demand_rps` at this level (a demand "
+        "variant at this level's availability).")
 
     @model_validator(mode="after")
     def _check(self) -> "AvailabilityLevel":
@@ -166,6 +181,9 @@ class AvailabilityLevel(_Entry):
             for node_type, n in row.items():
                 if n < 0:
                     raise ValueError(f"counts of {node_type!r} in {region!r} is {n}; must be >= 0")
+        for model, rps in self.demand_rps.items():
+            if rps < 0:
+                raise ValueError(f"demand_rps of {model!r} is {rps}; must be >= 0")
         return self
 
 
@@ -318,6 +336,10 @@ def check_names(source: str, spec: ScenarioSpec, cat: Catalog) -> None:
             if r not in region_names:
                 raise unknown(f"levels.{name}: field 'region_scale.{r}'",
                               "region (not in this scenario's regions)", r, region_names)
+        for m in lvl.demand_rps:
+            if m not in seen:
+                raise unknown(f"levels.{name}: field 'demand_rps.{m}'",
+                              "model (not in this scenario's models)", m, seen)
         for r, row in lvl.counts.items():
             if r not in region_names:
                 raise unknown(f"levels.{name}: field 'counts.{r}'",

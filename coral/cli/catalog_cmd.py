@@ -77,7 +77,8 @@ def _print_tables(cat: Catalog) -> None:
         approx = "~" if any(p.approximate for p in n.prices) else ""
         span = f"{approx}{min(prices):.2f}–{max(prices):.2f}" if prices else "-"
         nodes.add_row(n.name, f"{n.gpu_count}x {n.gpu}", f"{n.nic_gbps:g}",
-                      ", ".join(f"{c}:{i}" for c, i in n.instances.items()),
+                      ", ".join(f"{c}:{i or '(none: priced pro rata)'}"
+                                for c, i in n.instances.items()),
                       str(len(prices)), span)
     console.print(nodes)
 

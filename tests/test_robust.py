@@ -125,12 +125,20 @@ def test_a_one_node_template_slows_by_exactly_the_factor(tiny):
     assert step_rating(one, SlowedPerf(perf, catalog, {other: 1.3}), catalog) == nominal
 
 
+def _full_tpot(template, s: Saturation) -> float:
+    """TPOT of a request on the instance run full: its busy step; a decode half's KV transfer
+    and a backlog of the router's slack + 1 requests at its full rate, over the output."""
+    if template.mode != "decode":
+        return s.step_s
+    return s.step_s + (s.kv_transfer_s + 5 / s.rps) / (template.slo.output_tokens - 1)
+
+
 def _largest_micro_batch(template, p, catalog, target: float) -> int:
-    """The largest micro-batch (scanned one by one) whose busy step on `p` meets `target`
-    (0: none; the template's own when it does)."""
+    """The largest micro-batch (scanned one by one) at which the instance run full on `p`
+    meets `target` (0: none; the template's own when it does)."""
     full = min(st.count * st.batch for st in template.shape.stages)
     for micro in range(full, 0, -1):
-        if _rated(template, p, catalog, micro)[0].step_s <= target:
+        if _full_tpot(template, _rated(template, p, catalog, micro)[0]) <= target:
             return micro
     return 0
 

@@ -27,10 +27,11 @@ up to the batch it deploys (`coral.routing`), so an instance whose slowed busy s
 own batch misses TPOT keeps taking its share and runs full, past TPOT. Where that happens for
 any of a template's GPU types, the robust plan deploys the template with a smaller batch
 (`robust_columns`): the largest micro-batch (sequences per stage, every stage's node batch
-cut to it) whose busy step meets TPOT with each of its GPU types slowed, found by bisection
-(the step grows with the batch). Such an instance cannot run past TPOT when its GPU type is
-slow; what it cannot take queues, and the router's overload rule moves it to the model's
-other instances. Its nominal capacity and its capacity in every scenario are rated on that
+cut to it) at which the instance, run full, meets TPOT with each of its GPU types slowed
+(`busy_tpot`: the busy step, and for a decode half its KV transfer and the backlog the router
+lets build, spread over the output), found by bisection (the step grows with the batch).
+Such an instance cannot run past TPOT when its GPU type is slow; what it cannot take queues,
+and the router's overload rule moves it to the model's other instances. Its nominal capacity and its capacity in every scenario are rated on that
 smaller batch, with the same step model the simulator runs (`SlowedPerf` in both): one
 placement, one rating. Only when one sequence per stage already misses TPOT is it rated 0
 in that scenario (and not cut). Prefill halves are not cut to a smaller chunk: their step
@@ -55,6 +56,7 @@ from typing import Any, Callable, Mapping
 from coral.allocator.headroom import planned_capacity
 from coral.allocator.scenario import Scenario
 from coral.perf.pipeline import PipelineShape
+from coral.routing import LOAD_SLACK
 from coral.perf.step import Saturation, build_step_model, busy_steps, saturation, stages_from_shape
 from coral.templates.store import MANIFEST, TemplateLibrary
 from coral.templates.template import Template
@@ -63,9 +65,9 @@ log = logging.getLogger(__name__)
 
 #: The ratings of a library's templates, stored beside it.
 RATINGS_FILE = "robust.json"
-#: 4: per template key, per rating key ("nominal" or "GPU=F", "/as-deployed" when not cut to a
+#: 5: per template key, per rating key ("nominal" or "GPU=F", "/as-deployed" when not cut to a
 #: smaller batch, "@N" at N sequences per stage), the `StepRating` fields.
-RATINGS_FORMAT = 4
+RATINGS_FORMAT = 5
 
 #: perf, catalog, {GPU type: factor} -> the perf model with those GPU types slowed
 #: (`coral.sim.slowdown.SlowedPerf`; passed in, as the simulator sits above the allocator).
@@ -130,26 +132,41 @@ def step_rating(template: Template, perf: Any, catalog: Any, *, micro_batch: int
                       chunked_rps=sat.chunked_rps)
 
 
+def busy_tpot(template: Template, rating: StepRating) -> float:
+    """TPOT a request sees on one instance of `template` that runs full, as `rating` rates
+    it: the busy step; for a decode half also, spread over the tokens after the first, its
+    KV transfer and the wait of the backlog the router lets build before it moves prompts
+    elsewhere (`LOAD_SLACK` + 1 requests, `coral.routing`, served at the full instance's
+    rate). A slowed instance that its planned share overloads runs like this: full, with
+    that backlog (`coral.sim.pd`, "Back-pressure")."""
+    step = rating.saturation().tail_step_s
+    if template.mode != "decode":
+        return step
+    tokens = max(1, template.slo.output_tokens - 1)
+    wait = (LOAD_SLACK + 1) / rating.rps if rating.rps > 0 else math.inf
+    return step + (rating.kv_transfer_s + wait) / tokens
+
+
 def within_tpot(template: Template, perf: Any, catalog: Any) -> StepRating:
-    """The rating of `template` on `perf`; where its busy step misses TPOT (aggregated and
-    decode), at the largest micro-batch whose busy step meets it (the full-batch rating when
-    none does)."""
+    """The rating of `template` on `perf`; where running full misses TPOT (`busy_tpot`;
+    aggregated and decode), at the largest micro-batch that meets it (the full-batch rating
+    when none does)."""
     full = step_rating(template, perf, catalog)
     target = template.slo.tpot_s * (1.0 + 1e-9)
-    if template.mode == "prefill" or full.saturation().tail_step_s <= target:
+    if template.mode == "prefill" or busy_tpot(template, full) <= target:
         return full
     lo, hi = 0, own_micro_batch(template.shape)  # meets at lo (0: none yet), misses at hi
     best = None
     while hi - lo > 1:
         mid = (lo + hi) // 2
         r = step_rating(template, perf, catalog, micro_batch=mid)
-        if r.saturation().tail_step_s <= target:
+        if busy_tpot(template, r) <= target:
             lo, best = mid, r
         else:
             hi = mid
     if best is None and lo == 0:
         r = step_rating(template, perf, catalog, micro_batch=1)
-        best = r if r.saturation().tail_step_s <= target else None
+        best = r if busy_tpot(template, r) <= target else None
     return full if best is None else best
 
 
@@ -338,8 +355,10 @@ def robust_column(template: Template, scenario: Scenario, factors: Factors, stor
     nominal = store.rating(template, "nominal")
     slow = {g: factor_of(factors, g) for g in gpu_types_of(template, store.catalog)}
     own = own_micro_batch(template.shape)
+    # a GPU type at its modelled speed overloads nothing: only a slowdown calls for a cut
     cuts = [r.micro_batch for r in (store.rating(template, slowdown_key(g, f))
-                                    for g, f in slow.items()) if 0 < r.micro_batch < own]
+                                    for g, f in slow.items() if f > 1.0)
+            if 0 < r.micro_batch < own]
     deployed, micro = template, 0
     if cuts:
         micro = min(cuts)

@@ -359,15 +359,15 @@ def robust_column(template: Template, scenario: Scenario, factors: Factors, stor
     cuts = [r.micro_batch for r in (store.rating(template, slowdown_key(g, f))
                                     for g, f in slow.items() if f > 1.0)
             if 0 < r.micro_batch < own]
-    deployed, micro = template, 0
+    deployed, micro, own_rating = template, 0, nominal
     if cuts:
         micro = min(cuts)
-        cut = store.rating(template, "nominal", micro_batch=micro)
+        # the deployed shape's nominal rating: `with_batch_cut` deploys exactly this cut
+        own_rating = store.rating(template, "nominal", micro_batch=micro)
         deployed = with_batch_cut(
-            template, micro, nominal, cut,
+            template, micro, nominal, own_rating,
             f"batch cut to {micro} sequences per stage so that TPOT holds with any one of its "
             "GPU types as slow as --robust plans for")
-    own_rating = store.rating(deployed, "nominal")
     as_planned = rerated_capacity(template, scenario, nominal, own_rating)
     slowed = {}
     for gpu, f in slow.items():

@@ -1,6 +1,6 @@
 """Opt-in: the vllm engine path on vLLM's CPU build, with SmolLM2 in float32.
 
-Skipped unless CORAL_TEST_VLLM=1. Installing vLLM's CPU build is described in the README
+Skipped unless CORAL_TEST_VLLM=1. Installing vLLM's CPU build is described in docs/serving.md
 ("Serving with vLLM"); vLLM may live in another Python, given by $CORAL_VLLM_PYTHON.
 
 SmolLM2 is split over two pipeline stages by the tiny deployment's layer partition
@@ -47,7 +47,7 @@ def server(smollm2, tmp_path_factory):
     if probe.returncode != 0:
         pytest.fail(f"CORAL_TEST_VLLM=1 but {python} cannot import vllm "
                     f"({probe.stderr.strip().splitlines()[-1:]}); install vLLM's CPU build "
-                    "(see the README) or point CORAL_VLLM_PYTHON at a Python that has it")
+                    "(see docs/serving.md) or point CORAL_VLLM_PYTHON at a Python that has it")
     folder = export_hf(smollm2, tmp_path_factory.mktemp("hf") / smollm2.name)
     instance = tiny_instance(smollm2, 2)
     launch = vllm_launch(instance, None, model=str(folder), port=free_tcp_port())

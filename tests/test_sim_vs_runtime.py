@@ -2,7 +2,7 @@
 (`benchmarks/sim_vs_runtime.py`).
 
 The runtime half is skipped unless CORAL_TEST_SIM_RUNTIME=1, the vLLM half unless
-CORAL_TEST_VLLM=1 (vLLM's CPU build in this Python or in $CORAL_VLLM_PYTHON; see the README).
+CORAL_TEST_VLLM=1 (vLLM's CPU build in this Python or in $CORAL_VLLM_PYTHON; see docs/serving.md).
 The runtime half: it profiles SmolLM2, serves it as a 2-stage pipeline
 (`coral serve --tiny --stages 2`) at one light Poisson rate for 20 s, and simulates the same
 arrivals; about two minutes, wall-clock figures. Needs SmolLM2's weights

@@ -1,5 +1,5 @@
-"""Serving engines as restrictions of the template space (DESIGN.md, "Engines constrain the
-shape").
+"""Serving engines as restrictions of the template space (docs/design.md, "Two stages":
+serving engines).
 
 * `coral`: Coral's own runtime runs every instance shape — a pipeline of stages, each stage
   one or more identical nodes on one layer range — so nothing is restricted.

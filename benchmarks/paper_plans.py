@@ -11,7 +11,7 @@ shape) and prints, per model, phase and shape: capacity (req/s at the SLO), $/ho
 region, and the capacity per dollar (req/s per $/hour, and tokens/s per $/hour: prompt tokens
 for prefill, generated tokens otherwise), next to the best single-node homogeneous shape.
 
-    python benchmarks/paper_plans.py [paper-core|paper-extended] [--region R]
+    python benchmarks/paper_plans.py [paper-core|paper-extended]
 """
 
 from __future__ import annotations
@@ -95,24 +95,33 @@ def node_alias(catalog, name: str) -> str | None:
     return None
 
 
+def scenario_prices(sc, combo: list[str]) -> dict[str, float]:
+    """$/hour of the combination in each of the scenario's regions that prices every node of
+    it (the scenario's prices: catalog prices with its overrides)."""
+    out = {}
+    for region in sc.regions:
+        prices = [sc.node_prices.get((n, region)) for n in combo]
+        if all(p is not None for p in prices):
+            out[region] = sum(prices)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario", nargs="?", default="paper-core")
-    ap.add_argument("--region", default="aws-us-east-2")
     args = ap.parse_args()
     cat = default_catalog()
     sc = load_scenario(args.scenario, catalog=cat)
     perf = default_perf_factory(cat)
     tables = OperatingPointTables(perf, cat)
     shapes = PAPER_SHAPES[args.scenario]
-    regions = set(sc.regions)
     t0 = time.perf_counter()
     for model, named in shapes.items():
         slo = scenario_slo(sc, model)
         arch = cat.model(model)
         combos = [(f"homo: {n}", [n]) for n in sc.node_types] + named
-        print(f"\n## {model} ({slo.describe()}), $/hour in {args.region} (else the cheapest "
-              "region pricing the shape)\n")
+        print(f"\n## {model} ({slo.describe()}); $/hour in the cheapest region pricing "
+              "the shape\n")
         print("| phase | shape | req/s | $/hour | req/s per $/h | tok/s per $/h | x best homo |")
         print("|---|---|---:|---:|---:|---:|---:|")
         for phase in ("aggregated", "prefill", "decode"):
@@ -124,8 +133,8 @@ def main() -> None:
                     continue
                 tpl = build_template(arch, resolved, slo, phase, "flow", perf, cat,
                                      tables=tables, time_limit_s=30.0)
-                priced = {r: v for r, v in tpl.usd_per_hour.items() if r in regions}
-                usd = priced.get(args.region, min(priced.values(), default=math.nan))
+                priced = scenario_prices(sc, resolved)
+                usd = min(priced.values(), default=math.nan)
                 if not tpl.feasible or not math.isfinite(usd):
                     rows.append(Row(model, phase, label, 0.0, usd, tokens))
                     continue

@@ -119,7 +119,8 @@ def test_layer_fits_replace_only_a_borrowed_matmul_figure_of_the_committed_calib
     assert l4.eta_compute == fits["l4"].eta_compute != l4_carried.eta_compute
     assert (l4.eta_memory, l4.eta_elementwise, l4.kernel_overhead_s) == (
         l4_carried.eta_memory, l4_carried.eta_elementwise, l4_carried.kernel_overhead_s)
-    assert "fitted on Helix" in l4.fitted_on
+    assert l4.matmul_fitted_on == fits["l4"].fitted_on
+    assert "matmul efficiency fitted on Helix" in l4.label and "no own fit" in l4_carried.label
     # other efficiencies than the committed ones: the fits were not made on them
     other = PerfModel(catalog, efficiencies=default_efficiencies())
     assert other.efficiencies_for("l4") == l4_carried

@@ -60,8 +60,7 @@ class LayerFit:
 
 def apply_layer_fit(eff: Efficiencies, fit: LayerFit) -> Efficiencies:
     """`eff` (borrowed) with its matmul efficiency replaced by the card's own layer fit."""
-    return replace(eff, eta_compute=fit.eta_compute,
-                   fitted_on=f"{eff.fitted_on}; eta_compute fitted on {fit.fitted_on}")
+    return replace(eff, eta_compute=fit.eta_compute, matmul_fitted_on=fit.fitted_on)
 
 
 def layer_fits_file() -> Path:

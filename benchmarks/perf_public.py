@@ -54,7 +54,8 @@ GEMM_SIZES = (1024, 2048, 4096, 8192, 10240)
 MAX_ROUNDING = 0.05
 LLM_PHASES = ("prefill", "decode", "step")
 #: Helix model whose prefill layers each card's matmul efficiency is fitted on, and the one it
-#: is scored on (LLaMA-1-30B: no grouped KV heads; Llama-2-70B: grouped, 2.6x the weights).
+#: is scored on (LLaMA-1-30B: no grouped KV heads; Llama-2-70B: grouped, 1.6x a layer's
+#: weights).
 FIT_MODEL = "llama-1-30b"
 HELD_OUT_MODEL = "llama-2-70b"
 #: Bracket of the fitted efficiency and the golden-section steps that narrow it below 1e-6.

@@ -19,13 +19,21 @@ Prints, per card and phase, the number of points, the signed median, the error o
 (with its sign) and how many points are too fast; then median and max |error| over the LLM
 points (prefill, decode, step) and over the GEMM points.
 
-    python benchmarks/perf_public.py [--points] [--json]
+The cards with Helix profiles have their matmul efficiency fitted on their own prefill layers
+(`coral.perf.layer_fits`): on `FIT_MODEL`'s, scored on `HELD_OUT_MODEL`'s, a cross-model
+hold-out. `--fits` prints each card's carried and fitted figure with its in-sample and
+held-out signed errors; `--write-fits` writes `coral/perf/data/layer_fits.yaml`;
+`--no-layer-fits` scores the model without them (borrowed figures only, perf model 7).
+
+    python benchmarks/perf_public.py [--points] [--json] [--fits] [--no-layer-fits]
+    python benchmarks/perf_public.py --write-fits
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -36,6 +44,7 @@ import yaml
 from coral.catalog.loader import Catalog, default_catalog
 from coral.catalog.schema import ModelArch
 from coral.perf.kernel_time import kernel_seconds
+from coral.perf.layer_fits import LayerFit, write_layer_fits
 from coral.perf.model import ITERATION_OVERHEAD_S, PerfModel
 
 DATA = Path(__file__).with_name("data") / "public_measurements.yaml"
@@ -44,6 +53,14 @@ GEMM_SIZES = (1024, 2048, 4096, 8192, 10240)
 #: A point whose rounding (half its resolution) can exceed this share of it is left out.
 MAX_ROUNDING = 0.05
 LLM_PHASES = ("prefill", "decode", "step")
+#: Helix model whose prefill layers each card's matmul efficiency is fitted on, and the one it
+#: is scored on (LLaMA-1-30B: no grouped KV heads; Llama-2-70B: grouped, 1.6x a layer's
+#: weights).
+FIT_MODEL = "llama-1-30b"
+HELD_OUT_MODEL = "llama-2-70b"
+#: Bracket of the fitted efficiency and the golden-section steps that narrow it below 1e-6.
+FIT_BRACKET = (0.05, 1.0)
+FIT_STEPS = 40
 
 
 @dataclass(frozen=True)
@@ -152,6 +169,85 @@ def all_points(catalog: Catalog | None = None, perf: PerfModel | None = None,
             + gemm_points(doc, perf, catalog))
 
 
+def _signed_median(points: list[Point]) -> float:
+    return statistics.median(p.error for p in points)
+
+
+def _prefill(points: list[Point], gpu: str, model: str) -> list[Point]:
+    return [p for p in points if p.gpu == gpu and p.phase == "prefill"
+            and p.what.startswith(f"{model} P ")]
+
+
+def fit_layer_levels(catalog: Catalog | None = None, path: Path = DATA) -> dict[str, LayerFit]:
+    """Each borrowing card's matmul efficiency fitted on its own `FIT_MODEL` prefill layers
+    (least squares on log predicted / measured, golden section: the prediction falls
+    monotonically with the efficiency), with its in-sample and `HELD_OUT_MODEL` errors."""
+    catalog = catalog or default_catalog()
+    doc = yaml.safe_load(path.read_text())
+    models = _models(doc, catalog)
+    carried = PerfModel(catalog, layer_fits={})
+    gpus = sorted({e["gpu"] for e in doc["helix_layers"]["entries"]
+                   if e["model"] == FIT_MODEL and e["phase"] == "prefill"})
+    fits = {}
+    for gpu in gpus:
+        if not carried.efficiencies_for(gpu).borrowed_from:
+            continue  # an operator fit of its own stands
+
+        def scored(eta: float, gpu: str = gpu) -> list[Point]:
+            fit = LayerFit(gpu, eta, "", 0, 0.0, "", 0, 0.0)
+            perf = PerfModel(catalog, layer_fits={gpu: fit})
+            return [p for p in helix_points(doc, perf, models) if p.gpu == gpu]
+
+        def loss(eta: float, gpu: str = gpu) -> float:
+            return sum(math.log1p(p.error) ** 2 for p in _prefill(scored(eta), gpu, FIT_MODEL))
+
+        lo, hi = FIT_BRACKET
+        for _ in range(FIT_STEPS):
+            a, b = lo + (hi - lo) * 0.381966, hi - (hi - lo) * 0.381966
+            if loss(a) < loss(b):
+                hi = b
+            else:
+                lo = a
+        eta = round((lo + hi) / 2, 4)
+        points = scored(eta)
+        fitted, held = _prefill(points, gpu, FIT_MODEL), _prefill(points, gpu, HELD_OUT_MODEL)
+        if not fitted or not held:
+            raise ValueError(f"{path}: helix_layers: {gpu} needs prefill points of both "
+                             f"{FIT_MODEL} and {HELD_OUT_MODEL} (after the rounding rule)")
+        fits[gpu] = LayerFit(
+            gpu=gpu, eta_compute=eta,
+            fitted_on=f"Helix's {FIT_MODEL} prefill layers on the {gpu} ({len(fitted)} "
+                      f"point{'s' if len(fitted) != 1 else ''}, "
+                      "benchmarks/data/public_measurements.yaml)",
+            points=len(fitted), in_sample_error=_signed_median(fitted),
+            held_out_on=f"Helix's {HELD_OUT_MODEL} prefill layers",
+            held_out_points=len(held), held_out_error=_signed_median(held))
+    return fits
+
+
+def fits_report(catalog: Catalog, fits: dict[str, LayerFit]) -> list[str]:
+    """Per fitted card: carried and fitted efficiency, the fitted one over the card's benchmark
+    figure (where listed), and the signed in-sample and held-out errors of each."""
+    carried = PerfModel(catalog, layer_fits={})
+    doc = yaml.safe_load(DATA.read_text())
+    models = _models(doc, catalog)
+    before = helix_points(doc, carried, models)
+    lines = [f"{'card':10} {'carried':>8} {'fitted':>7} {'/bench':>7} "
+             f"{'in-sample ' + FIT_MODEL:>24} {'held-out ' + HELD_OUT_MODEL:>24}"]
+    for gpu, fit in sorted(fits.items()):
+        g = catalog.gpu(gpu)
+        bench = g.sustained.benchmark_gemm_tflops if g.sustained else None
+        level = f"{fit.eta_compute * g.bf16_tflops / bench:7.3f}" if bench else f"{'-':>7}"
+        was_in = _signed_median(_prefill(before, gpu, FIT_MODEL))
+        was_out = _signed_median(_prefill(before, gpu, HELD_OUT_MODEL))
+        lines.append(f"{gpu:10} {carried.efficiencies_for(gpu).eta_compute:8.3f} "
+                     f"{fit.eta_compute:7.4f} {level} "
+                     f"{100 * was_in:+9.1f} -> {100 * fit.in_sample_error:+5.1f}% ({fit.points}) "
+                     f"{100 * was_out:+9.1f} -> {100 * fit.held_out_error:+5.1f}% "
+                     f"({fit.held_out_points})")
+    return lines
+
+
 def summary(points: list[Point]) -> list[dict]:
     """Per (card, phase): n, signed median, the error of largest size, points too fast."""
     rows = []
@@ -167,8 +263,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", action="store_true", help="list every point")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--fits", action="store_true",
+                    help="fit each card's matmul efficiency afresh and print it with its errors")
+    ap.add_argument("--write-fits", action="store_true",
+                    help="fit and write coral/perf/data/layer_fits.yaml")
+    ap.add_argument("--no-layer-fits", action="store_true",
+                    help="score the borrowed figures alone (no layer fits)")
     args = ap.parse_args(argv)
-    points = all_points()
+    catalog = default_catalog()
+    if args.fits or args.write_fits:
+        fits = fit_layer_levels(catalog)
+        print("\n".join(fits_report(catalog, fits)))
+        if args.write_fits:
+            source = yaml.safe_load(DATA.read_text())["helix_layers"]["source"]
+            print(f"wrote {write_layer_fits(fits, source)}")
+        return 0
+    perf = PerfModel(catalog, layer_fits={}) if args.no_layer_fits else PerfModel(catalog)
+    points = all_points(catalog, perf)
     rows = summary(points)
     llm = [abs(p.error) for p in points if p.phase in LLM_PHASES]
     gemm = [abs(p.error) for p in points if p.phase == "gemm"]

@@ -42,7 +42,9 @@ class Efficiencies:
     weight-streaming matmuls and attention over peak. `eta_elementwise`: bandwidth of the
     element-wise kernels (norms, rope, activation, add) over peak. `kernel_overhead_s`: fixed
     GPU time per kernel. `fitted_on` says which measurements; `borrowed_from` names the GPU type
-    whose fit these are when this GPU type has no measurements of its own.
+    whose fit these are when this GPU type has no measurements of its own;
+    `matmul_fitted_on` says which of this type's own measurements `eta_compute` was fitted on
+    when the rest is borrowed (`coral.perf.layer_fits`).
     """
 
     gpu: str
@@ -53,6 +55,7 @@ class Efficiencies:
     kernel_overhead_s: float
     fitted_on: str
     borrowed_from: str | None = None
+    matmul_fitted_on: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("eta_compute", "eta_memory", "eta_elementwise"):
@@ -65,6 +68,9 @@ class Efficiencies:
     @property
     def label(self) -> str:
         """Where these figures come from, for reports."""
+        if self.borrowed_from and self.matmul_fitted_on:
+            return (f"borrowed from {self.borrowed_from} ({self.architecture} GPU, no operator "
+                    f"fit), matmul efficiency fitted on {self.matmul_fitted_on}")
         if self.borrowed_from:
             return f"borrowed from {self.borrowed_from} ({self.architecture} GPU, no own fit)"
         return f"fitted on {self.gpu} ({self.fitted_on})"

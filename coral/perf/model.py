@@ -39,14 +39,15 @@ Vidur's measured operator times (see `coral.perf.calibration`); a GPU type witho
 borrows a profiled type's, scaled by the two types' sustained throughput
 (`coral.perf.sustained`: board power, clocks, measured matmul and copy figures; the
 element-wise figure by the lesser of DRAM and the SMs' issue rate, which holds element-wise
-kernels on HBM cards). TP communication is a ring all-reduce of the layer's activations twice
-per layer. When a measured table exists for a (model, node type) it replaces the per-layer
-formula.
+kernels on HBM cards); where a public whole-layer profile of such a type exists, its matmul
+efficiency is fitted on it instead (`coral.perf.layer_fits`). TP communication is a ring
+all-reduce of the layer's activations twice per layer. When a measured table exists for a
+(model, node type) it replaces the per-layer formula.
 
 `iteration_seconds` is on the hot path of the template builder (called millions of times):
 per (model, node) constants are computed once and the call itself is plain float arithmetic.
 
-Why one module of ~520 lines: the formula's named constants, the per-(model, node) constants
+Why one module of ~540 lines: the formula's named constants, the per-(model, node) constants
 (`_Consts`) and the `PerfModel` that reads them are one model; its memory queries
 (`max_kv_tokens`, `fits`, `max_layers`) read the same constants from `coral.perf.memory`. The
 operator-level counts live in `coral.perf.layer_costs`, sliding-window attention in
@@ -74,6 +75,12 @@ from coral.perf.layer_costs import (
     layer_coefficients,
     tile_padded_tokens,
 )
+from coral.perf.layer_fits import (
+    LayerFit,
+    apply_layer_fit,
+    default_layer_fits,
+    layer_fits_file,
+)
 from coral.perf.memory import MEMORY_RESERVE_FRACTION, MemoryQueries  # noqa: F401 (re-export)
 from coral.perf.precision import expert_weight_bits
 from coral.perf.sliding import mixed_attention_seconds
@@ -92,19 +99,23 @@ _INV_P = 1.0 / ROOFLINE_P
 #: 7: sliding-window layers (attention and KV capped at the window) and 4-bit experts held and
 #:    read at the GPU type's precision (GPT-OSS). Every earlier model's figures are unchanged;
 #:    the bump retires libraries of the GPT-OSS entries built before their perf support.
-FORMULA_VERSION = 7
+#: 8: a borrowing card's matmul efficiency fitted on its own whole-layer profile where one is
+#:    published (coral.perf.layer_fits: the A100-40GB, L4, T4 and V100).
+FORMULA_VERSION = 8
 
 
 def _efficiencies_digest() -> str:
-    try:
-        blob = efficiencies_file().read_bytes()
-    except OSError:  # pragma: no cover - package data missing
-        return "none"
-    return hashlib.sha256(blob).hexdigest()[:8]
+    digest = hashlib.sha256()
+    for path in (efficiencies_file(), layer_fits_file()):
+        try:
+            digest.update(path.read_bytes())
+        except OSError:  # pragma: no cover - package data missing
+            digest.update(b"none")
+    return digest.hexdigest()[:8]
 
 
 #: What cached results derived from the default perf model (e.g. template libraries) depend
-#: on: the formula version and the committed calibration.
+#: on: the formula version, the committed calibration and the committed layer fits.
 PERF_MODEL_VERSION = f"{FORMULA_VERSION}+{_efficiencies_digest()}"
 
 # ---- named constants ----
@@ -202,6 +213,10 @@ class PerfModel(MemoryQueries):
     an `Efficiencies` applies one set of figures to every GPU type; an `EfficiencyTable` (or a
     mapping GPU name -> Efficiencies) is looked up per GPU type, borrowing by architecture.
     `tables`: measured per-layer tables; one for a (model, node type) replaces the formula.
+    `layer_fits`: matmul efficiencies fitted on borrowing cards' own whole-layer profiles
+    (`coral.perf.layer_fits`), applied to those cards' borrowed figures; None uses the
+    committed fits with the committed calibration and none with any other efficiencies (the
+    fits were made on top of the committed calibration's borrowed figures).
 
     Memory capacity counts every expert's weights (`ModelArch.weight_bytes_per_layer`); the
     iteration time reads only the experts the batch touches.
@@ -215,12 +230,16 @@ class PerfModel(MemoryQueries):
         *,
         grouped_gemm_k0: float = GROUPED_GEMM_K0,
         grouped_gemm_bandwidth: float = GROUPED_GEMM_BANDWIDTH,
+        layer_fits: Mapping[str, LayerFit] | None = None,
     ):
         if grouped_gemm_k0 < 0 or not 0 < grouped_gemm_bandwidth <= 1:
             raise ValueError("grouped_gemm_k0 must be >= 0 and grouped_gemm_bandwidth in (0, 1]")
         self.grouped_gemm_k0 = float(grouped_gemm_k0)
         self.grouped_gemm_bandwidth = float(grouped_gemm_bandwidth)
         self.catalog = catalog
+        if layer_fits is None:
+            layer_fits = default_layer_fits() if efficiencies is None else {}
+        self.layer_fits: dict[str, LayerFit] = dict(layer_fits)
         if efficiencies is None:
             efficiencies = default_efficiencies()
         elif isinstance(efficiencies, Mapping):
@@ -248,6 +267,10 @@ class PerfModel(MemoryQueries):
             # type's sustained throughput (a power-capped board holds less than its donor)
             eff = scale_borrowed(eff, gpu_t, self.catalog.gpu(eff.borrowed_from), self.catalog,
                                  self.elementwise_rate)
+        fit = self.layer_fits.get(gpu_t.name)
+        if eff.borrowed_from and fit is not None:
+            # the card's own layers measure the level its matmuls reach; nothing to carry
+            eff = apply_layer_fit(eff, fit)
         return eff
 
     def has_table(self, model: str | ModelArch, node: str | NodeType) -> bool:

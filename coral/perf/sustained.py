@@ -25,7 +25,8 @@ works at the clock its power limit settles on, which the benchmark's millisecond
 small sizes do not reach; a donor that is not power-capped (the 400 W A100) holds its best
 figure over long runs (benchmarks/RESULTS.md, "Perf model 7"). Energy per FLOP is taken as
 constant with clock, which is pessimistic where a capped board also lowers its voltage; the
-base-clock floor bounds that.
+base-clock floor bounds that. Where the borrower's own whole-layer profile is published, the
+perf model replaces the carried matmul figure by one fitted on it (`coral.perf.layer_fits`).
 
 Element-wise kernels (norms, rope, activation, residual add) are not held by DRAM alone: on
 HBM cards the SMs cannot issue their loads and stores fast enough (Vidur's profiles: about

@@ -62,7 +62,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import highspy
 import numpy as np
@@ -83,6 +83,7 @@ from coral.allocator.formulation import (
     capacity_bound_short,
     decomposition_of,
 )
+from coral.allocator.fair import add_fair_rows, scarcity_fair
 from coral.allocator.highs_runs import (
     Relaxation,
     bound_with_limit,
@@ -259,10 +260,11 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
         return np.rint(values[v.x]).astype(np.int64)
 
     def plan_of(counts: np.ndarray, status: PlanStatus, gap: float,
-                goodput_gap: float = 0.0) -> AllocationPlan:
+                goodput_gap: float = 0.0, phase_gaps: dict[str, float] | None = None
+                ) -> AllocationPlan:
         return make_plan(problem, to_instances(counts), status=status, gap=gap,
                          solve_s=time.perf_counter() - t0, goodput_gap=goodput_gap,
-                         notes=notes)
+                         notes=notes, phase_gaps=phase_gaps)
 
     seed = seed_of(problem, ix, v, cols, starts)
     if seed is not None:
@@ -354,6 +356,10 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
     # PD models past exact covers (`large_pd`) go to HiGHS on the whole ILP: measured on
     # `coral plan advanced --level scarce --mode pd --nmax 2`, it proves a 0.50 % gap in 8.5 s
     # where `scarcity_bounded` ends at the 10 s limit 1.3 % from its bound
+    if problem.scarcity == "fair":
+        return _fair_plan(problem, dec if dec is not None else large_pd, lp, ix, v, t0=t0,
+                          notes=notes, threads=threads, seed=seed, status=final_status,
+                          plan_of=plan_of)
     if dec is not None:
         best, gap, goodput_gap = scarcity_bounded(problem, dec, arr, lp, ix, v, col_lb,
                                                    floor_row, t0=t0, notes=notes,
@@ -362,12 +368,36 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
         best, gap, goodput_gap = scarcity_highs(problem, arr, lp, ix, v, col_lb, floor_row,
                                                  t0=t0, notes=notes, threads=threads,
                                                  seed=seed)
+    phases = {"goodput": goodput_gap, "cost": gap}
     if best is None:
-        plan = plan_of(np.zeros(len(v.x), dtype=np.int64), final_status, math.inf, math.inf)
+        plan = plan_of(np.zeros(len(v.x), dtype=np.int64), final_status, math.inf, math.inf,
+                       phase_gaps={"goodput": math.inf, "cost": math.inf})
     else:
-        plan = plan_of(best, final_status, gap, goodput_gap)
+        plan = plan_of(best, final_status, gap, goodput_gap, phase_gaps=phases)
         if plan.meets_demand:  # the cost phase found no plan in time; the goodput phases did
             plan = plan_of(best, PlanStatus.TIME_LIMIT, gap, goodput_gap)
+    return plan
+
+
+def _fair_plan(problem: AllocationProblem, dec: Decomposition | None, lp: LpBuilder, ix: Index,
+               v: Vars, *, t0: float, notes: list[str], threads: int | None,
+               seed: Seed | None, status: PlanStatus,
+               plan_of: Callable[..., AllocationPlan]) -> AllocationPlan:
+    """The fair scarcity phases (`fair.py`) on the ILP with the fair objective's rows added
+    (the cost problem solved before them runs without those)."""
+    if dec is None:
+        dec = decomposition_of(ix, v, lp)
+    fair_rows = add_fair_rows(lp, problem, ix, v)
+    arr = lp.arrays()
+    col_lb = arr.col_lb.copy()
+    col_lb[v.s] = 0.0
+    got = scarcity_fair(problem, dec, arr, lp, v, fair_rows, col_lb, t0=t0, notes=notes,
+                        threads=threads, seeds=() if seed is None else (seed.x,))
+    plan = plan_of(got.x, status, got.gaps["cost"],
+                   max(got.gaps["fairness"], got.gaps["tokens"]), phase_gaps=got.gaps)
+    if plan.meets_demand:  # the cost phase found no plan in time; the fair phases did
+        plan = plan_of(got.x, PlanStatus.TIME_LIMIT, got.gaps["cost"],
+                       max(got.gaps["fairness"], got.gaps["tokens"]), phase_gaps={})
     return plan
 
 

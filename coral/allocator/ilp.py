@@ -490,7 +490,9 @@ def infeasibility_message(problem: AllocationProblem, plan: AllocationPlan) -> s
     lines = []
     if plan.status is PlanStatus.INFEASIBLE:
         lines.append("the demand cannot be met with the availability given; the plan of most "
-                     "priority-weighted goodput leaves these models short:")
+                     + ("even priority-weighted served fractions, then most tokens/s"
+                        if problem.scarcity == "fair" else "priority-weighted goodput")
+                     + " leaves these models short:")
     else:
         lines.append(f"no plan meeting every demand was found within the time limit "
                      f"({problem.time_limit_s:g} s); the best plan found leaves these models "

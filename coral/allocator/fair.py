@@ -35,8 +35,10 @@ import numpy as np
 
 from coral.allocator.branch_price import relative_gap
 from coral.allocator.formulation import LpArrays, LpBuilder, Vars
+from coral.allocator.fair_search import level_bound, level_fill, rounded, tokens_fill
 from coral.allocator.highs_runs import (
     INSIDE,
+    Relaxation,
     bound_with_limit,
     fix_by_reduced_cost,
     free_columns,
@@ -65,6 +67,9 @@ MIN_PHASE_S = 0.05
 #: Share of a phase's time HiGHS may take on the columns the LP and the plan so far use,
 #: before the run on every column reduced costs leave (which brings the bound).
 SUPPORT_SHARE = 0.4
+
+#: Share of a phase's time its bound beyond the LP's (`tighten`) may take.
+TIGHTEN_SHARE = 0.25
 
 PHASES = ("fairness", "tokens", "cost")
 
@@ -147,8 +152,17 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
     start = time.perf_counter()
     objective = np.zeros(lp.n_col)
     objective[fr.t] = -1.0
+    def fill_level(relaxed: Relaxation, y: np.ndarray) -> list[np.ndarray]:
+        return [level_fill(dec, fr.weight, start, relaxed.node_price)
+                for start in (y, rounded(dec, relaxed.x))]
+
+    def covers_bound(relaxed: Relaxation, value: float, end: float) -> float:
+        return -level_bound(dec, fr.weight, relaxed.node_price, -value, -relaxed.value,
+                            deadline=end)
+
     x, value, bound = _phase(
-        "fairness", arr, lp, v, objective, lb, row_lb, x0=out.x,
+        "fairness", arr, lp, v, objective, lb, row_lb, x0=out.x, heuristic=fill_level,
+        tighten=covers_bound,
         value_of=lambda y: -fair_level(dec, fr, y), fits=dec.fits,
         deadline=deadline(PHASE_SHARES[0]), gap=gap, threads=threads, notes=notes)
     out.gaps["fairness"] = relative_gap(value, bound)
@@ -163,8 +177,15 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
     start = time.perf_counter()
     objective = np.zeros(lp.n_col)
     objective[v.s] = -fr.out_tokens
+    def fill_tokens(relaxed: Relaxation, y: np.ndarray) -> list[np.ndarray]:
+        floor = level_fill(dec, fr.weight, rounded(dec, relaxed.x), relaxed.node_price,
+                           top=lb[fr.t])
+        return [tokens_fill(dec, fr.out_tokens, start, relaxed.node_price)
+                for start in (y, floor)]
+
     x, value, bound = _phase(
-        "tokens", arr, lp, v, objective, lb, row_lb, x0=x, value_of=lambda y: -tokens_of(y),
+        "tokens", arr, lp, v, objective, lb, row_lb, x0=x, heuristic=fill_tokens,
+        value_of=lambda y: -tokens_of(y),
         fits=keeps_level, deadline=deadline(PHASE_SHARES[1]), gap=gap, threads=threads,
         notes=notes)
     out.gaps["tokens"] = relative_gap(value, bound)
@@ -192,7 +213,9 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
 def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarray,
            col_lb: np.ndarray, row_lb: np.ndarray, *, x0: np.ndarray,
            value_of: Callable[[np.ndarray], float], fits: Callable[[np.ndarray], bool],
-           deadline: float, gap: float, threads: int | None, notes: list[str]
+           deadline: float, gap: float, threads: int | None, notes: list[str],
+           heuristic: Callable[[Relaxation, np.ndarray], list[np.ndarray]] | None = None,
+           tighten: Callable[[Relaxation, float, float], float] | None = None
            ) -> tuple[np.ndarray, float, float]:
     """One phase, minimising `objective` from the plan `x0` (which keeps every floor set
     so far): the LP bound, then HiGHS near the LP and the plan, then HiGHS on the columns
@@ -215,6 +238,14 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
             return True
         return False
 
+    if heuristic is not None and relaxed is not None and relative_gap(value, bound) > gap:
+        for y in heuristic(relaxed, x):
+            if take(y):
+                how = "heuristic plan, LP bound"
+    if tighten is not None and relaxed is not None and relative_gap(value, bound) > gap:
+        bound = max(bound, tighten(relaxed, value, time.perf_counter() + TIGHTEN_SHARE * (
+            deadline - time.perf_counter())))
+        how += ", covers' bound"
     if relaxed is not None and relaxed.col_value is not None \
             and relative_gap(value, bound) > gap:
         run, y = run_on_support(arr, v, objective, col_lb, row_lb,

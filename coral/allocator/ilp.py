@@ -200,8 +200,10 @@ def solve_allocation(
     decompose: bool = True,
     threads: int | None = None,
     starts: Sequence[Mapping[TemplateRegion, int]] = (),
+    scarcity_search: bool = True,
 ) -> AllocationPlan:
-    """Cheapest deployment meeting every model's demand; under scarcity, the most goodput.
+    """Cheapest deployment meeting every model's demand; under scarcity, the best plan by
+    `problem.scarcity` (fair by default: `fair.py`).
 
     Honours `problem.time_limit_s` over all phases (each scarcity phase gets at least
     `MIN_PHASE_S`) and returns the best plan found with its proven gap. With `strict`, a plan
@@ -210,12 +212,16 @@ def solve_allocation(
     `starts` are plans known beforehand (instances per (column id, region) of this problem;
     ids it does not hold are ignored, and a start overdrawing availability is no plan): the
     best of them seeds the search, and the plan returned is never worse than it (demand met,
-    then more priority-weighted goodput, then cheaper), whatever the time limit cuts short.
+    then better by the scarcity objective, then cheaper), whatever the time limit cuts short.
+
+    `scarcity_search=False` skips the scarcity phases where no plan meets demand (the plan
+    returned is then the best start, or none): for callers that only ask whether demand can
+    be met, such as the uniform scale-down rule's bisection.
     """
     warm_up()  # the kernels are compiled or loaded before the clock starts, not inside it
     t0 = time.perf_counter()
     plan = _solve(problem, presolve=presolve, decompose=decompose, threads=threads,
-                  starts=starts, t0=t0)
+                  starts=starts, t0=t0, scarcity_search=scarcity_search)
     given = best_start(problem, starts)
     if given is not None and better_plan(given, plan):
         plan = adopt_start(problem, plan, given, solve_s=time.perf_counter() - t0)
@@ -223,8 +229,8 @@ def solve_allocation(
 
 
 def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
-           threads: int | None, starts: Sequence[Mapping[TemplateRegion, int]], t0: float
-           ) -> AllocationPlan:
+           threads: int | None, starts: Sequence[Mapping[TemplateRegion, int]], t0: float,
+           scarcity_search: bool = True) -> AllocationPlan:
     ix = Index.build(problem)
     cols = run_presolve(problem, ix, dominance=presolve)
     notes = [cols.report.describe()]
@@ -349,6 +355,10 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
         notes.append(f"demand cannot be met in full (HiGHS: {run.detail})" if run.infeasible
                      else f"no plan meeting every demand found in time (HiGHS: {run.detail})")
     final_status = PlanStatus.INFEASIBLE if proven_short else PlanStatus.TIME_LIMIT
+    if not scarcity_search:
+        notes.append("scarcity phases skipped (asked only whether demand can be met)")
+        return plan_of(np.zeros(len(v.x), dtype=np.int64) if seed is None else seed.x,
+                       final_status, math.inf, math.inf)
 
     # ---- scarcity: most goodput (phase 1), then the cheapest plan at it (phase 2)
     col_lb = arr.col_lb.copy()

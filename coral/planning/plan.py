@@ -236,7 +236,8 @@ def uniform_scale(problem: Any, plan: AllocationPlan, scenario: Scenario) -> dic
     mode, with its $/hour, served share (the factor, for every model) and goodput in
     tokens/s against the full demand. The plan itself stays the goodput-maximising one."""
     def attempt(f: float) -> tuple[bool, AllocationPlan]:
-        p = plan if f == 1.0 else solve_allocation(scaled_problem(problem, f))
+        p = plan if f == 1.0 else solve_allocation(scaled_problem(problem, f),
+                                                   scarcity_search=False)
         return p.meets_demand, p
 
     hint = min(plan.served_fraction.values(), default=0.0)

@@ -266,11 +266,11 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
         return np.rint(values[v.x]).astype(np.int64)
 
     def plan_of(counts: np.ndarray, status: PlanStatus, gap: float,
-                goodput_gap: float = 0.0, phase_gaps: dict[str, float] | None = None
-                ) -> AllocationPlan:
+                goodput_gap: float = 0.0, phase_gaps: dict[str, float] | None = None,
+                phase_s: dict[str, float] | None = None) -> AllocationPlan:
         return make_plan(problem, to_instances(counts), status=status, gap=gap,
                          solve_s=time.perf_counter() - t0, goodput_gap=goodput_gap,
-                         notes=notes, phase_gaps=phase_gaps)
+                         notes=notes, phase_gaps=phase_gaps, phase_s=phase_s)
 
     seed = seed_of(problem, ix, v, cols, starts)
     if seed is not None:
@@ -404,7 +404,8 @@ def _fair_plan(problem: AllocationProblem, dec: Decomposition | None, lp: LpBuil
     got = scarcity_fair(problem, dec, arr, lp, v, fair_rows, col_lb, t0=t0, notes=notes,
                         threads=threads, seeds=() if seed is None else (seed.x,))
     plan = plan_of(got.x, status, got.gaps["cost"],
-                   max(got.gaps["fairness"], got.gaps["tokens"]), phase_gaps=got.gaps)
+                   max(got.gaps["fairness"], got.gaps["tokens"]), phase_gaps=got.gaps,
+                   phase_s=got.seconds)
     if plan.meets_demand:  # the cost phase found no plan in time; the fair phases did
         plan = plan_of(got.x, PlanStatus.TIME_LIMIT, got.gaps["cost"],
                        max(got.gaps["fairness"], got.gaps["tokens"]), phase_gaps={})

@@ -271,6 +271,7 @@ class AllocationPlan:
     #: proven relative gap of each scarcity phase, by name, in order (fair: `fairness`,
     #: `tokens`, `cost`; goodput: `goodput`, `cost`); empty when demand is met
     phase_gaps: Mapping[str, float] = field(default_factory=dict)
+    phase_s: Mapping[str, float] = field(default_factory=dict)  # seconds of each phase
 
     @property
     def is_ok(self) -> bool:
@@ -373,6 +374,7 @@ def make_plan(
     goodput_gap: float = 0.0,
     notes: Sequence[str] = (),
     phase_gaps: Mapping[str, float] | None = None,
+    phase_s: Mapping[str, float] | None = None,
 ) -> AllocationPlan:
     """Decode instance counts into a plan: cost, penalty, capacity, nodes and the diff.
 
@@ -438,6 +440,7 @@ def make_plan(
         tokens_per_s=sum(d.output_tokens * served[d.model] for d in problem.demands),
         fair_level=min(levels.values(), default=1.0),
         phase_gaps=dict(phase_gaps or {}),
+        phase_s=dict(phase_s or {}),
     )
 
 

@@ -202,6 +202,7 @@ def plan_scenario(
         "tokens_served_share": _tokens_share(plan, scenario),
         "phase_gaps": {k: (v if v != float("inf") else None)
                        for k, v in plan.phase_gaps.items()},
+        "phase_seconds": dict(plan.phase_s),
     }
     if not plan.meets_demand:
         notes.append(infeasibility_message(problem, plan))

@@ -19,7 +19,7 @@ import numpy as np
 
 from coral.allocator.branch_price import INTEGRALITY_TOL
 from coral.allocator.lagrange import Bounds, Decomposition, Pricer
-from coral.allocator.pd_cover import AGG
+from coral.allocator.pd_cover import AGG, DECODE, PREFILL
 from coral.allocator.plan_search import fill_goodput
 
 
@@ -37,19 +37,19 @@ def rounded(dec: Decomposition, xbar: np.ndarray, floor: np.ndarray | None = Non
 
 def level_fill(dec: Decomposition, weight: np.ndarray, counts: np.ndarray,
                node_value: np.ndarray, *, top: float = 1.0) -> np.ndarray:
-    """Raise the smallest level `served_m / (weight_m demand_m)` of `counts` one instance at
-    a time (the lowest model's column of most capacity per node value that fits), until the
-    lowest model has no column left that fits or every level reaches `top`."""
+    """Raise the smallest level `served_m / (weight_m demand_m)` of `counts` one move at a
+    time, the lowest model's move of most capacity gained per node value that fits (one
+    instance; for a PD model one half where the other half has room in its region, else a
+    prefill and decode pair), until the lowest model has no move left or every level
+    reaches `top`."""
     x = counts.copy()
     left = dec.avail - dec.used(x)
     use = dec.usage
     value = use @ node_value
     value = value + 1e-6 * max(float(value.max(initial=0.0)), 1e-9) + 1e-12
     scale = weight * dec.demand
-    room = dec.col_ub - x
-    fits = (use <= left[None, :] + 1e-9).all(axis=1) & (room > 0)
-    per_value = dec.col_cap / value
     blocked = np.zeros(dec.n_models, dtype=bool)
+    cols_of = [np.flatnonzero(dec.col_model == m) for m in range(dec.n_models)]
     cap = dec.capacity(x)
     while True:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -58,20 +58,58 @@ def level_fill(dec: Decomposition, weight: np.ndarray, counts: np.ndarray,
         m = int(np.argmin(level))
         if not np.isfinite(level[m]) or level[m] >= top:
             return x
-        mine = np.flatnonzero((dec.col_model == m) & fits)
-        if dec.is_pd(m):  # a PD model gains only by pairs: its halves are left to HiGHS
-            mine = mine[dec.col_half[mine] == AGG]
-        if not len(mine):
+        mine = cols_of[m]
+        fits = mine[(x[mine] < dec.col_ub[mine])
+                    & (use[mine] <= left[None, :] + 1e-9).all(axis=1)]
+        move = _best_move(dec, x, m, fits, value)
+        if move is None:
             blocked[m] = True
             continue
-        j = int(mine[np.argmax(per_value[mine])])
-        x[j] += 1
-        room[j] -= 1
-        left -= use[j]
-        cap[m] += dec.col_cap[j]
-        rows = use[j] > 0
-        fits &= (use[:, rows] <= left[rows][None, :] + 1e-9).all(axis=1)
-        fits[j] &= room[j] > 0
+        for j in move:
+            x[j] += 1
+            left -= use[j]
+        if (left < -1e-9).any():  # a pair that does not fit together
+            for j in move:
+                x[j] -= 1
+                left += use[j]
+            blocked[m] = True
+            continue
+        cap[m] = dec.capacity(x)[m]
+
+
+def _best_move(dec: Decomposition, x: np.ndarray, m: int, fits: np.ndarray,
+               value: np.ndarray) -> tuple[int, ...] | None:
+    """The columns to add to raise model `m`'s capacity most per node value (None: none)."""
+    if not len(fits):
+        return None
+    half = dec.col_half[fits]
+    gain = np.where(half == AGG, dec.col_cap[fits], 0.0)
+    if dec.is_pd(m):
+        own = np.flatnonzero((dec.col_model == m) & (dec.col_half != AGG))
+        n_r = int(dec.col_region.max()) + 1
+        have = np.zeros((n_r, 2))
+        np.add.at(have, (dec.col_region[own], dec.col_half[own]),
+                  dec.col_cap[own] * x[own])
+        pd = half != AGG
+        r, h = dec.col_region[fits[pd]], half[pd]
+        mine, other = have[r, h], have[r, 1 - h]
+        gain[pd] = np.minimum(mine + dec.col_cap[fits[pd]], other) - np.minimum(mine, other)
+    if (gain > 1e-12).any():
+        return (int(fits[np.argmax(gain / value[fits])]),)
+    if not dec.is_pd(m):
+        return None
+    best, pick = 0.0, None
+    for r in np.unique(dec.col_region[fits]):
+        pre = fits[(half == PREFILL) & (dec.col_region[fits] == r)]
+        dec_ = fits[(half == DECODE) & (dec.col_region[fits] == r)]
+        if not len(pre) or not len(dec_):
+            continue
+        p = pre[np.argmax(dec.col_cap[pre] / value[pre])]
+        d = dec_[np.argmax(dec.col_cap[dec_] / value[dec_])]
+        score = min(dec.col_cap[p], dec.col_cap[d]) / (value[p] + value[d])
+        if score > best:
+            best, pick = score, (int(p), int(d))
+    return pick
 
 
 def tokens_fill(dec: Decomposition, out_tokens: np.ndarray, counts: np.ndarray,
@@ -119,3 +157,4 @@ def level_bound(dec: Decomposition, weight: np.ndarray, node_price: np.ndarray, 
         else:
             lo = mid
     return best
+

@@ -14,7 +14,9 @@ Cost problem::
     minimise   sum_{t,r} price[t,r] x[t,r] + sum_{t,r} penalty[t,r] y[t,r]
     subject to capacity, PD pairing, availability and start-up rows (`formulation.py`)
 
-When it is infeasible, the scarcity problem runs in two phases on the same rows:
+When it is infeasible, the scarcity problem runs on the same rows by `problem.scarcity`:
+`fair` (the default) in three phases, the smallest priority-weighted served fraction, then
+generated tokens/s, then cost (`fair.py`); `goodput` in two:
 phase 1 maximises goodput `G = sum_m w_m s[m]` with `s[m]` free in `[0, demand_m]`; phase 2 adds
 `G >= G1 (1 - 1e-9)` (G1: phase 1's best) and minimises the cost again. So the plan is the
 cheapest among the plans of most priority-weighted goodput, and it names each model's

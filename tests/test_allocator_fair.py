@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from test_allocator_support import column
 
@@ -18,6 +20,7 @@ from coral.allocator import (
     solve_allocation,
     solve_bruteforce,
 )
+from coral.allocator import fair, fair_search, formulation, highs_runs, presolve
 from coral.allocator.problem import fair_levels, fair_weights
 
 NODES = ("g1", "g2")
@@ -128,3 +131,33 @@ def test_scarcity_objective_is_checked() -> None:
 def test_fair_gaps_are_finite_under_a_time_limit() -> None:
     plan = solve_allocation(replace(scarce_pool(3), time_limit_s=0.5, mip_gap=0.005))
     assert all(math.isfinite(g) for g in plan.phase_gaps.values())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_level_bound_and_water_filling_hold_against_the_oracle(seed: int) -> None:
+    """The covers' bound on the fairness level is never below the best plan's level, and a
+    water-filled plan fits and is never above it."""
+    problem = scarce_pool(seed)
+    oracle = solve_bruteforce(problem)
+    ix = presolve.Index.build(problem)
+    cols = presolve.run_presolve(problem, ix, dominance=True)
+    lp = formulation.LpBuilder()
+    v = formulation.add_variables(lp, problem, ix, cols)
+    formulation.add_plan_rows(lp, ix, v)
+    dec = formulation.decomposition_of(ix, v, lp)
+    fr = fair.add_fair_rows(lp, problem, ix, v)
+    arr = lp.arrays()
+    col_lb = arr.col_lb.copy()
+    col_lb[v.s] = 0.0
+    objective = np.zeros(lp.n_col)
+    objective[fr.t] = -1.0
+    relaxed = highs_runs.lp_relaxation(arr, objective, col_lb, arr.row_lb, lp, len(v.x))
+    assert relaxed is not None
+    x = fair_search.level_fill(dec, fr.weight, np.zeros(len(v.x), dtype=np.int64),
+                               relaxed.node_price)
+    assert dec.fits(x)
+    level = fair.fair_level(dec, fr, x)
+    assert level <= oracle.fair_level + 1e-9
+    bound = fair_search.level_bound(dec, fr.weight, relaxed.node_price, level, -relaxed.value,
+                                    deadline=time.perf_counter() + 5.0)
+    assert oracle.fair_level <= bound + 1e-9 <= -relaxed.value + 2e-9

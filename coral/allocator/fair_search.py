@@ -46,7 +46,8 @@ def level_fill(dec: Decomposition, weight: np.ndarray, counts: np.ndarray,
     left = dec.avail - dec.used(x)
     use = dec.usage
     value = use @ node_value
-    value = value + 1e-6 * max(float(value.max(initial=0.0)), 1e-9) + 1e-12
+    # rows the prices leave at 0 still hold nodes others need: a hair of value per node
+    value = value + 1e-6 * max(float(value.max(initial=0.0)), 1e-9) * (1.0 + use.sum(axis=1))
     scale = weight * dec.demand
     blocked = np.zeros(dec.n_models, dtype=bool)
     cols_of = [np.flatnonzero(dec.col_model == m) for m in range(dec.n_models)]

@@ -126,9 +126,10 @@ def fair_level(dec: Decomposition, fr: FairRows, x: np.ndarray) -> float:
 def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
                   lp: LpBuilder, v: Vars, fr: FairRows, col_lb: np.ndarray, *, t0: float,
                   notes: list[str], threads: int | None,
-                  seeds: tuple[np.ndarray, ...] = ()) -> FairOutcome:
+                  seeds: tuple[np.ndarray, ...] = (), pd_covers: bool = False) -> FairOutcome:
     """The three fair phases from the best of `seeds` (counts of the x columns; an empty
-    plan when none fits). `col_lb` has every `s[m]` free from 0."""
+    plan when none fits). `col_lb` has every `s[m]` free from 0; `pd_covers`: PD models'
+    covers are small enough to solve exactly many times (for the level's bound)."""
     gap = problem.mip_gap
     n_x = len(v.x)
     fitting = [s for s in seeds if dec.fits(s)] or [np.zeros(n_x, dtype=np.int64)]
@@ -158,7 +159,7 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
 
     def covers_bound(relaxed: Relaxation, value: float, end: float) -> float:
         return -level_bound(dec, fr.weight, relaxed.node_price, -value, -relaxed.value,
-                            deadline=end)
+                            deadline=end, pd_covers=pd_covers)
 
     x, value, bound = _phase(
         "fairness", arr, lp, v, objective, lb, row_lb, x0=out.x, heuristic=fill_level,

@@ -41,7 +41,30 @@ def level_fill(dec: Decomposition, weight: np.ndarray, counts: np.ndarray,
     time, the lowest model's move of most capacity gained per node value that fits (one
     instance; for a PD model one half where the other half has room in its region, else a
     prefill and decode pair), until the lowest model has no move left or every level
-    reaches `top`."""
+    reaches `top`. Models left at nothing (the others took the nodes they can use first)
+    get their moves first on another try, the fairest try kept."""
+    best, first = None, ()
+    for _ in range(dec.n_models):
+        y = _fill_levels(dec, weight, counts, node_value, top, first=first)
+        if best is None or _level(dec, weight, y) > _level(dec, weight, best):
+            best = y
+        starved = tuple(int(m) for m in np.flatnonzero(dec.served(y) <= 0)
+                        if dec.demand[m] > 0 and m not in first)
+        if not starved:
+            break
+        first = starved + first
+    assert best is not None
+    return best
+
+
+def _level(dec: Decomposition, weight: np.ndarray, x: np.ndarray) -> float:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(np.min(np.minimum(dec.served(x), dec.demand) / (weight * dec.demand)))
+
+
+def _fill_levels(dec: Decomposition, weight: np.ndarray, counts: np.ndarray,
+                 node_value: np.ndarray, top: float, first: tuple[int, ...]) -> np.ndarray:
+    """`level_fill`'s water filling, the models in `first` given one move each up front."""
     x = counts.copy()
     left = dec.avail - dec.used(x)
     use = dec.usage
@@ -52,17 +75,20 @@ def level_fill(dec: Decomposition, weight: np.ndarray, counts: np.ndarray,
     blocked = np.zeros(dec.n_models, dtype=bool)
     cols_of = [np.flatnonzero(dec.col_model == m) for m in range(dec.n_models)]
     cap = dec.capacity(x)
+    queue = list(first)
     while True:
         with np.errstate(divide="ignore", invalid="ignore"):
             level = np.where(scale > 0, np.minimum(cap, dec.demand) / scale, np.inf)
         level[blocked] = np.inf
-        m = int(np.argmin(level))
+        m = queue.pop(0) if queue else int(np.argmin(level))
         if not np.isfinite(level[m]) or level[m] >= top:
+            if queue:
+                continue
             return x
         mine = cols_of[m]
         fits = mine[(x[mine] < dec.col_ub[mine])
                     & (use[mine] <= left[None, :] + 1e-9).all(axis=1)]
-        move = _best_move(dec, x, m, fits, value)
+        move = _best_move(dec, x, m, fits, value, left)
         if move is None:
             blocked[m] = True
             continue
@@ -79,7 +105,7 @@ def level_fill(dec: Decomposition, weight: np.ndarray, counts: np.ndarray,
 
 
 def _best_move(dec: Decomposition, x: np.ndarray, m: int, fits: np.ndarray,
-               value: np.ndarray) -> tuple[int, ...] | None:
+               value: np.ndarray, left: np.ndarray) -> tuple[int, ...] | None:
     """The columns to add to raise model `m`'s capacity most per node value (None: none)."""
     if not len(fits):
         return None
@@ -101,15 +127,19 @@ def _best_move(dec: Decomposition, x: np.ndarray, m: int, fits: np.ndarray,
         return None
     best, pick = 0.0, None
     for r in np.unique(dec.col_region[fits]):
-        pre = fits[(half == PREFILL) & (dec.col_region[fits] == r)]
-        dec_ = fits[(half == DECODE) & (dec.col_region[fits] == r)]
-        if not len(pre) or not len(dec_):
+        halves = [fits[(half == h) & (dec.col_region[fits] == r)] for h in (PREFILL, DECODE)]
+        if not len(halves[0]) or not len(halves[1]):
             continue
-        p = pre[np.argmax(dec.col_cap[pre] / value[pre])]
-        d = dec_[np.argmax(dec.col_cap[dec_] / value[dec_])]
-        score = min(dec.col_cap[p], dec.col_cap[d]) / (value[p] + value[d])
-        if score > best:
-            best, pick = score, (int(p), int(d))
+        for first, second in ((0, 1), (1, 0)):  # the best of one half, then what fits beside
+            a = halves[first][np.argmax(dec.col_cap[halves[first]] / value[halves[first]])]
+            rest = halves[second]
+            rest = rest[(dec.usage[rest] <= left[None, :] - dec.usage[a] + 1e-9).all(axis=1)]
+            if not len(rest):
+                continue
+            b = rest[np.argmax(dec.col_cap[rest] / value[rest])]
+            score = min(dec.col_cap[a], dec.col_cap[b]) / (value[a] + value[b])
+            if score > best:
+                best, pick = score, (int(a), int(b))
     return pick
 
 
@@ -124,7 +154,7 @@ LEVEL_BOUND_REL_TOL = 1e-4
 
 
 def level_bound(dec: Decomposition, weight: np.ndarray, node_price: np.ndarray, lo: float,
-                hi: float, *, deadline: float) -> float:
+                hi: float, *, deadline: float, pd_covers: bool = False) -> float:
     """An upper bound on the fairness level at most `hi` (the LP's), from per-model integer
     covers: at node prices `pi >= 0` (the LP's shadow prices), any plan of level `t` covers
     `weight_m demand_m t` of every model, each cover using nodes worth at least its cheapest
@@ -137,8 +167,9 @@ def level_bound(dec: Decomposition, weight: np.ndarray, node_price: np.ndarray, 
     bisection between `lo` (a plan's level) and `hi` returns the least such `t` found, `hi`
     when none. The covers being whole instances is what it gains over the LP (on a synthetic
     core scarce draw, 1 % of the LP's 2.5 % gap; climbing the prices by subgradient steps
-    gained nothing more). PD models' covers are left to the LP (`hi`)."""
-    if dec.has_pd or not (node_price > 0).any() or not hi > lo:
+    gained nothing more). PD models are covered exactly (`pd_cover.py`) only with
+    `pd_covers` (problems whose covers are small enough); else the LP's bound stands (`hi`)."""
+    if (dec.has_pd and not pd_covers) or not (node_price > 0).any() or not hi > lo:
         return hi
     n = dec.n_cols
     base = replace(dec, col_price=np.zeros(n), col_penalty=np.zeros(n))

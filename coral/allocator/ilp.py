@@ -399,12 +399,14 @@ def _fair_plan(problem: AllocationProblem, dec: Decomposition | None, lp: LpBuil
     (the cost problem solved before them runs without those)."""
     if dec is None:
         dec = decomposition_of(ix, v, lp)
+    pd_covers = _pd_covers_small(dec)
     fair_rows = add_fair_rows(lp, problem, ix, v)
     arr = lp.arrays()
     col_lb = arr.col_lb.copy()
     col_lb[v.s] = 0.0
     got = scarcity_fair(problem, dec, arr, lp, v, fair_rows, col_lb, t0=t0, notes=notes,
-                        threads=threads, seeds=() if seed is None else (seed.x,))
+                        threads=threads, seeds=() if seed is None else (seed.x,),
+                        pd_covers=pd_covers)
     plan = plan_of(got.x, status, got.gaps["cost"],
                    max(got.gaps["fairness"], got.gaps["tokens"]), phase_gaps=got.gaps,
                    phase_s=got.seconds)

@@ -153,9 +153,10 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
     start = time.perf_counter()
     objective = np.zeros(lp.n_col)
     objective[fr.t] = -1.0
+
     def fill_level(relaxed: Relaxation, y: np.ndarray) -> list[np.ndarray]:
-        return [level_fill(dec, fr.weight, start, relaxed.node_price)
-                for start in (y, rounded(dec, relaxed.x))]
+        return [level_fill(dec, fr.weight, base, relaxed.node_price)
+                for base in (y, rounded(dec, relaxed.x))]
 
     def covers_bound(relaxed: Relaxation, value: float, end: float) -> float:
         return -level_bound(dec, fr.weight, relaxed.node_price, -value, -relaxed.value,
@@ -181,8 +182,8 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
     def fill_tokens(relaxed: Relaxation, y: np.ndarray) -> list[np.ndarray]:
         floor = level_fill(dec, fr.weight, rounded(dec, relaxed.x), relaxed.node_price,
                            top=lb[fr.t])
-        return [tokens_fill(dec, fr.out_tokens, start, relaxed.node_price)
-                for start in (y, floor)]
+        return [tokens_fill(dec, fr.out_tokens, base, relaxed.node_price)
+                for base in (y, floor)]
 
     x, value, bound = _phase(
         "tokens", arr, lp, v, objective, lb, row_lb, x0=x, heuristic=fill_tokens,

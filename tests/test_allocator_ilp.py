@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import math
 
 import pytest
@@ -170,12 +172,13 @@ def test_a_model_mixes_aggregated_instances_and_pd_pairs() -> None:
 
 
 def _scarce(priority_b: float) -> AllocationProblem:
+    """A scarce pool under the goodput objective (the fair one: `test_allocator_fair.py`)."""
     ta = column("ta", "a", {"g": 1}, 1.0, {"r1": 1.0})
     ta2 = column("ta2", "a", {"g": 2}, 2.0, {"r1": 1.5})  # cheaper per request, same nodes/rps
     tb = column("tb", "b", {"g": 1}, 1.0, {"r1": 2.0})
-    return _problem([ta, ta2, tb],
-                    [ModelDemand("a", 3.0), ModelDemand("b", 3.0, priority=priority_b)],
-                    {("g", "r1"): 4}, regions=("r1",))
+    return replace(_problem([ta, ta2, tb],
+                            [ModelDemand("a", 3.0), ModelDemand("b", 3.0, priority=priority_b)],
+                            {("g", "r1"): 4}, regions=("r1",)), scarcity="goodput")
 
 
 def test_scarcity_maximises_priority_weighted_goodput() -> None:

@@ -5,6 +5,8 @@ availability, some instances running now."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import random
 
 import numpy as np
@@ -83,7 +85,7 @@ def test_pd_scarcity_matches_highs_within_the_gap(seed: int) -> None:
     near them) against HiGHS on the whole ILP: each one's proven bounds hold for the other's
     plan."""
     gap = 0.005
-    problem = pd_problem(seed, mip_gap=gap, nodes_per_type=(0, 2))
+    problem = replace(pd_problem(seed, mip_gap=gap, nodes_per_type=(0, 2)), scarcity="goodput")
     plan = solve_allocation(problem)
     reference = solve_allocation(problem, decompose=False)
     assert plan.status is reference.status is PlanStatus.INFEASIBLE

@@ -1,5 +1,6 @@
-"""The scarcity phases of the default path (LP bound, heuristic plan, HiGHS on the columns
-reduced costs leave) against HiGHS on the full ILP (`decompose=False`), on random problems too
+"""The goodput objective's scarcity phases (`scarcity="goodput"`) of the default path (LP
+bound, heuristic plan, HiGHS on the columns reduced costs leave) against HiGHS on the full ILP
+(`decompose=False`), on random problems too
 large for the exhaustive oracle: three models, a dozen templates over two regions, a few nodes
 of each type, demand well beyond what they serve, some instances running now.
 
@@ -49,7 +50,7 @@ def scarce_problem(seed: int, *, mip_gap: float) -> AllocationProblem:
                                 priority=rng.choice((1.0, 1.0, 2.0))) for m in models)
     return AllocationProblem(demands=demands, templates=tuple(templates), regions=REGIONS,
                              availability=availability, current=current, startup_s=600.0,
-                             time_limit_s=20.0, mip_gap=mip_gap)
+                             time_limit_s=20.0, mip_gap=mip_gap, scarcity="goodput")
 
 
 def _valid(problem: AllocationProblem, plan: AllocationPlan) -> None:

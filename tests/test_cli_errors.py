@@ -126,3 +126,13 @@ def test_a_value_error_inside_the_planner_shows_as_a_bug(monkeypatch):
     assert isinstance(result.exception, ValueError)
     assert str(result.exception) == "an internal invariant broke"
     assert "error:" not in result.output
+
+
+def test_an_unknown_scarcity_objective_is_one_line():
+    from typer.testing import CliRunner
+
+    from coral.cli.main import app
+
+    result = CliRunner().invoke(app, ["plan", "core", "--nmax", "1", "--scarcity", "fairest"])
+    assert result.exit_code == 2
+    assert "--scarcity must be one of fair, goodput, got 'fairest'" in result.output

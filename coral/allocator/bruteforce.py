@@ -7,8 +7,11 @@ without presolve, bounds or a solver:
 
 - when some vector meets every demand, the answer is the cheapest of those
   (price + start-up penalty);
-- otherwise it is the cheapest among the vectors of most priority-weighted goodput
-  (`sum_m priority_m * min(demand_m, capacity_m)`, within a relative 1e-9 of the best).
+- otherwise, by the problem's scarcity objective: `goodput`, the cheapest among the vectors
+  of most priority-weighted goodput (`sum_m priority_m * min(demand_m, capacity_m)`, within a
+  relative 1e-9 of the best); `fair`, among the vectors of the highest fairness level (the
+  smallest `min(1, served_m / (weight_m demand_m))`, `problem.fair_weights`), those of the most
+  generated tokens/s, and of those the cheapest (each within a relative 1e-9 of the best).
 
 Meant for <= 2 regions, <= 4 templates and single-digit counts; `max_vectors` guards against
 calling it on anything larger.
@@ -24,6 +27,7 @@ from coral.allocator.problem import (
     AllocationPlan,
     AllocationProblem,
     PlanStatus,
+    fair_weights,
     make_plan,
 )
 
@@ -79,6 +83,9 @@ def solve_bruteforce(problem: AllocationProblem, *, max_vectors: int = MAX_VECTO
     penalty = price * problem.startup_s / 3600.0
     objective = x @ price + np.maximum(x - current, 0) @ penalty
 
+    weights = fair_weights(problem.demands)
+    level = np.ones(len(x))
+    tokens = np.zeros(len(x))
     served = np.zeros((len(x), len(problem.demands)))
     short = np.zeros(len(x), dtype=bool)
     goodput = np.zeros(len(x))
@@ -101,14 +108,19 @@ def solve_bruteforce(problem: AllocationProblem, *, max_vectors: int = MAX_VECTO
         served[:, j] = np.minimum(capacity, d.requests_per_s)
         short |= capacity < d.requests_per_s - DEMAND_TOL * max(1.0, d.requests_per_s)
         goodput += d.priority * served[:, j]
+        tokens += d.output_tokens * served[:, j]
+        if d.requests_per_s > 0:
+            level = np.minimum(level, served[:, j] / (weights[d.model] * d.requests_per_s))
 
     if (~short).any():
         status = PlanStatus.OPTIMAL
         candidates = np.flatnonzero(~short)
     else:
         status = PlanStatus.INFEASIBLE
-        best = goodput.max()
-        candidates = np.flatnonzero(goodput >= best * (1.0 - GOODPUT_REL_TOL))
+        candidates = np.arange(len(x))
+        for value in ((level, tokens) if problem.scarcity == "fair" else (goodput,)):
+            best = value[candidates].max()
+            candidates = candidates[value[candidates] >= best * (1.0 - GOODPUT_REL_TOL)]
     pick = int(candidates[np.argmin(objective[candidates])])
     instances = {(tmpl[k].id, pairs[k][1]): int(x[pick, k]) for k in range(len(pairs))
                  if x[pick, k] > 0}

@@ -14,7 +14,9 @@ Cost problem::
     minimise   sum_{t,r} price[t,r] x[t,r] + sum_{t,r} penalty[t,r] y[t,r]
     subject to capacity, PD pairing, availability and start-up rows (`formulation.py`)
 
-When it is infeasible, the scarcity problem runs in two phases on the same rows:
+When it is infeasible, the scarcity problem runs on the same rows by `problem.scarcity`:
+`fair` (the default) in three phases, the smallest priority-weighted served fraction, then
+generated tokens/s, then cost (`fair.py`); `goodput` in two:
 phase 1 maximises goodput `G = sum_m w_m s[m]` with `s[m]` free in `[0, demand_m]`; phase 2 adds
 `G >= G1 (1 - 1e-9)` (G1: phase 1's best) and minimises the cost again. So the plan is the
 cheapest among the plans of most priority-weighted goodput, and it names each model's
@@ -62,7 +64,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import highspy
 import numpy as np
@@ -83,6 +85,7 @@ from coral.allocator.formulation import (
     capacity_bound_short,
     decomposition_of,
 )
+from coral.allocator.fair import add_fair_rows, scarcity_fair
 from coral.allocator.highs_runs import (
     Relaxation,
     bound_with_limit,
@@ -199,8 +202,10 @@ def solve_allocation(
     decompose: bool = True,
     threads: int | None = None,
     starts: Sequence[Mapping[TemplateRegion, int]] = (),
+    scarcity_search: bool = True,
 ) -> AllocationPlan:
-    """Cheapest deployment meeting every model's demand; under scarcity, the most goodput.
+    """Cheapest deployment meeting every model's demand; under scarcity, the best plan by
+    `problem.scarcity` (fair by default: `fair.py`).
 
     Honours `problem.time_limit_s` over all phases (each scarcity phase gets at least
     `MIN_PHASE_S`) and returns the best plan found with its proven gap. With `strict`, a plan
@@ -209,12 +214,16 @@ def solve_allocation(
     `starts` are plans known beforehand (instances per (column id, region) of this problem;
     ids it does not hold are ignored, and a start overdrawing availability is no plan): the
     best of them seeds the search, and the plan returned is never worse than it (demand met,
-    then more priority-weighted goodput, then cheaper), whatever the time limit cuts short.
+    then better by the scarcity objective, then cheaper), whatever the time limit cuts short.
+
+    `scarcity_search=False` skips the scarcity phases where no plan meets demand (the plan
+    returned is then the best start, or none): for callers that only ask whether demand can
+    be met, such as the uniform scale-down rule's bisection.
     """
     warm_up()  # the kernels are compiled or loaded before the clock starts, not inside it
     t0 = time.perf_counter()
     plan = _solve(problem, presolve=presolve, decompose=decompose, threads=threads,
-                  starts=starts, t0=t0)
+                  starts=starts, t0=t0, scarcity_search=scarcity_search)
     given = best_start(problem, starts)
     if given is not None and better_plan(given, plan):
         plan = adopt_start(problem, plan, given, solve_s=time.perf_counter() - t0)
@@ -222,8 +231,8 @@ def solve_allocation(
 
 
 def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
-           threads: int | None, starts: Sequence[Mapping[TemplateRegion, int]], t0: float
-           ) -> AllocationPlan:
+           threads: int | None, starts: Sequence[Mapping[TemplateRegion, int]], t0: float,
+           scarcity_search: bool = True) -> AllocationPlan:
     ix = Index.build(problem)
     cols = run_presolve(problem, ix, dominance=presolve)
     notes = [cols.report.describe()]
@@ -259,10 +268,11 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
         return np.rint(values[v.x]).astype(np.int64)
 
     def plan_of(counts: np.ndarray, status: PlanStatus, gap: float,
-                goodput_gap: float = 0.0) -> AllocationPlan:
+                goodput_gap: float = 0.0, phase_gaps: dict[str, float] | None = None,
+                phase_s: dict[str, float] | None = None) -> AllocationPlan:
         return make_plan(problem, to_instances(counts), status=status, gap=gap,
                          solve_s=time.perf_counter() - t0, goodput_gap=goodput_gap,
-                         notes=notes)
+                         notes=notes, phase_gaps=phase_gaps, phase_s=phase_s)
 
     seed = seed_of(problem, ix, v, cols, starts)
     if seed is not None:
@@ -347,6 +357,10 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
         notes.append(f"demand cannot be met in full (HiGHS: {run.detail})" if run.infeasible
                      else f"no plan meeting every demand found in time (HiGHS: {run.detail})")
     final_status = PlanStatus.INFEASIBLE if proven_short else PlanStatus.TIME_LIMIT
+    if not scarcity_search:
+        notes.append("scarcity phases skipped (asked only whether demand can be met)")
+        return plan_of(np.zeros(len(v.x), dtype=np.int64) if seed is None else seed.x,
+                       final_status, math.inf, math.inf)
 
     # ---- scarcity: most goodput (phase 1), then the cheapest plan at it (phase 2)
     col_lb = arr.col_lb.copy()
@@ -354,6 +368,10 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
     # PD models past exact covers (`large_pd`) go to HiGHS on the whole ILP: measured on
     # `coral plan advanced --level scarce --mode pd --nmax 2`, it proves a 0.50 % gap in 8.5 s
     # where `scarcity_bounded` ends at the 10 s limit 1.3 % from its bound
+    if problem.scarcity == "fair":
+        return _fair_plan(problem, dec if dec is not None else large_pd, lp, ix, v, t0=t0,
+                          notes=notes, threads=threads, seed=seed, status=final_status,
+                          plan_of=plan_of)
     if dec is not None:
         best, gap, goodput_gap = scarcity_bounded(problem, dec, arr, lp, ix, v, col_lb,
                                                    floor_row, t0=t0, notes=notes,
@@ -362,12 +380,39 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
         best, gap, goodput_gap = scarcity_highs(problem, arr, lp, ix, v, col_lb, floor_row,
                                                  t0=t0, notes=notes, threads=threads,
                                                  seed=seed)
+    phases = {"goodput": goodput_gap, "cost": gap}
     if best is None:
-        plan = plan_of(np.zeros(len(v.x), dtype=np.int64), final_status, math.inf, math.inf)
+        plan = plan_of(np.zeros(len(v.x), dtype=np.int64), final_status, math.inf, math.inf,
+                       phase_gaps={"goodput": math.inf, "cost": math.inf})
     else:
-        plan = plan_of(best, final_status, gap, goodput_gap)
+        plan = plan_of(best, final_status, gap, goodput_gap, phase_gaps=phases)
         if plan.meets_demand:  # the cost phase found no plan in time; the goodput phases did
             plan = plan_of(best, PlanStatus.TIME_LIMIT, gap, goodput_gap)
+    return plan
+
+
+def _fair_plan(problem: AllocationProblem, dec: Decomposition | None, lp: LpBuilder, ix: Index,
+               v: Vars, *, t0: float, notes: list[str], threads: int | None,
+               seed: Seed | None, status: PlanStatus,
+               plan_of: Callable[..., AllocationPlan]) -> AllocationPlan:
+    """The fair scarcity phases (`fair.py`) on the ILP with the fair objective's rows added
+    (the cost problem solved before them runs without those)."""
+    if dec is None:
+        dec = decomposition_of(ix, v, lp)
+    pd_covers = _pd_covers_small(dec)
+    fair_rows = add_fair_rows(lp, problem, ix, v)
+    arr = lp.arrays()
+    col_lb = arr.col_lb.copy()
+    col_lb[v.s] = 0.0
+    got = scarcity_fair(problem, dec, arr, lp, v, fair_rows, col_lb, t0=t0, notes=notes,
+                        threads=threads, seeds=() if seed is None else (seed.x,),
+                        pd_covers=pd_covers)
+    plan = plan_of(got.x, status, got.gaps["cost"],
+                   max(got.gaps["fairness"], got.gaps["tokens"]), phase_gaps=got.gaps,
+                   phase_s=got.seconds)
+    if plan.meets_demand:  # the cost phase found no plan in time; the fair phases did
+        plan = plan_of(got.x, PlanStatus.TIME_LIMIT, got.gaps["cost"],
+                       max(got.gaps["fairness"], got.gaps["tokens"]), phase_gaps={})
     return plan
 
 
@@ -460,7 +505,9 @@ def infeasibility_message(problem: AllocationProblem, plan: AllocationPlan) -> s
     lines = []
     if plan.status is PlanStatus.INFEASIBLE:
         lines.append("the demand cannot be met with the availability given; the plan of most "
-                     "priority-weighted goodput leaves these models short:")
+                     + ("even priority-weighted served fractions, then most tokens/s"
+                        if problem.scarcity == "fair" else "priority-weighted goodput")
+                     + " leaves these models short:")
     else:
         lines.append(f"no plan meeting every demand was found within the time limit "
                      f"({problem.time_limit_s:g} s); the best plan found leaves these models "

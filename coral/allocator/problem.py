@@ -48,6 +48,22 @@ TemplateRegion = tuple[str, str]
 #: Relative slack with which a model counts as served in full (solver tolerances).
 DEMAND_REL_TOL = 1e-6
 
+#: What the allocator maximises when the demand cannot be met in full (`--scarcity`):
+#: - `fair`: lexicographic, first the smallest priority-weighted served fraction over models
+#:   (max-min, `fair_level`), then the generated tokens/s served, then the lowest cost at that;
+#: - `goodput`: the most priority-weighted requests/s served, then the lowest cost at that
+#:   (a model whose requests take the most GPUs is dropped first, possibly entirely).
+Scarcity = Literal["fair", "goodput"]
+SCARCITY_OBJECTIVES: tuple[Scarcity, ...] = ("fair", "goodput")
+DEFAULT_SCARCITY: Scarcity = "fair"
+
+#: One line per scarcity objective, as `coral plan` and the plan file state it.
+SCARCITY_DESCRIPTIONS = {
+    "fair": "fair: max-min priority-weighted served fraction, then generated tokens/s, "
+            "then cost",
+    "goodput": "goodput: priority-weighted requests/s served, then cost",
+}
+
 
 class PlanStatus(str, Enum):
     """How far the allocator got.
@@ -177,8 +193,12 @@ class AllocationProblem:
     startup_s: float = 0.0  # seconds a new instance loads weights before it serves
     time_limit_s: float = DEFAULT_TIME_LIMIT_S  # wall-clock budget of one solve
     mip_gap: float = DEFAULT_MIP_GAP  # relative gap at which a solve counts as optimal
+    scarcity: Scarcity = DEFAULT_SCARCITY  # the objective when demand cannot be met
 
     def __post_init__(self) -> None:
+        if self.scarcity not in SCARCITY_OBJECTIVES:
+            raise ValueError(f"scarcity must be one of {', '.join(SCARCITY_OBJECTIVES)}, got "
+                             f"{self.scarcity!r}")
         object.__setattr__(self, "demands", tuple(self.demands))
         object.__setattr__(self, "templates", tuple(self.templates))
         object.__setattr__(self, "regions", tuple(self.regions))
@@ -245,6 +265,13 @@ class AllocationPlan:
     solve_s: float
     goodput_gap: float = 0.0  # proven relative gap of the goodput phase (scarcity only)
     notes: tuple[str, ...] = ()
+    scarcity: Scarcity = DEFAULT_SCARCITY  # the objective the plan was sought by if short
+    tokens_per_s: float = 0.0  # generated tokens/s served: served req/s x output tokens
+    fair_level: float = 1.0  # smallest priority-weighted served fraction (`fair_levels`)
+    #: proven relative gap of each scarcity phase, by name, in order (fair: `fairness`,
+    #: `tokens`, `cost`; goodput: `goodput`, `cost`); empty when demand is met
+    phase_gaps: Mapping[str, float] = field(default_factory=dict)
+    phase_s: Mapping[str, float] = field(default_factory=dict)  # seconds of each phase
 
     @property
     def is_ok(self) -> bool:
@@ -263,6 +290,9 @@ class AllocationPlan:
         def pct(gap: float) -> str:
             return f"{gap:.2%}" if math.isfinite(gap) else "no bound"
 
+        if self.scarcity == "fair" and self.phase_gaps and not self.meets_demand:
+            return "demand short, fair: " + ", ".join(
+                f"{name} gap {pct(gap)}" for name, gap in self.phase_gaps.items())
         if self.status is PlanStatus.INFEASIBLE:
             return f"demand short, goodput gap {pct(self.goodput_gap)}, cost gap {pct(self.gap)}"
         return f"{self.status.value.replace('_', ' ')}, gap {pct(self.gap)}"
@@ -278,6 +308,11 @@ class AllocationPlan:
             m: (self.served_rps.get(m, 0.0) / d if d > 0 else 1.0)
             for m, d in self.demand_rps.items()
         }
+
+    @property
+    def min_served_fraction(self) -> float:
+        """The smallest share of its demand any model gets (1 when every demand is met)."""
+        return min(self.served_fraction.values(), default=1.0)
 
     @property
     def headroom_rps(self) -> dict[str, float]:
@@ -338,6 +373,8 @@ def make_plan(
     solve_s: float,
     goodput_gap: float = 0.0,
     notes: Sequence[str] = (),
+    phase_gaps: Mapping[str, float] | None = None,
+    phase_s: Mapping[str, float] | None = None,
 ) -> AllocationPlan:
     """Decode instance counts into a plan: cost, penalty, capacity, nodes and the diff.
 
@@ -382,6 +419,7 @@ def make_plan(
     demand = {d.model: d.requests_per_s for d in problem.demands}
     served = {m: min(demand[m], capacity[m]) for m in demand}
     goodput = sum(d.priority * served[d.model] for d in problem.demands)
+    levels = fair_levels(problem.demands, served)
     return AllocationPlan(
         status=status,
         instances=counts,
@@ -398,7 +436,37 @@ def make_plan(
         solve_s=solve_s,
         goodput_gap=goodput_gap,
         notes=tuple(notes),
+        scarcity=problem.scarcity,
+        tokens_per_s=sum(d.output_tokens * served[d.model] for d in problem.demands),
+        fair_level=min(levels.values(), default=1.0),
+        phase_gaps=dict(phase_gaps or {}),
+        phase_s=dict(phase_s or {}),
     )
+
+
+def fair_weights(demands: Sequence[ModelDemand]) -> dict[str, float]:
+    """Each model's priority over the largest one among models with demand, in (0, 1].
+
+    Priority weights a served fraction as a floor in proportion: the fair objective raises
+    `t` with every model served at least `weight * t` of its demand (`t <= 1`), so a model of
+    the top priority is promised the whole floor, one of half that priority half of it, and
+    with equal priorities (the default) `t` is simply the smallest served fraction. A fraction
+    cannot exceed 1, so weights are relative to the top priority rather than raw: a raw
+    priority of 2 would otherwise ask for twice a model's demand.
+    """
+    live = [d for d in demands if d.requests_per_s > 0]
+    top = max((d.priority for d in live), default=1.0)
+    return {d.model: d.priority / top for d in live}
+
+
+def fair_levels(demands: Sequence[ModelDemand], served_rps: Mapping[str, float]
+                ) -> dict[str, float]:
+    """Per model with demand, the largest `t <= 1` its served req/s meets as the fair floor
+    `weight * t * demand` (`fair_weights`); their minimum is the plan's `fair_level`."""
+    weights = fair_weights(demands)
+    return {d.model: min(1.0, served_rps.get(d.model, 0.0) / (weights[d.model]
+                                                            * d.requests_per_s))
+            for d in demands if d.requests_per_s > 0}
 
 
 def _check_finite(what: str, value: float, low: float, strict: bool = False) -> None:

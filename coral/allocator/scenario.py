@@ -22,11 +22,13 @@ from pydantic import ValidationError
 from coral.allocator.headroom import planned_capacity
 from coral.allocator.problem import (
     DEFAULT_MIP_GAP,
+    DEFAULT_SCARCITY,
     DEFAULT_TIME_LIMIT_S,
     AllocationProblem,
     ModelDemand,
     Mode,
     NodeRegion,
+    Scarcity,
     TemplateColumn,
     TemplateRegion,
     priced_column,
@@ -163,8 +165,10 @@ class Scenario:
         current: Mapping[TemplateRegion, int] | None = None,
         time_limit_s: float = DEFAULT_TIME_LIMIT_S,
         mip_gap: float = DEFAULT_MIP_GAP,
+        scarcity: Scarcity = DEFAULT_SCARCITY,
     ) -> AllocationProblem:
-        """The allocation problem of this scenario over `templates`.
+        """The allocation problem of this scenario over `templates` (`scarcity`: what it
+        maximises when demand cannot be met, `AllocationProblem.scarcity`).
 
         Templates of other models, or of modes this scenario does not serve with, are left out.
         """
@@ -180,6 +184,7 @@ class Scenario:
             startup_s=self.spec.startup_s,
             time_limit_s=time_limit_s,
             mip_gap=mip_gap,
+            scarcity=scarcity,
         )
 
     def total_nodes(self) -> int:

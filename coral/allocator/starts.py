@@ -45,13 +45,20 @@ def best_start(problem: AllocationProblem, starts: Sequence[Mapping[TemplateRegi
 
 
 def better_plan(a: AllocationPlan, b: AllocationPlan) -> bool:
-    """`a` is the better plan of one problem: it meets demand where `b` does not, or serves
-    more priority-weighted goodput, or as much at a lower cost."""
+    """`a` is the better plan of one problem: it meets demand where `b` does not, or, both
+    short, is better by the scarcity objective (fair: a higher fairness level, then more
+    tokens/s; goodput: more priority-weighted goodput), or as good at a lower cost."""
     if a.meets_demand != b.meets_demand:
         return a.meets_demand
-    tol = GOODPUT_REL_TOL * max(1.0, abs(b.goodput))
-    if not a.meets_demand and abs(a.goodput - b.goodput) > tol:
-        return a.goodput > b.goodput
+    if not a.meets_demand:
+        if a.scarcity == "fair":
+            for mine, theirs in ((a.fair_level, b.fair_level), (a.tokens_per_s, b.tokens_per_s)):
+                if abs(mine - theirs) > GOODPUT_REL_TOL * max(1.0, abs(theirs)):
+                    return mine > theirs
+        else:
+            tol = GOODPUT_REL_TOL * max(1.0, abs(b.goodput))
+            if abs(a.goodput - b.goodput) > tol:
+                return a.goodput > b.goodput
     return a.objective < b.objective * (1.0 - 1e-9)
 
 
@@ -59,7 +66,8 @@ def adopt_start(problem: AllocationProblem, solved: AllocationPlan, given: Alloc
            solve_s: float) -> AllocationPlan:
     """`given` (better than `solved`) with the gaps the solve's bounds prove for it: the cost
     bound `solved` was proven against holds for every plan of at least its goodput, and the
-    goodput bound for every plan."""
+    goodput bound for every plan (fair: the fairness bound for every plan, the tokens bound
+    for every plan at least as fair, the cost bound for those of at least its tokens/s)."""
     def bound_of(value: float, gap: float, sign: float) -> float:
         return value * (1.0 - sign * gap) if math.isfinite(gap) else -sign * math.inf
 
@@ -73,10 +81,24 @@ def adopt_start(problem: AllocationProblem, solved: AllocationPlan, given: Alloc
         status = PlanStatus.OPTIMAL if gap <= problem.mip_gap else PlanStatus.TIME_LIMIT
         return make_plan(problem, given.instances, status=status, gap=gap, solve_s=solve_s,
                          notes=solved.notes + (note,))
+    if solved.scarcity == "fair" and "fairness" in solved.phase_gaps:
+        if given.tokens_per_s < solved.tokens_per_s * (1.0 - GOODPUT_REL_TOL):
+            gap = math.inf  # fairer with fewer tokens/s: the cost bound is not for it
+        phases = {
+            "fairness": relative_gap(-given.fair_level, -bound_of(
+                solved.fair_level, solved.phase_gaps["fairness"], -1.0)),
+            "tokens": relative_gap(-given.tokens_per_s, -bound_of(
+                solved.tokens_per_s, solved.phase_gaps["tokens"], -1.0)),
+            "cost": gap,
+        }
+        return make_plan(problem, given.instances, status=solved.status, gap=gap,
+                         solve_s=solve_s, goodput_gap=max(phases["fairness"], phases["tokens"]),
+                         notes=solved.notes + (note,), phase_gaps=phases)
     goodput_bound = bound_of(solved.goodput, solved.goodput_gap, -1.0)
     goodput_gap = relative_gap(-given.goodput, -goodput_bound)
     return make_plan(problem, given.instances, status=solved.status, gap=gap,
-                     solve_s=solve_s, goodput_gap=goodput_gap, notes=solved.notes + (note,))
+                     solve_s=solve_s, goodput_gap=goodput_gap, notes=solved.notes + (note,),
+                     phase_gaps={"goodput": goodput_gap, "cost": gap})
 
 
 def seed_of(problem: AllocationProblem, ix: Index, v: Vars, cols: Columns,

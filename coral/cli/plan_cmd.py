@@ -13,7 +13,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from coral.allocator.problem import DEFAULT_MIP_GAP, DEFAULT_TIME_LIMIT_S
+from coral.allocator.problem import (
+    DEFAULT_MIP_GAP,
+    DEFAULT_SCARCITY,
+    DEFAULT_TIME_LIMIT_S,
+    SCARCITY_OBJECTIVES,
+)
 from coral.cli.common import (
     CatalogFiles,
     JsonFlag,
@@ -58,6 +63,11 @@ GapOpt = Annotated[float, typer.Option(
     "(0.005: 0.5%; larger is faster, smaller is slower and may end at the time limit).")]
 ProgressOpt = Annotated[Optional[bool], typer.Option(
     "--progress/--no-progress", help="Progress bars on stderr (default: when a terminal).")]
+ScarcityOpt = Annotated[str, typer.Option(
+    "--scarcity", help="What the plan maximises when the demand cannot be met: fair (the "
+    "default: raise the smallest priority-weighted served fraction over models, then the "
+    "generated tokens/s, then the lowest cost at that) or goodput (the most priority-weighted "
+    "req/s, then cost: may leave the model whose requests take the most GPUs at zero).")]
 BaselinesOpt = Annotated[bool, typer.Option(
     "--baselines/--no-baselines", help="Run the baselines on the same templates to compare.")]
 
@@ -125,13 +135,17 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
           templates_dir: Path, time_limit: float, progress: bool | None, baselines: bool,
           catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None,
           gap: float = DEFAULT_MIP_GAP, engine: str = "coral",
-          robust: str | float | None = None, spot: Any = None) -> Any:
+          robust: str | float | None = None, spot: Any = None,
+          scarcity: str = DEFAULT_SCARCITY) -> Any:
     from coral.planning.libraries import templates_for_scenario
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import default_perf_factory
 
     _check_common(nmax, workers, time_limit, gap)
+    if scarcity not in SCARCITY_OBJECTIVES:
+        raise UserError(f"--scarcity must be one of {', '.join(SCARCITY_OBJECTIVES)}, got "
+                        f"{scarcity!r}")
     if robust is not None:
         robust = parse_robust(robust)  # before the templates are built
     cat = open_catalog(catalog)
@@ -156,7 +170,8 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
         with _busy(f"{what}...", show):
             return plan_scenario(scenario, catalog=cat, perf=perf, templates=templates,
                                  time_limit_s=time_limit, mip_gap=gap, baselines=baselines,
-                                 engine=engine, robust=robust, spot=spot)
+                                 engine=engine, robust=robust, spot=spot,
+                                 scarcity=scarcity)  # type: ignore[arg-type]
 
 
 def _write_json(payload: Any, path: Path) -> None:
@@ -182,6 +197,7 @@ def plan(
         "--out", help="Also write the plan as JSON to this file.")] = None,
     time_limit: TimeLimitOpt = DEFAULT_TIME_LIMIT_S,
     gap: GapOpt = DEFAULT_MIP_GAP,
+    scarcity: ScarcityOpt = DEFAULT_SCARCITY,
     baselines: BaselinesOpt = True,
     progress: ProgressOpt = None,
     mode: Annotated[str, typer.Option(
@@ -225,7 +241,7 @@ def plan(
                        templates_dir=templates_dir, time_limit=time_limit, progress=progress,
                        baselines=baselines, catalog=catalog, quiet_stdout=json, mode=mode,
                        gap=gap, engine=EngineChoice(engine).value, robust=robust,
-                       spot=spot_options)
+                       spot=spot_options, scarcity=scarcity)
         payload = result.to_dict()
         if out is not None:
             _write_json(payload, out)

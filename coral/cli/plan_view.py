@@ -44,6 +44,18 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
         f"{p.total_instances} instances on {sum(p.nodes_used.values())} nodes, solved in "
         f"{result.solve_seconds:.2f} s (gap {gap}); {result.columns} template columns from "
         f"{result.templates} templates, n_max {result.nmax}", highlight=False)
+    scarcity = getattr(result, "extras", {}).get("scarcity")
+    if scarcity and scarcity.get("applied"):
+        gaps = ", ".join(f"{k} {'no bound' if g is None else pct(g)}"
+                         for k, g in scarcity.get("phase_gaps", {}).items())
+        tokens = getattr(result, "extras", {}).get("goodput_tokens_per_s")
+        console.print(
+            f"demand cannot be met in full; scarcity objective {scarcity['description']}: "
+            f"smallest served fraction {pct(scarcity['min_served_fraction'])}, "
+            f"{pct(scarcity['tokens_served_share'])} of tokens/s served"
+            + (f" ({tokens:,.0f} tok/s, {result.extras.get('goodput_rps', 0.0):,.1f} req/s)"
+               if tokens is not None else "")
+            + (f"; proven gaps by phase: {gaps}" if gaps else ""), highlight=False)
     robust = getattr(result, "extras", {}).get("robust")
     if robust:
         nominal = robust["nominal_cost_per_hour"]
@@ -92,14 +104,17 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
 
     models = Table(title="Models", title_justify="left")
     models.add_column("model", min_width=max(map(len, p.demand_rps), default=5))
-    for col in ("demand (req/s)", "capacity (req/s)", "served", "headroom (req/s)"):
+    tokens = dict(getattr(result, "extras", {}).get("served_tokens_per_s", {}))
+    for col in ("demand (req/s)", "capacity (req/s)", "served", "served tok/s",
+                "headroom (req/s)"):
         models.add_column(col, justify="right")
     for m, demand in p.demand_rps.items():
         headroom = p.headroom_rps[m]
         style = "red" if m in p.short_models else ""
         models.add_row(escape(m), f"{demand:.1f}", f"{p.capacity_rps[m]:.1f}",
-                       pct(p.served_fraction[m]), f"[{style}]{headroom:+.1f}[/]" if style
-                       else f"{headroom:+.1f}")
+                       pct(p.served_fraction[m]),
+                       f"{tokens[m]:,.0f}" if m in tokens else "-",
+                       f"[{style}]{headroom:+.1f}[/]" if style else f"{headroom:+.1f}")
     console.print(models)
     print_comparison(result)
     for note in result.notes:

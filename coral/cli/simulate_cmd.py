@@ -138,8 +138,11 @@ def print_summary(name: str, s: dict) -> None:
     console.print(f"[bold]Simulated {escape(name)}[/]: {s['requests']} requests over "
                   f"{s['span_s']:.0f} s, {s['completed']} completed, ${s['cost_per_hour']:,.2f}"
                   f"/hour; goodput {s['goodput_tokens_per_s']:,.0f} tokens/s of "
-                  f"{s['throughput_tokens_per_s']:,.0f}; SLO attainment "
-                  f"{s['slo_attainment'] * 100:.1f}%", highlight=False)
+                  f"{s['throughput_tokens_per_s']:,.0f}"
+                  + (f" ({s['goodput_rps']:,.2f} req/s within the SLO)"
+                     if s.get("goodput_rps") is not None else "")
+                  + "; SLO attainment "
+                  + f"{s['slo_attainment'] * 100:.1f}%", highlight=False)
     t = Table(title="Per model (latency at the SLO percentile)", title_justify="left")
     for col in ("model", "requests", "p", "TTFT ms", "target", "TPOT ms", "target", "SLO met",
                 "attainment"):

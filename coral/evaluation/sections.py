@@ -157,8 +157,9 @@ def section_goodput(ctx: EvalContext, head: dict[str, Any]) -> Section:
         f"Ran: `plan_scenario` on `{ctx.scenario(cfg.goodput_scenario).name}` at availability "
         f"{', '.join(cfg.levels)} (scenario demand, n_max {cfg.nmax}; Coral in serving mode "
         f"`{cfg.coral_mode}`). Served req/s is "
-        "min(demand, capacity meeting the SLO) per model, summed, from each plan; the ratio is "
-        "Coral's served req/s over the baseline's.")
+        "min(demand, capacity meeting the SLO) per model, summed, from each plan; goodput tok/s "
+        "is served req/s times each model's mean output tokens; the ratio is Coral's served "
+        "req/s over the baseline's.")
     sec.body.append("")
     sec.body.append("Approximate: served req/s is the planner's capacity model (per-template "
                     "throughput at the SLO), not a simulation.")
@@ -169,18 +170,23 @@ def section_goodput(ctx: EvalContext, head: dict[str, Any]) -> Section:
         ctx.say(f"[goodput] {cfg.goodput_scenario} {level}: planning")
         res = ctx.plan(sc, ctx.templates(sc))
         demand = dict(res.plan.demand_rps)
-        coral = sum(res.plan.served_rps.values())
-        entries = [("coral", coral)] + [
-            (b, sum(f * demand.get(m, 0.0) for m, f in dict(r.served_fraction).items()))
-            for b, r in res.baselines.items()]
+        out_tokens = {d.model: d.output_tokens for d in sc.demands()}
+        fractions = {"coral": dict(res.plan.served_fraction),
+                     **{b: dict(r.served_fraction) for b, r in res.baselines.items()}}
+        entries = [(b, sum(f * demand.get(m, 0.0) for m, f in fr.items()))
+                   for b, fr in fractions.items()]
+        coral = entries[0][1]
         for planner, served in entries:
             ratio = coral / served if served > 0 else float("inf")
-            rows.append([level, planner, num(served, ",.1f"), num(sum(demand.values()), ",.1f"),
+            fr = fractions[planner]
+            tokens = sum(f * demand.get(m, 0.0) * out_tokens.get(m, 0.0) for m, f in fr.items())
+            rows.append([level, planner, num(served, ",.1f"), num(tokens, ",.0f"),
+                         num(sum(demand.values()), ",.1f"), f"{min(fr.values(), default=1.0):.1%}",
                          "inf" if ratio == float("inf") else num(ratio)])
             series.setdefault(planner, []).append(served)
         head.setdefault("goodput", {})[level] = dict(entries)
-    sec.body += md_table(["availability", "planner", "served req/s", "demand req/s",
-                        "Coral / planner"], rows)
+    sec.body += md_table(["availability", "planner", "served req/s", "goodput tok/s",
+                          "demand req/s", "smallest served share", "Coral / planner"], rows)
     fig = bar_plot(cfg.out / "goodput.png", list(cfg.levels), series, "served req/s",
                     f"Served demand under availability, {ctx.scenario(cfg.goodput_scenario).name}")
     sec.figures.append(fig)

@@ -23,8 +23,11 @@ from coral.allocator.ilp import infeasibility_message, solve_allocation
 from coral.allocator.plan_file import decode_instances
 from coral.allocator.problem import (
     DEFAULT_MIP_GAP,
+    DEFAULT_SCARCITY,
     DEFAULT_TIME_LIMIT_S,
+    SCARCITY_DESCRIPTIONS,
     AllocationPlan,
+    Scarcity,
     TemplateRegion,
 )
 from coral.allocator.robust import RobustPlanner
@@ -72,6 +75,7 @@ def plan_scenario(
     robust: float | str | None = None,
     spot: Any = None,
     starts: Sequence[Mapping[TemplateRegion, int]] = (),
+    scarcity: Scarcity = DEFAULT_SCARCITY,
 ) -> PlanResult:
     """Plan `scenario`: templates (built or reused unless given), allocation, baselines.
 
@@ -87,7 +91,9 @@ def plan_scenario(
     `coral.allocator.spot.SpotOptions`, plan every mode's templates on spot and on-demand
     instances under a chance constraint (the plan file's `spot` object says what it risks).
     `starts`: plans known beforehand ((column id, region) -> instances; a re-plan's last plan),
-    which start every mode's search beside the baselines' plans.
+    which start every mode's search beside the baselines' plans. `scarcity`: what the
+    allocation maximises when demand cannot be met (`AllocationProblem.scarcity`; the plan
+    file's `scarcity` names it).
     """
     engine = check_engine(engine)
     if perf is None:
@@ -157,7 +163,8 @@ def plan_scenario(
     for mode in modes:
         sub = scenario.in_mode(mode)
         cols, chosen = columns_and_templates(sub, templates)
-        prob = sub.problem(cols, current=current, time_limit_s=time_limit_s, mip_gap=mip_gap)
+        prob = sub.problem(cols, current=current, time_limit_s=time_limit_s, mip_gap=mip_gap,
+                           scarcity=scarcity)
         # mode auto plans mixed last: it holds every plan of the other modes, which start it
         starts = given + [dict(t[4].instances) for t in tried]
         plan = (spot_planner.solve(prob, starts) if spot_planner is not None
@@ -183,6 +190,20 @@ def plan_scenario(
             for m, _, _, _, p in tried) + f" -> {mode}")
     extras["goodput_tokens_per_s"] = goodput_tokens_per_s(plan.served_fraction,
                                                            scenario.demands())
+    extras["goodput_rps"] = sum(plan.served_rps.values())
+    extras["served_tokens_per_s"] = {d.model: plan.served_rps.get(d.model, 0.0) * d.output_tokens
+                                     for d in scenario.demands()}
+    extras["scarcity"] = {
+        "objective": scarcity,
+        "description": SCARCITY_DESCRIPTIONS[scarcity],
+        "applied": not plan.meets_demand,
+        "fair_level": plan.fair_level,
+        "min_served_fraction": plan.min_served_fraction,
+        "tokens_served_share": _tokens_share(plan, scenario),
+        "phase_gaps": {k: (v if v != float("inf") else None)
+                       for k, v in plan.phase_gaps.items()},
+        "phase_seconds": dict(plan.phase_s),
+    }
     if not plan.meets_demand:
         notes.append(infeasibility_message(problem, plan))
         if robust_planner is None and spot_planner is None:
@@ -216,7 +237,8 @@ def uniform_scale(problem: Any, plan: AllocationPlan, scenario: Scenario) -> dic
     mode, with its $/hour, served share (the factor, for every model) and goodput in
     tokens/s against the full demand. The plan itself stays the goodput-maximising one."""
     def attempt(f: float) -> tuple[bool, AllocationPlan]:
-        p = plan if f == 1.0 else solve_allocation(scaled_problem(problem, f))
+        p = plan if f == 1.0 else solve_allocation(scaled_problem(problem, f),
+                                                   scarcity_search=False)
         return p.meets_demand, p
 
     hint = min(plan.served_fraction.values(), default=0.0)
@@ -250,8 +272,17 @@ def _served_share(plan: AllocationPlan) -> float:
     return sum(plan.served_rps.values()) / demand if demand > 0 else 1.0
 
 
-def _plan_rank(plan: AllocationPlan) -> tuple[float, float, float]:
-    """The better of two plans of one scenario: the one meeting demand, then the one of more
-    priority-weighted goodput (what the allocator maximises under scarcity), then the
-    cheaper."""
+def _plan_rank(plan: AllocationPlan) -> tuple[float, ...]:
+    """The better of two plans of one scenario: the one meeting demand, then the better by
+    the scarcity objective (fair: the higher fairness level, then more tokens/s; goodput: more
+    priority-weighted goodput), then the cheaper."""
+    if plan.scarcity == "fair":
+        return (0.0 if plan.meets_demand else 1.0, -round(plan.fair_level, 9),
+                -round(plan.tokens_per_s, 6), plan.cost_usd_per_hour)
     return (0.0 if plan.meets_demand else 1.0, -round(plan.goodput, 9), plan.cost_usd_per_hour)
+
+
+def _tokens_share(plan: AllocationPlan, scenario: Scenario) -> float:
+    """Share of the generated tokens/s asked for that the plan serves."""
+    asked = sum(d.requests_per_s * d.output_tokens for d in scenario.demands())
+    return plan.tokens_per_s / asked if asked > 0 else 1.0

@@ -1,0 +1,163 @@
+"""The fair scarcity objective against the exhaustive oracle on small scarce pools: the
+fairness level (max-min of the priority-weighted served fraction) first, then generated
+tokens/s, then cost; and what it changes against the goodput objective."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from test_allocator_support import column
+
+from coral.allocator import (
+    AllocationProblem,
+    ModelDemand,
+    PlanStatus,
+    solve_allocation,
+    solve_bruteforce,
+)
+from coral.allocator import fair, fair_search, formulation, highs_runs, presolve
+from coral.allocator.problem import fair_levels, fair_weights
+
+NODES = ("g1", "g2")
+REGIONS = ("r1", "r2")
+
+
+def scarce_pool(seed: int) -> AllocationProblem:
+    """Three models of different output lengths and priorities, five single-type templates
+    over one or two regions, a few nodes each: demand beyond what the pool serves."""
+    rng = random.Random(seed)
+    regions = REGIONS[: rng.choice((1, 2))]
+    node_price = {(g, r): round(rng.uniform(0.5, 4.0), 2) for g in NODES for r in regions}
+    models = ("m1", "m2", "m3")
+    templates = []
+    for i in range(5):
+        g = rng.choice(NODES)
+        n = rng.choice((1, 1, 2))
+        prices = {r: round(n * node_price[(g, r)], 4) for r in regions}
+        templates.append(column(f"t{i}", models[i % 3], {g: n},
+                                round(rng.uniform(1.0, 5.0) * n, 2), prices))
+    availability = {(g, r): rng.randint(1, 3) for g in NODES for r in regions}
+    demands = tuple(ModelDemand(m, round(rng.uniform(6.0, 20.0), 2),
+                                output_tokens=rng.choice((50.0, 200.0, 800.0)),
+                                priority=rng.choice((1.0, 1.0, 2.0)))
+                    for m in models)
+    return AllocationProblem(demands=demands, templates=tuple(templates), regions=regions,
+                             availability=availability, time_limit_s=20.0, mip_gap=0.0)
+
+
+SEEDS = range(16)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fair_matches_oracle(seed: int) -> None:
+    problem = scarce_pool(seed)
+    oracle = solve_bruteforce(problem)
+    plan = solve_allocation(problem)
+    assert plan.status is oracle.status is PlanStatus.INFEASIBLE
+    for (g, r), n in plan.nodes_used.items():
+        assert n <= problem.availability.get((g, r), 0)
+    assert plan.scarcity == "fair"
+    assert plan.fair_level == pytest.approx(oracle.fair_level, rel=1e-6, abs=1e-9)
+    assert plan.tokens_per_s == pytest.approx(oracle.tokens_per_s, rel=1e-6, abs=1e-6)
+    assert plan.objective == pytest.approx(oracle.objective, rel=1e-6, abs=1e-6)
+    assert set(plan.phase_gaps) == {"fairness", "tokens", "cost"}
+    # the floors held a hair (`fair.FAIR_REL_TOL`) below the phase before leave as much gap
+    assert all(g <= 1e-5 for g in plan.phase_gaps.values()), plan.phase_gaps
+
+
+def test_oracle_orders_fairness_before_tokens_before_cost() -> None:
+    """The oracle's fair plan is never below any other vector's fairness level, nor below
+    the goodput objective's plan on it, and the goodput plan serves no fewer weighted req/s."""
+    for seed in SEEDS:
+        problem = scarce_pool(seed)
+        fair = solve_bruteforce(problem)
+        greedy = solve_bruteforce(replace(problem, scarcity="goodput"))
+        assert fair.fair_level >= greedy.fair_level - 1e-9
+        assert greedy.goodput >= fair.goodput - 1e-9
+        if fair.fair_level == pytest.approx(greedy.fair_level, abs=1e-12):
+            assert fair.tokens_per_s >= greedy.tokens_per_s - 1e-6
+
+
+def test_fair_does_not_starve_the_expensive_model() -> None:
+    """One cheap model and one whose requests take four times the nodes: the goodput
+    objective gives every node to the cheap one and none to the other; the fair one serves
+    both the same share, then spends the rest on tokens."""
+    templates = (column("cheap", "small", {"g1": 1}, 4.0, {"r1": 1.0}),
+                 column("dear", "large", {"g1": 4}, 4.0, {"r1": 4.0}))
+    demands = (ModelDemand("small", 40.0, output_tokens=100.0),
+               ModelDemand("large", 40.0, output_tokens=100.0))
+    base = AllocationProblem(demands=demands, templates=templates, regions=("r1",),
+                             availability={("g1", "r1"): 10}, mip_gap=0.0)
+    greedy = solve_allocation(replace(base, scarcity="goodput"))
+    assert greedy.served_rps["large"] == 0.0 and greedy.served_rps["small"] == 40.0
+    fair = solve_allocation(base)
+    # 10 nodes: 2 dear (8 nodes) + 2 cheap serve 8 req/s each, the most equal split
+    assert fair.served_rps == {"small": 8.0, "large": 8.0}
+    assert fair.fair_level == pytest.approx(0.2)
+    assert fair.min_served_fraction == pytest.approx(0.2)
+    assert fair.tokens_per_s == pytest.approx(1600.0)
+    assert fair.proof.startswith("demand short, fair: fairness gap 0.00%")
+
+
+def test_priority_weights_the_floor() -> None:
+    """A model of twice the priority is promised twice the served fraction of the floor."""
+    demands = (ModelDemand("a", 10.0, priority=2.0), ModelDemand("b", 10.0, priority=1.0))
+    weights = fair_weights(demands)
+    assert weights == {"a": 1.0, "b": 0.5}
+    levels = fair_levels(demands, {"a": 4.0, "b": 2.0})
+    assert levels == {"a": pytest.approx(0.4), "b": pytest.approx(0.4)}
+    assert fair_levels(demands, {"a": 10.0, "b": 10.0}) == {"a": 1.0, "b": 1.0}
+    templates = (column("ta", "a", {"g1": 1}, 1.0, {"r1": 1.0}),
+                 column("tb", "b", {"g1": 1}, 1.0, {"r1": 1.0}))
+    problem = AllocationProblem(demands=demands, templates=templates, regions=("r1",),
+                                availability={("g1", "r1"): 6}, mip_gap=0.0)
+    plan = solve_allocation(problem)
+    # t = 0.4 at a 4 / b 2; the gaps fill no further floor, so tokens decide (equal here)
+    assert plan.fair_level == pytest.approx(0.4)
+    assert plan.served_rps["a"] >= 4.0 and plan.served_rps["b"] >= 2.0
+    assert sum(plan.served_rps.values()) == pytest.approx(6.0)
+
+
+def test_scarcity_objective_is_checked() -> None:
+    with pytest.raises(ValueError, match="scarcity must be one of fair, goodput"):
+        replace(scarce_pool(0), scarcity="fairest")  # type: ignore[arg-type]
+
+
+def test_fair_gaps_are_finite_under_a_time_limit() -> None:
+    plan = solve_allocation(replace(scarce_pool(3), time_limit_s=0.5, mip_gap=0.005))
+    assert all(math.isfinite(g) for g in plan.phase_gaps.values())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_level_bound_and_water_filling_hold_against_the_oracle(seed: int) -> None:
+    """The covers' bound on the fairness level is never below the best plan's level, and a
+    water-filled plan fits and is never above it."""
+    problem = scarce_pool(seed)
+    oracle = solve_bruteforce(problem)
+    ix = presolve.Index.build(problem)
+    cols = presolve.run_presolve(problem, ix, dominance=True)
+    lp = formulation.LpBuilder()
+    v = formulation.add_variables(lp, problem, ix, cols)
+    formulation.add_plan_rows(lp, ix, v)
+    dec = formulation.decomposition_of(ix, v, lp)
+    fr = fair.add_fair_rows(lp, problem, ix, v)
+    arr = lp.arrays()
+    col_lb = arr.col_lb.copy()
+    col_lb[v.s] = 0.0
+    objective = np.zeros(lp.n_col)
+    objective[fr.t] = -1.0
+    relaxed = highs_runs.lp_relaxation(arr, objective, col_lb, arr.row_lb, lp, len(v.x))
+    assert relaxed is not None
+    x = fair_search.level_fill(dec, fr.weight, np.zeros(len(v.x), dtype=np.int64),
+                               relaxed.node_price)
+    assert dec.fits(x)
+    level = fair.fair_level(dec, fr, x)
+    assert level <= oracle.fair_level + 1e-9
+    bound = fair_search.level_bound(dec, fr.weight, relaxed.node_price, level, -relaxed.value,
+                                    deadline=time.perf_counter() + 5.0)
+    assert oracle.fair_level <= bound + 1e-9 <= -relaxed.value + 2e-9

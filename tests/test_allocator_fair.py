@@ -1,5 +1,5 @@
 """The fair scarcity objective against the exhaustive oracle on small scarce pools: the
-fairness level (max-min of the priority-weighted served fraction) first, then generated
+fairness level (max-min of the served fraction) first, then priority-weighted generated
 tokens/s, then cost; and what it changes against the goodput objective."""
 
 from __future__ import annotations
@@ -104,23 +104,25 @@ def test_fair_does_not_starve_the_expensive_model() -> None:
     assert fair.proof.startswith("demand short, fair: fairness gap 0.00%")
 
 
-def test_priority_weights_the_floor() -> None:
-    """A model of twice the priority is promised twice the served fraction of the floor."""
-    demands = (ModelDemand("a", 10.0, priority=2.0), ModelDemand("b", 10.0, priority=1.0))
-    weights = fair_weights(demands)
-    assert weights == {"a": 1.0, "b": 0.5}
-    levels = fair_levels(demands, {"a": 4.0, "b": 2.0})
-    assert levels == {"a": pytest.approx(0.4), "b": pytest.approx(0.4)}
+def test_priority_orders_what_is_left_above_an_equal_floor() -> None:
+    """Priority never lowers a model's floor (every model gets the same served fraction `t`
+    first, so none falls below what the uniform scale-down gives every model); what the floor
+    leaves goes to the model of higher priority."""
+    demands = (ModelDemand("a", 10.0, priority=1.0), ModelDemand("b", 10.0, priority=2.0))
+    assert fair_weights(demands) == {"a": 1.0, "b": 1.0}
+    levels = fair_levels(demands, {"a": 4.0, "b": 3.0})
+    assert levels == {"a": pytest.approx(0.4), "b": pytest.approx(0.3)}
     assert fair_levels(demands, {"a": 10.0, "b": 10.0}) == {"a": 1.0, "b": 1.0}
     templates = (column("ta", "a", {"g1": 1}, 1.0, {"r1": 1.0}),
                  column("tb", "b", {"g1": 1}, 1.0, {"r1": 1.0}))
     problem = AllocationProblem(demands=demands, templates=templates, regions=("r1",),
-                                availability={("g1", "r1"): 6}, mip_gap=0.0)
+                                availability={("g1", "r1"): 7}, mip_gap=0.0)
     plan = solve_allocation(problem)
-    # t = 0.4 at a 4 / b 2; the gaps fill no further floor, so tokens decide (equal here)
-    assert plan.fair_level == pytest.approx(0.4)
-    assert plan.served_rps["a"] >= 4.0 and plan.served_rps["b"] >= 2.0
-    assert sum(plan.served_rps.values()) == pytest.approx(6.0)
+    # the floor: 3 req/s each (t = 0.3); the seventh node goes to b, of twice a's priority
+    assert plan.fair_level == pytest.approx(0.3)
+    assert plan.served_rps["a"] == pytest.approx(3.0)
+    assert plan.served_rps["b"] == pytest.approx(4.0)
+    assert plan.served_rps == solve_bruteforce(problem).served_rps
 
 
 def test_scarcity_objective_is_checked() -> None:

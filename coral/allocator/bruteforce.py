@@ -11,7 +11,7 @@ without presolve, bounds or a solver:
   of most priority-weighted goodput (`sum_m priority_m * min(demand_m, capacity_m)`, within a
   relative 1e-9 of the best); `fair`, among the vectors of the highest fairness level (the
   smallest `min(1, served_m / (weight_m demand_m))`, `problem.fair_weights`), those of the most
-  generated tokens/s, and of those the cheapest (each within a relative 1e-9 of the best).
+  priority-weighted generated tokens/s, and of those the cheapest (each within a relative 1e-9 of the best).
 
 Meant for <= 2 regions, <= 4 templates and single-digit counts; `max_vectors` guards against
 calling it on anything larger.
@@ -108,7 +108,7 @@ def solve_bruteforce(problem: AllocationProblem, *, max_vectors: int = MAX_VECTO
         served[:, j] = np.minimum(capacity, d.requests_per_s)
         short |= capacity < d.requests_per_s - DEMAND_TOL * max(1.0, d.requests_per_s)
         goodput += d.priority * served[:, j]
-        tokens += d.output_tokens * served[:, j]
+        tokens += d.priority * d.output_tokens * served[:, j]
         if d.requests_per_s > 0:
             level = np.minimum(level, served[:, j] / (weights[d.model] * d.requests_per_s))
 

@@ -2,13 +2,14 @@
 demand cannot be met in full, three phases on the allocation ILP's rows, each a lexicographic
 step with its own proven gap:
 
-A. **fairness**: maximise `t`, the smallest priority-weighted served fraction, with rows
-   `s[m] - weight_m demand_m t >= 0` (`problem.fair_weights`: priority over the top one, so
-   with equal priorities `t` is the smallest served fraction, and a model of half the top
-   priority is promised half the floor) and `t` in `[0, 1]`;
-B. **tokens**: maximise generated tokens/s `sum_m output_tokens_m s[m]` with `t` held at
-   phase A's level (`FAIR_REL_TOL` below it, for solver rounding);
-C. **cost**: the cheapest plan at phase B's tokens/s (`TOKENS_REL_TOL` below it) with the
+A. **fairness**: maximise `t`, the smallest served fraction, with rows
+   `s[m] - weight_m demand_m t >= 0` (`problem.fair_weights`: 1 for every model, so no
+   model's floor depends on its priority) and `t` in `[0, 1]`;
+B. **tokens**: maximise priority-weighted generated tokens/s
+   `sum_m priority_m output_tokens_m s[m]` with `t` held at phase A's level (`FAIR_REL_TOL`
+   below it, for solver rounding): what is left above the floor goes first to the models
+   whose tokens are worth most (with equal priorities, the plain tokens/s);
+C. **cost**: the cheapest plan at phase B's value (`TOKENS_REL_TOL` below it) with the
    floor of A still held.
 
 So no model is starved while another is served in full, as the goodput objective does with
@@ -80,20 +81,20 @@ _INF = highspy.kHighsInf
 class FairRows:
     """The fair objective's column and rows in the ILP (`add_fair_rows`)."""
     t: int  # column of the fairness level t in [0, 1]
-    tokens_row: int  # row sum_m output_tokens_m s[m] (its lower bound set per phase)
+    tokens_row: int  # row sum_m priority_m output_tokens_m s[m] (lower bound set per phase)
     weight: np.ndarray  # (models,) priority over the top priority
-    out_tokens: np.ndarray  # (models,) output tokens per request
+    out_tokens: np.ndarray  # (models,) priority x output tokens per request
 
 
 def add_fair_rows(lp: LpBuilder, problem: AllocationProblem, ix: Index, v: Vars) -> FairRows:
     """Add `t` and the rows of the fair objective::
 
         s[m] - weight_m demand_m t >= 0          for every model m
-        sum_m output_tokens_m s[m]  >= T_B       (phase C; free until then)
+        sum_m priority_m output_tokens_m s[m]  >= T_B       (phase C; free until then)
     """
     weights = fair_weights(problem.demands)
     weight = np.array([weights[m] for m in ix.models])
-    out_tokens = ix.tokens[:, MODE_DECODE].copy()
+    out_tokens = ix.tokens[:, MODE_DECODE] * ix.priority
     n_m = len(ix.models)
     t = int(lp.add_cols(np.zeros(1), np.ones(1), np.zeros(1), integer=False)[0])
     rows = lp.add_rows(np.zeros(n_m), np.full(n_m, _INF))

@@ -15,8 +15,8 @@ Cost problem::
     subject to capacity, PD pairing, availability and start-up rows (`formulation.py`)
 
 When it is infeasible, the scarcity problem runs on the same rows by `problem.scarcity`:
-`fair` (the default) in three phases, the smallest priority-weighted served fraction, then
-generated tokens/s, then cost (`fair.py`); `goodput` in two:
+`fair` (the default) in three phases, the smallest served fraction, then
+priority-weighted generated tokens/s, then cost (`fair.py`); `goodput` in two:
 phase 1 maximises goodput `G = sum_m w_m s[m]` with `s[m]` free in `[0, demand_m]`; phase 2 adds
 `G >= G1 (1 - 1e-9)` (G1: phase 1's best) and minimises the cost again. So the plan is the
 cheapest among the plans of most priority-weighted goodput, and it names each model's
@@ -505,7 +505,7 @@ def infeasibility_message(problem: AllocationProblem, plan: AllocationPlan) -> s
     lines = []
     if plan.status is PlanStatus.INFEASIBLE:
         lines.append("the demand cannot be met with the availability given; the plan of most "
-                     + ("even priority-weighted served fractions, then most tokens/s"
+                     + ("even served fractions, then most priority-weighted tokens/s"
                         if problem.scarcity == "fair" else "priority-weighted goodput")
                      + " leaves these models short:")
     else:

@@ -49,8 +49,8 @@ TemplateRegion = tuple[str, str]
 DEMAND_REL_TOL = 1e-6
 
 #: What the allocator maximises when the demand cannot be met in full (`--scarcity`):
-#: - `fair`: lexicographic, first the smallest priority-weighted served fraction over models
-#:   (max-min, `fair_level`), then the generated tokens/s served, then the lowest cost at that;
+#: - `fair`: lexicographic, first the smallest served fraction over models (max-min,
+#:   `fair_level`), then the priority-weighted generated tokens/s, then the lowest cost at that;
 #: - `goodput`: the most priority-weighted requests/s served, then the lowest cost at that
 #:   (a model whose requests take the most GPUs is dropped first, possibly entirely).
 Scarcity = Literal["fair", "goodput"]
@@ -59,7 +59,7 @@ DEFAULT_SCARCITY: Scarcity = "fair"
 
 #: One line per scarcity objective, as `coral plan` and the plan file state it.
 SCARCITY_DESCRIPTIONS = {
-    "fair": "fair: max-min priority-weighted served fraction, then generated tokens/s, "
+    "fair": "fair: max-min served fraction, then priority-weighted generated tokens/s, "
             "then cost",
     "goodput": "goodput: priority-weighted requests/s served, then cost",
 }
@@ -267,7 +267,7 @@ class AllocationPlan:
     notes: tuple[str, ...] = ()
     scarcity: Scarcity = DEFAULT_SCARCITY  # the objective the plan was sought by if short
     tokens_per_s: float = 0.0  # generated tokens/s served: served req/s x output tokens
-    fair_level: float = 1.0  # smallest priority-weighted served fraction (`fair_levels`)
+    fair_level: float = 1.0  # smallest served fraction (`fair_levels`)
     #: proven relative gap of each scarcity phase, by name, in order (fair: `fairness`,
     #: `tokens`, `cost`; goodput: `goodput`, `cost`); empty when demand is met
     phase_gaps: Mapping[str, float] = field(default_factory=dict)
@@ -445,18 +445,16 @@ def make_plan(
 
 
 def fair_weights(demands: Sequence[ModelDemand]) -> dict[str, float]:
-    """Each model's priority over the largest one among models with demand, in (0, 1].
+    """Each model's share of the fair floor: 1 for every model with demand.
 
-    Priority weights a served fraction as a floor in proportion: the fair objective raises
-    `t` with every model served at least `weight * t` of its demand (`t <= 1`), so a model of
-    the top priority is promised the whole floor, one of half that priority half of it, and
-    with equal priorities (the default) `t` is simply the smallest served fraction. A fraction
-    cannot exceed 1, so weights are relative to the top priority rather than raw: a raw
-    priority of 2 would otherwise ask for twice a model's demand.
+    The fair objective raises `t` with every model served at least `weight * t` of its
+    demand (`t <= 1`). Priority is kept out of the floor on purpose: a floor in proportion to
+    priority would let a model of lower priority fall below what the paper's uniform
+    scale-down rule gives every model, so a plan could starve it further than any baseline
+    does. Priority acts above the floor instead, in the tokens phase (`coral.allocator.fair`:
+    the most priority-weighted generated tokens/s with the floor held).
     """
-    live = [d for d in demands if d.requests_per_s > 0]
-    top = max((d.priority for d in live), default=1.0)
-    return {d.model: d.priority / top for d in live}
+    return {d.model: 1.0 for d in demands if d.requests_per_s > 0}
 
 
 def fair_levels(demands: Sequence[ModelDemand], served_rps: Mapping[str, float]

@@ -65,7 +65,7 @@ ProgressOpt = Annotated[Optional[bool], typer.Option(
     "--progress/--no-progress", help="Progress bars on stderr (default: when a terminal).")]
 ScarcityOpt = Annotated[str, typer.Option(
     "--scarcity", help="What the plan maximises when the demand cannot be met: fair (the "
-    "default: raise the smallest priority-weighted served fraction over models, then the "
+    "default: raise the smallest served fraction over models, then the priority-weighted "
     "generated tokens/s, then the lowest cost at that) or goodput (the most priority-weighted "
     "req/s, then cost: may leave the model whose requests take the most GPUs at zero).")]
 BaselinesOpt = Annotated[bool, typer.Option(

@@ -1,0 +1,295 @@
+"""The tables of `coral evaluate --paper`: one per claim of the paper's "Results", each row
+the paper's figure, ours from this run and ours / paper (`paper_claims.Row`), with the
+plots and the measured details under them. Presentation only: the runs are
+`paper_runs.run_case` and `paper_studies`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from coral.evaluation.common import bar_plot, md_table, num, pct, pyplot
+from coral.evaluation.paper_claims import (
+    PAPER_ALONE,
+    PAPER_COST,
+    PAPER_HELIX,
+    PAPER_INIT_SHARE,
+    PAPER_PLATEAU,
+    PAPER_SCARCE,
+    PAPER_SIM_ERROR,
+    Row,
+)
+from coral.evaluation.paper_runs import CaseRun
+from coral.evaluation.paper_studies import SIM_ERROR, HelixStudy, Sensitivity
+
+ROW_HEADER = ["figure", "paper", "ours", "ours / paper", "note"]
+SETUP = {"paper-core": "core", "paper-extended": "extended"}
+
+
+@dataclass
+class Claim:
+    """One claim's table and what goes under it."""
+
+    title: str
+    rows: list[Row] = field(default_factory=list)
+    body: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"## {self.title}", ""]
+        if self.rows:
+            out += md_table(ROW_HEADER, [r.cells() for r in self.rows])
+        return out + self.body
+
+
+def per_model_usd(instances: Sequence) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for inst in instances:
+        out[inst.model] = out.get(inst.model, 0.0) + inst.usd_per_hour * inst.count
+    return out
+
+
+def methods_table(case: CaseRun) -> list[str]:
+    """Every method of a case: cost (provisioning + amortised start-up), served share,
+    simulated goodput and the worst model's SLO attainment."""
+    rows = []
+    coral = case.methods["coral"]
+    for name, m in case.methods.items():
+        rows.append([name, num(m.cost_usd_per_hour), num(m.provisioning_usd_per_hour),
+                     num(m.init_usd_per_hour), f"{m.demand_scale:.3f}",
+                     num(m.goodput_tokens_per_s, ",.0f"), pct(m.min_attainment),
+                     "-" if name == "coral" else
+                     f"{m.cost_usd_per_hour / coral.cost_usd_per_hour:.2f}x"])
+    head = [f"`{case.scenario}` {case.level}: {case.epochs} epochs of {case.epoch_s:g} s, "
+            f"Coral in mode {case.coral_mode}, {case.seconds:.0f} s to run", ""]
+    return head + md_table(["method", "$/hour", "nodes $/hour", "start-up $/hour (60 min)",
+                            "demand x", "goodput tok/s (sim)", "worst model SLO",
+                            "cost / Coral"], rows)
+
+
+def _cost_rows(case: CaseRun, label: str) -> list[Row]:
+    ph, pc, _ = PAPER_COST[(case.scenario, case.level)]
+    return [Row(f"{label}: cost, Homo / Coral", ph, case.ratio("homo")),
+            Row(f"{label}: cost, Cauchy / Coral", pc, case.ratio("cauchy")),
+            Row(f"{label}: cost, joint Homo / Coral (not in the paper)", math.nan,
+                case.ratio("homo-joint"))]
+
+
+def claim_default(cases: dict[tuple[str, str], CaseRun]) -> list[Claim]:
+    out = []
+    for scen in ("paper-core", "paper-extended"):
+        case = cases.get((scen, "default"))
+        title = f"Default availability, {SETUP[scen]}: cost ratios and ILP time"
+        if case is None:
+            out.append(Claim(title, body=["Not run (`--quick` runs the core setup only).", ""]))
+            continue
+        c = Claim(title, _cost_rows(case, SETUP[scen]))
+        _, _, ilp = PAPER_COST[(scen, "default")]
+        solves = case.methods["coral"].solve_s
+        c.rows.append(Row("Coral's ILP time per epoch (mean; paper: Gurobi, 32 cores; ours: "
+                          "HiGHS, 2 cores)", ilp, sum(solves) / len(solves), "s"))
+        plans = case.methods["coral"].plan_s
+        c.rows.append(Row("Coral's planning per epoch (mean; its three modes)", ilp,
+                          sum(plans) / len(plans), "s"))
+        model, ph, pc = PAPER_ALONE[scen]
+        split = {n: per_model_usd(m.instances) for n, m in case.methods.items()}
+        cm = split["coral"].get(model, 0.0)
+        for b, p in (("homo", ph), ("cauchy", pc)):
+            c.rows.append(Row(f"{model} alone: {b} / Coral", p,
+                              split[b].get(model, 0.0) / cm if cm > 0 else math.nan))
+        c.body += methods_table(case)
+        models = sorted(split["coral"])
+        c.body += ["Each plan's $/hour per model (last epoch):", ""]
+        c.body += md_table(["method", *models], [[n, *(num(s.get(m, 0.0)) for m in models)]
+                                                 for n, s in split.items()])
+        out.append(c)
+    return out
+
+
+def claim_scarce(cases: dict[tuple[str, str], CaseRun],
+                 default: dict[str, CaseRun]) -> list[Claim]:
+    out = []
+    for scen in ("paper-core", "paper-extended"):
+        case = cases.get((scen, "scarce"))
+        title = f"Scarce availability, {SETUP[scen]}: cost and goodput under the scarcity rule"
+        if case is None:
+            out.append(Claim(title, body=["Not run.", ""]))
+            continue
+        ch, gh, cc, gc, ilp, worst, over = PAPER_SCARCE[scen]
+        coral = case.methods["coral"]
+        g = {n: case.ratio(n, "goodput") for n in case.methods}
+        rows = [Row("cost, Homo / Coral", ch, case.ratio("homo")),
+                Row("goodput, Coral / Homo", gh, 1 / g["homo"] if g.get("homo") else math.nan),
+                Row("cost, Cauchy / Coral", cc, case.ratio("cauchy")),
+                Row("goodput, Coral / Cauchy", gc,
+                    1 / g["cauchy"] if g.get("cauchy") else math.nan),
+                Row("Coral's planning per epoch, mean (every mode and the uniform rule's "
+                    "solves)", ilp, sum(coral.plan_s) / len(coral.plan_s), "s"),
+                Row("Coral's planning, worst epoch", worst, max(coral.plan_s), "s")]
+        d = default.get(scen)
+        rows.append(Row("Coral's cost over its default-level cost", over,
+                        coral.cost_usd_per_hour / d.methods["coral"].cost_usd_per_hour
+                        if d else math.nan))
+        c = Claim(title, rows)
+        c.body += methods_table(case)
+        c.body += ["Goodput is simulated: every method's plan at the uniform share of the "
+                   "demand it meets (demand x), requests meeting the SLO. The planning time "
+                   "is the wall time of all of Coral's allocation solves in the epoch: every "
+                   "mode, at full demand and through the uniform rule's bisection.", ""]
+        out.append(c)
+    return out
+
+
+def claim_imbalance(cases: dict[tuple[str, str], CaseRun]) -> list[Claim]:
+    out = []
+    for level, name in (("large-heavy", "Large-Heavy"), ("small-heavy", "Small-Heavy")):
+        c = Claim(f"{name} demand: cost ratios")
+        for scen in ("paper-extended", "paper-core"):
+            case = cases.get((scen, level))
+            if case is None:
+                c.body += [f"{SETUP[scen]}: not run.", ""]
+                continue
+            c.rows += _cost_rows(case, SETUP[scen])
+            c.body += methods_table(case)
+        out.append(c)
+    return out
+
+
+def claim_init(cases: dict[tuple[str, str], CaseRun]) -> Claim:
+    c = Claim("Initialization cost")
+    rows = []
+    for (scen, level), case in cases.items():
+        m = case.methods["coral"]
+        rows.append([f"`{scen}` {level}", pct(m.init_share), pct(m.replan_init_share),
+                     num(m.init_usd_per_hour), sum(e.started for e in m.epochs[1:])])
+    default = [case.methods["coral"] for (s, lv), case in cases.items() if lv == "default"]
+    if default:
+        worst = max(m.replan_init_share for m in default)
+        first = max(m.init_share for m in default)
+        c.rows.append(Row("amortised start-up share of the hourly cost, re-plans (default "
+                          "levels, worst)", PAPER_INIT_SHARE, worst, "%",
+                          "upper bound in the paper"))
+        c.rows.append(Row("the same with the first deployment's start-ups", PAPER_INIT_SHARE,
+                          first, "%", "each instance's price over its 300 s start-up"))
+    c.body += md_table(["case", "start-ups / $/hour", "re-plans only", "start-up $/hour",
+                        "instances started by re-plans"], rows)
+    c.body += ["The demand is the same in every epoch, so Coral's re-plans keep the running "
+               "deployment: the penalty K makes a new instance dearer than keeping one.", ""]
+    return c
+
+
+def claim_helix(h: HelixStudy | None, out_dir: Path) -> Claim:
+    c = Claim("Against Helix on Helix's cluster")
+    if h is None:
+        c.body += ["Not run.", ""]
+        return c
+    cheaper = 1 - h.coral_cost_usd_per_hour / h.cluster_usd_per_hour
+    c.rows.append(Row("Coral's cost below Helix's (whole cluster)", PAPER_HELIX[0], cheaper,
+                      "%"))
+    helix_rps = h.helix["no_slo"] if h.helix else math.nan
+    coral_rps = (h.coral_max_sim.get("throughput_rps") or 0.0) if h.coral_max_sim else 0.0
+    more = coral_rps / helix_rps - 1 if helix_rps and helix_rps > 0 else math.nan
+    c.rows.append(Row("Coral's throughput above Helix's (Coral under the SLO, simulated; "
+                      "Helix without it, planned)", PAPER_HELIX[1], more, "%"))
+    nodes = ", ".join(f"{n} {g}" for g, n in sorted(h.coral_nodes.items()))
+    c.body += [f"Cluster: {h.cluster_nodes} nodes, ${h.cluster_usd_per_hour:,.2f}/hour. "
+               f"Coral at 4 req/s rents {nodes} (${h.coral_cost_usd_per_hour:,.2f}/hour), "
+               f"simulated SLO attainment {pct(h.coral_sim.get('slo_attainment'))}. Coral's "
+               f"most served under the SLO on the whole cluster: {h.coral_max_rps:.2f} req/s "
+               f"planned (${h.coral_max_cost:,.2f}/hour), "
+               f"{num(coral_rps)} req/s simulated at SLO attainment "
+               f"{pct(h.coral_max_sim.get('slo_attainment'))}.", ""]
+    if h.helix:
+        c.body += [f"Helix's placement ({h.helix_cluster_note}): {num(h.helix['no_slo'])} "
+                   f"req/s without an SLO, {num(h.helix['under_slo'])} req/s "
+                   f"({pct(h.helix['share'])}) on paths meeting Coral's SLO; Coral's "
+                   f"one-pipeline SLO placement on all the nodes {num(h.helix['coral'])} "
+                   f"req/s; solved in {h.helix['seconds']:.0f} s.", ""]
+    else:
+        c.body += [f"Helix's placement on {h.helix_cluster_note}: no figure.", ""]
+    c.body += ["Helix's placement is our reimplementation (Coral's placement solver with no "
+               "latency bound), not Helix's MILP; the paper sets Coral beside the figures "
+               "Helix's paper reports.", ""]
+    return c
+
+
+def claim_sensitivity(s: Sensitivity | None, out_dir: Path) -> Claim:
+    c = Claim("Sensitivity of the template library to N_max and rho")
+    if s is None or not s.points:
+        c.body += ["Not run.", ""]
+        return c
+    best = max(p.best_tokens_per_usd for p in s.points)
+    plateau = min((p for p in s.points if p.best_tokens_per_usd >= best * 0.99),
+                  key=lambda p: (p.nmax, p.rho))
+    c.rows.append(Row("N_max where the best goodput/USD reaches 99 % of the grid's best",
+                      PAPER_PLATEAU[0], plateau.nmax, ""))
+    c.rows.append(Row("rho there", PAPER_PLATEAU[1], plateau.rho, ""))
+    c.body += md_table(["N_max", "rho", "candidates", "templates", "build s",
+                        "best prompt tok/s per $/hour"],
+                       [[p.nmax, f"{p.rho:g}", f"{p.candidates:,}", f"{p.templates:,}",
+                         num(p.build_s, ",.1f"), num(p.best_tokens_per_usd, ",.0f")]
+                        for p in s.points])
+    if s.skipped:
+        c.body += ["Skipped (a smaller N_max at the same rho already took past the budget): "
+                   + "; ".join(s.skipped) + ".", ""]
+    fig = _sensitivity_plot(s, out_dir / "paper_sensitivity.png")
+    c.body += [f"![sensitivity]({fig.name})", ""]
+    return c
+
+
+def _sensitivity_plot(s: Sensitivity, path: Path) -> Path:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for rho in sorted({p.rho for p in s.points}):
+        pts = sorted((p for p in s.points if p.rho == rho), key=lambda p: p.nmax)
+        xs = [p.nmax for p in pts]
+        for ax, ys in zip(axes, ([p.templates for p in pts], [p.build_s for p in pts],
+                                 [p.best_tokens_per_usd for p in pts])):
+            ax.plot(xs, ys, marker="o", label=f"rho {rho:g}")
+    for ax, t in zip(axes, ("templates kept", "build time, s", "best prompt tok/s per $/h")):
+        ax.set_xlabel("N_max")
+        ax.set_title(t)
+    axes[0].set_yscale("symlog")
+    axes[1].set_yscale("symlog")
+    axes[2].legend(fontsize=8)
+    fig.suptitle(f"{s.model} prefill library, paper-extended")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def claim_simulator() -> Claim:
+    c = Claim("Simulator against real runs")
+    for run in SIM_ERROR:
+        c.rows.append(Row(f"{run.engine}: prefill (TTFT p50) mean error", PAPER_SIM_ERROR[0],
+                          run.prefill_error, "%"))
+        c.rows.append(Row(f"{run.engine}: decode (TPOT p50) mean error", PAPER_SIM_ERROR[1],
+                          run.decode_error, "%"))
+    c.body += ["Not rerun here (each needs a runtime and minutes per rate): the ratios sim / "
+               "served recorded in benchmarks/RESULTS.md, mean |ratio - 1| over the rates. "
+               "Sources: " + "; ".join(f"{r.engine}: {r.source}" for r in SIM_ERROR) + ". "
+               "The paper's error is against GPU runs of its models; ours against CPU runs "
+               "of SmolLM2-135M.", ""]
+    return c
+
+
+def slo_claim(cases: dict[tuple[str, str], CaseRun]) -> Claim:
+    """Every plan's worst model SLO attainment (the done-when asks >= 99 % at default)."""
+    c = Claim("SLO attainment of every simulated plan (worst model)")
+    names = sorted({n for case in cases.values() for n in case.methods})
+    c.body += md_table(["case", *names],
+                       [[f"`{s}` {lv}", *(pct(case.methods[n].min_attainment)
+                                          if n in case.methods else "-" for n in names)]
+                        for (s, lv), case in cases.items()])
+    return c
+
+
+def cost_plot(cases: dict[tuple[str, str], CaseRun], path: Path) -> Path:
+    labels = [f"{SETUP.get(s, s)} {lv}" for s, lv in cases]
+    series = {b: [c.ratio(b) for c in cases.values()] for b in ("homo", "homo-joint", "cauchy")}
+    return bar_plot(path, labels, series, "baseline $/hour / Coral's",
+                    "Cost of the baselines over Coral's (simulated runs)")

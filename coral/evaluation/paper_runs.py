@@ -126,6 +126,8 @@ class CaseRun:
     coral_mode: str
     seconds: float
     notes: list[str] = field(default_factory=list)
+    #: model -> GPU family (or "mixed") -> least $/hour per req/s of one aggregated instance
+    value: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def ratio(self, baseline: str, what: str = "cost") -> float:
         """Baseline / Coral of cost ($/hour) or goodput (tokens/s); NaN when missing."""
@@ -169,6 +171,24 @@ def _counts(instances: Sequence[Any]) -> dict[tuple[str, str], int]:
     return out
 
 
+def best_value(templates: Mapping[str, Sequence[Any]]) -> dict[str, dict[str, float]]:
+    """Per model, the least $/hour per req/s of one aggregated template by the GPU family
+    its nodes hold (`1x-l40s` -> `l40s`), "mixed" for templates of several families: where
+    one family is the best value for every model, heterogeneity has little to gain."""
+    out: dict[str, dict[str, float]] = {}
+    for model, tpls in templates.items():
+        row: dict[str, float] = {}
+        for t in tpls:
+            usd = t.min_usd_per_hour() if t.mode == "aggregated" and t.feasible else None
+            if not usd or not t.throughput_rps > 0:
+                continue
+            fams = {g.split("-", 1)[-1] for g in t.combo}
+            key = fams.pop() if len(fams) == 1 else "mixed"
+            row[key] = min(row.get(key, math.inf), usd / t.throughput_rps)
+        out[model] = row
+    return out
+
+
 def run_case(ctx: Any, name: str, level: str, *, epochs: int, epoch_s: float,
              baselines: Sequence[str] = PAPER_BASELINES, seed: int = 0,
              say: Callable[[str], None] = lambda _m: None) -> CaseRun:
@@ -191,6 +211,7 @@ def run_case(ctx: Any, name: str, level: str, *, epochs: int, epoch_s: float,
     prev: dict[str, dict[tuple[str, str], int]] = {n: {} for n in runs}
     current: dict[tuple[str, str], int] = {}
     mode = "-"
+    last_factor = 1.0
     notes: list[str] = []
     for e in range(epochs):
         t0 = time.perf_counter()
@@ -200,14 +221,8 @@ def run_case(ctx: Any, name: str, level: str, *, epochs: int, epoch_s: float,
         t_base = time.perf_counter() - t0
         starts = [s for s in (baseline_start(b) for b in found.values()) if s]
         t0 = time.perf_counter()
-        res = ctx_plan(ctx, planned, tpl, current, starts)
-        factor = 1.0
-        if not res.plan.meets_demand:
-            # the paper's scarcity rule for Coral too: the largest uniform factor its
-            # allocation meets, re-planned at that factor so that the plan can be simulated
-            factor = float(res.extras.get("uniform_scale", {}).get("factor", 0.0))
-            if factor > 0:
-                res = ctx_plan(ctx, scaled_scenario(planned, factor), tpl, current, starts)
+        res, factor = coral_at_rule(ctx, planned, tpl, current, starts, last_factor)
+        last_factor = factor
         solve = time.perf_counter() - t0
         mode = res.mode
         n_new, usd = _starts(prev["coral"], res.instances, startup_s)
@@ -227,8 +242,40 @@ def run_case(ctx: Any, name: str, level: str, *, epochs: int, epoch_s: float,
             prev[bname] = _counts(b.instances)
         say(f"[paper] {name} {level} epoch {e + 1}/{epochs}: Coral ${res.cost_per_hour:,.2f}"
             f"/hour x{factor:.3f} ({mode}), baselines {t_base:.1f} s, Coral {solve:.1f} s")
+    for bname, b in found.items():
+        if bname == "helix":
+            notes += [f"helix: {n}" for n in b.notes]
     return CaseRun(name, level, epochs, epoch_s, runs, mode, time.perf_counter() - t_case,
-                   notes)
+                   notes, best_value(tpl))
+
+
+def coral_at_rule(ctx: Any, planned: Scenario, templates: Any,
+                  current: Mapping[tuple[str, str], int], starts: Sequence[Any],
+                  last_factor: float) -> tuple[Any, float]:
+    """Coral's plan under the paper's scarcity rule and the factor it meets: the full demand
+    when it can, else the largest uniform factor its allocation meets (bisected to
+    `SCALE_TOL`), re-planned at that factor so that the plan can be simulated.
+
+    `last_factor` is the previous epoch's: when it is still met and `SCALE_TOL` more is
+    not, the bracket the bisection would end on is already proven, in two plans."""
+    from coral.allocator.uniform_scale import SCALE_TOL
+
+    if 0 < last_factor < 1:
+        at = ctx_plan(ctx, scaled_scenario(planned, last_factor), templates, current, starts)
+        if at.plan.meets_demand:
+            up = min(1.0, last_factor + SCALE_TOL)
+            above = ctx_plan(ctx, scaled_scenario(planned, up), templates, current, starts)
+            if not above.plan.meets_demand:
+                return at, last_factor
+            if up >= 1.0:
+                return above, 1.0
+    res = ctx_plan(ctx, planned, templates, current, starts)
+    if res.plan.meets_demand:
+        return res, 1.0
+    factor = float(res.extras.get("uniform_scale", {}).get("factor", 0.0))
+    if factor > 0:
+        res = ctx_plan(ctx, scaled_scenario(planned, factor), templates, current, starts)
+    return res, factor
 
 
 def ctx_plan(ctx: Any, scenario: Scenario, templates: Any,

@@ -69,6 +69,24 @@ def methods_table(case: CaseRun) -> list[str]:
                             "cost / Coral"], rows)
 
 
+def value_table(case: CaseRun) -> list[str]:
+    """Why the ratios are what they are: per model, the best value of one aggregated instance
+    per GPU family and of mixed nodes, and how much mixing gains over the best family."""
+    fams = sorted({f for row in case.value.values() for f in row if f != "mixed"}) + ["mixed"]
+    rows = []
+    for model, row in case.value.items():
+        best = min((v for f, v in row.items() if f != "mixed"), default=math.nan)
+        pick = min((f for f in row if f != "mixed"), key=row.__getitem__, default="-")
+        gain = best / row["mixed"] if row.get("mixed") else math.nan
+        rows.append([model, *(num(row.get(f, math.nan), ",.3f") for f in fams), pick,
+                     "-" if not math.isfinite(gain) else f"{gain:.2f}x"])
+    return (["Least $/hour per req/s of one aggregated instance (Coral's templates), by GPU "
+             "family: where one family is the best value for every model, a plan of one "
+             "family per replica (Homo) is close to Coral's, and the ratios stay below the "
+             "paper's.", ""]
+            + md_table(["model", *fams, "best family", "best family / mixed"], rows))
+
+
 def _cost_rows(case: CaseRun, label: str) -> list[Row]:
     ph, pc, _ = PAPER_COST[(case.scenario, case.level)]
     return [Row(f"{label}: cost, Homo / Coral", ph, case.ratio("homo")),
@@ -104,6 +122,8 @@ def claim_default(cases: dict[tuple[str, str], CaseRun]) -> list[Claim]:
         c.body += ["Each plan's $/hour per model (last epoch):", ""]
         c.body += md_table(["method", *models], [[n, *(num(s.get(m, 0.0)) for m in models)]
                                                  for n, s in split.items()])
+        c.body += value_table(case)
+        c.body += [f"- {n}" for n in case.notes] + ([""] if case.notes else [])
         out.append(c)
     return out
 

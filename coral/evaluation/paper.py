@@ -55,7 +55,7 @@ class PaperConfig:
         base: dict[str, Any] = dict(
             quick=False, scenarios=("paper-core", "paper-extended"), epochs=5, epoch_s=360.0,
             helix_nmax=None, helix_timeout_s=300.0, sens_nmax=(1, 2, 3, 4, 5, 6, 7, 8),
-            sens_budget_s=240.0)
+            sens_budget_s=600.0)
         base.update(kw)
         return cls(out=out, **base)
 

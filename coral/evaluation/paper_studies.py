@@ -40,6 +40,8 @@ class HelixStudy:
     coral_max_sim: dict[str, Any]  # that plan simulated at its served rate
     coral_max_cost: float
     output_tokens: float
+    demand_rps: float
+    sim_s: float
     seconds: float
 
 
@@ -47,7 +49,7 @@ def helix_study(ctx: Any, *, sim_s: float, helix_timeout_s: float,
                 say: Callable[[str], None] = lambda _m: None) -> HelixStudy:
     from coral.allocator.scenario import load_scenario
     from coral.baselines.scale import scaled_scenario
-    from coral.evaluation.sections import _run_helix
+    from coral.planning.libraries import scenario_slo
     from coral.planning.plan import plan_scenario
 
     t0 = time.perf_counter()
@@ -77,7 +79,7 @@ def helix_study(ctx: Any, *, sim_s: float, helix_timeout_s: float,
     nodes = [g for (g, _r), n in cluster for _ in range(n)]
     note = f"the whole cluster ({len(nodes)} nodes)"
     say(f"[paper] helix: Helix's placement on {len(nodes)} nodes")
-    out = _run_helix(model.name, nodes, helix_timeout_s)
+    out = run_helix(model.name, nodes, scenario_slo(sc, model.name), helix_timeout_s)
     if out is not None and not out.get("ok"):
         note += f": failed, {out['error']}"
         out = None
@@ -85,7 +87,42 @@ def helix_study(ctx: Any, *, sim_s: float, helix_timeout_s: float,
         note += f": did not finish in {helix_timeout_s:g} s"
     return HelixStudy(cluster_cost, len(nodes), out, note, res.cost_per_hour, used, sim,
                       served, big_sim, at.cost_per_hour, float(model.output_tokens),
-                      time.perf_counter() - t0)
+                      float(model.demand_rps), sim_s, time.perf_counter() - t0)
+
+
+def _helix_worker(model: str, nodes: list[str], slo: Any, q: Any) -> None:
+    try:
+        from coral.baselines.helix import helix_placement
+        from coral.catalog import load_catalog
+        from coral.templates.parallel import default_perf_factory
+
+        cat = load_catalog(())
+        t0 = time.perf_counter()
+        h = helix_placement(model, nodes, slo=slo, catalog=cat, perf=default_perf_factory(cat))
+        q.put({"ok": True, "seconds": time.perf_counter() - t0,
+               "no_slo": h.throughput_no_slo_rps, "under_slo": h.served_under_slo_rps,
+               "share": h.slo_share, "coral": h.throughput_slo_rps})
+    except Exception as exc:  # noqa: BLE001 - reported in the table's note
+        q.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def run_helix(model: str, nodes: list[str], slo: Any, timeout_s: float) -> dict | None:
+    """`helix_placement` of `model` on `nodes` under `slo`, in a child process killed after
+    `timeout_s` (None then): a placement over tens of nodes may take minutes."""
+    import multiprocessing as mp
+
+    mctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    q = mctx.Queue()
+    p = mctx.Process(target=_helix_worker, args=(model, nodes, slo, q), daemon=True)
+    p.start()
+    try:
+        return q.get(timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - queue.Empty: timed out
+        return None
+    finally:
+        if p.is_alive():
+            p.terminate()
+        p.join(5)
 
 
 @dataclass(frozen=True)
@@ -108,19 +145,19 @@ class Sensitivity:
 def sensitivity_study(ctx: Any, nmaxes: Sequence[int], rhos: Sequence[float], *,
                       model: str = "gpt-oss-120b", budget_s: float = math.inf,
                       say: Callable[[str], None] = lambda _m: None) -> Sensitivity:
-    """GPT-OSS-120B's prefill library over `nmaxes` x `rhos`, nothing written to disk.
-    A grid point whose smaller N_max at the same rho already took more than `budget_s`
-    is skipped (the library grows with N_max) and listed."""
+    """GPT-OSS-120B's prefill library over `nmaxes` x `rhos`, nothing written to disk, N_max
+    by N_max (the library grows with it). Once the study has taken `budget_s`, the grid
+    points left are skipped and listed."""
     from coral.planning.libraries import build_regions, scenario_slo
     from coral.templates.build import build_library
 
     sc = ctx.scenario("paper-extended")
     slo = scenario_slo(sc, model)
     out = Sensitivity(model)
-    for rho in rhos:
-        slow = False
-        for n in nmaxes:
-            if slow:
+    t_all = time.perf_counter()
+    for n in nmaxes:
+        for rho in rhos:
+            if time.perf_counter() - t_all > budget_s:
                 out.skipped.append(f"N_max {n}, rho {rho:g}")
                 continue
             t0 = time.perf_counter()
@@ -136,7 +173,6 @@ def sensitivity_study(ctx: Any, nmaxes: Sequence[int], rhos: Sequence[float], *,
             out.points.append(SensitivityPoint(n, rho, len(kept), cand, wall, best))
             say(f"[paper] sensitivity N_max {n} rho {rho:g}: {len(kept)} templates, "
                 f"{wall:.1f} s, best {best:,.0f} tok/s per $/h")
-            slow = wall > budget_s
     return out
 
 

@@ -141,9 +141,14 @@ def claim_default(cases: dict[tuple[str, str], CaseRun]) -> list[Claim]:
         model, ph, pc = PAPER_ALONE[scen]
         split = {n: per_model_usd(m.instances) for n, m in case.methods.items()}
         cm = split["coral"].get(model, 0.0)
+        row = case.value.get(model, {})
+        fam = min((f for f in row if f != "mixed"), key=row.__getitem__, default=None)
+        why = (f"{model}: {fam} the best value per req/s, mixed nodes "
+               f"{row['mixed'] / row[fam]:.2f}x its $/hour per req/s (value table)"
+               if fam and row.get("mixed") else "")
         for b, p in (("homo", ph), ("cauchy", pc)):
-            c.rows.append(Row(f"{model} alone: {b} / Coral", p,
-                              split[b].get(model, 0.0) / cm if cm > 0 else math.nan))
+            r = split[b].get(model, 0.0) / cm if cm > 0 else math.nan
+            c.rows.append(Row(f"{model} alone: {b} / Coral", p, r, note=why if r < p else ""))
         c.body += methods_table(case)
         models = sorted(split["coral"])
         c.body += ["Each plan's $/hour per model (last epoch):", ""]

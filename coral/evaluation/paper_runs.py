@@ -5,8 +5,9 @@ Per epoch Coral re-plans against its previous deployment with the paper's initia
 penalty: a started instance costs `price * K` in the objective, with `K` = start-up time /
 epoch length (the scenario's `startup_s` is rescaled to that, as the allocator charges
 `price * startup_s / 3600`). The baselines (`homo`, `homo-joint`, `cauchy`, and `helix`
-where asked) are re-planned each epoch on the same templates; their start-ups are counted
-against their own previous epoch. Every method runs under the paper's scarcity rule: short of
+where asked) plan each epoch on the same templates (they keep no state, so an epoch whose
+inputs repeat the last one's keeps their plan); their start-ups are counted against their
+own previous epoch. Every method runs under the paper's scarcity rule: short of
 demand, every model's rate is scaled down uniformly to the largest factor its planning meets,
 and its plan is simulated at that rate (Coral's at the rule too, not its goodput-maximising
 plan, so that every method is judged alike).
@@ -197,7 +198,6 @@ def run_case(ctx: Any, name: str, level: str, *, epochs: int, epoch_s: float,
     from coral.baselines.common import TemplateBuilder
     from coral.evaluation.common import simulate_plan
     from coral.planning.baseline_runs import baseline_start
-    from coral.planning.plan import plan_scenario
     from coral.templates.operating_points import shared_tables
 
     t_case = time.perf_counter()

@@ -114,6 +114,9 @@ def scarce_note(case: CaseRun, baseline: str) -> str:
     """Under the rule each method serves its own share of the demand: cost per goodput is
     what compares them."""
     b, c = case.methods.get(baseline), case.methods["coral"]
+    if b is not None and b.demand_scale <= 0:
+        return (f"{baseline} meets no uniform share of the demand (factor 0: a model it "
+                "cannot serve at all within the supply), so the rule leaves it no plan")
     if b is None or not (b.goodput_tokens_per_s > 0 and c.goodput_tokens_per_s > 0):
         return ""
     per = ((b.cost_usd_per_hour / b.goodput_tokens_per_s)

@@ -40,7 +40,7 @@ class PaperConfig:
     nmax: int | None = None
     helix: bool = True
     helix_nmax: int | None = 8
-    helix_timeout_s: float = 60.0
+    helix_timeout_s: float = 20.0
     sens_nmax: tuple[int, ...] = (1, 2, 3)
     sens_rho: tuple[float, ...] = (4.0, 8.0, 12.0, 16.0)
     sens_budget_s: float = 60.0

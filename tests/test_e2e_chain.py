@@ -28,9 +28,8 @@ from coral.perf.pipeline import PipelineShape
 
 runner = CliRunner(env={"COLUMNS": "200"})
 NMAX = 2
-#: Mixed serving is planned inside `auto` (which keeps it whenever it is cheapest, as it is on
-#: these scenarios' limited and scarce levels) and by the vLLM cases below, so the chain runs
-#: the two pure modes and auto.
+#: Mixed serving is planned inside `auto` (which keeps it whenever it is the cheapest) and by
+#: the vLLM cases below, so the chain runs the two pure modes and auto.
 MODES = ("aggregated", "pd", "auto")
 SCENARIOS = ("core", "advanced")
 #: The paper's setups: their two availability levels in PD (their mode) and auto (what `coral

@@ -188,26 +188,22 @@ def plan_scenario(
         notes.append("mode auto: " + "; ".join(
             f"{m} ${p.cost_usd_per_hour:,.2f}/hour serving {_served_share(p):.1%}"
             for m, _, _, _, p in tried) + f" -> {mode}")
-    extras["goodput_tokens_per_s"] = goodput_tokens_per_s(plan.served_fraction,
-                                                           scenario.demands())
-    extras["goodput_rps"] = sum(plan.served_rps.values())
-    extras["served_tokens_per_s"] = {d.model: plan.served_rps.get(d.model, 0.0) * d.output_tokens
-                                     for d in scenario.demands()}
-    extras["scarcity"] = {
-        "objective": scarcity,
-        "description": SCARCITY_DESCRIPTIONS[scarcity],
-        "applied": not plan.meets_demand,
-        "fair_level": plan.fair_level,
-        "min_served_fraction": plan.min_served_fraction,
-        "tokens_served_share": _tokens_share(plan, scenario),
-        "phase_gaps": {k: (v if v != float("inf") else None)
-                       for k, v in plan.phase_gaps.items()},
-        "phase_seconds": dict(plan.phase_s),
-    }
+    _fill_scarcity(extras, plan, scenario)
     if not plan.meets_demand:
         notes.append(infeasibility_message(problem, plan))
         if robust_planner is None and spot_planner is None:
-            extras["uniform_scale"] = uniform_scale(problem, plan, scenario)
+            extras["uniform_scale"], scaled = uniform_scale(problem, plan, scenario)
+            if scarcity == "fair" and extras["uniform_scale"]["factor"] > plan.fair_level:
+                # the rule's plan holds a higher floor than the fair search reached in its
+                # time: the fair phases run again from it (phase A starts from the best plan
+                # given), so Coral's plan never starves a model further than the rule does
+                again = solve_allocation(problem, starts=[dict(scaled.instances),
+                                                          dict(plan.instances)])
+                if _plan_rank(again) < _plan_rank(plan):
+                    notes.append(f"fair plan re-solved from the scarcity rule's plan (floor "
+                                 f"{plan.fair_level:.4f} -> {again.fair_level:.4f})")
+                    plan = again
+                    _fill_scarcity(extras, plan, scenario)
             notes.append(f"scarcity rule (as for the baselines): every model's demand scaled "
                          f"down uniformly, Coral's allocation meets "
                          f"{extras['uniform_scale']['factor']:.4f} of it at "
@@ -231,11 +227,33 @@ def plan_scenario(
     )
 
 
-def uniform_scale(problem: Any, plan: AllocationPlan, scenario: Scenario) -> dict[str, Any]:
+def _fill_scarcity(extras: dict[str, Any], plan: AllocationPlan, scenario: Scenario) -> None:
+    """The plan's goodput and scarcity figures, as `coral plan` and the plan file state them."""
+    extras["goodput_tokens_per_s"] = goodput_tokens_per_s(plan.served_fraction,
+                                                           scenario.demands())
+    extras["goodput_rps"] = sum(plan.served_rps.values())
+    extras["served_tokens_per_s"] = {d.model: plan.served_rps.get(d.model, 0.0) * d.output_tokens
+                                     for d in scenario.demands()}
+    extras["scarcity"] = {
+        "objective": plan.scarcity,
+        "description": SCARCITY_DESCRIPTIONS[plan.scarcity],
+        "applied": not plan.meets_demand,
+        "fair_level": plan.fair_level,
+        "min_served_fraction": plan.min_served_fraction,
+        "tokens_served_share": _tokens_share(plan, scenario),
+        "phase_gaps": {k: (v if v != float("inf") else None)
+                       for k, v in plan.phase_gaps.items()},
+        "phase_seconds": dict(plan.phase_s),
+    }
+
+
+def uniform_scale(problem: Any, plan: AllocationPlan, scenario: Scenario
+                  ) -> tuple[dict[str, Any], AllocationPlan]:
     """The paper's scarcity rule on Coral's allocation (`coral.allocator.uniform_scale`): the
     largest uniform factor on every model's demand that the allocation meets in the chosen
     mode, with its $/hour, served share (the factor, for every model) and goodput in
-    tokens/s against the full demand. The plan itself stays the goodput-maximising one."""
+    tokens/s against the full demand; and the plan at that factor (instance counts that also
+    fit the full-demand problem)."""
     def attempt(f: float) -> tuple[bool, AllocationPlan]:
         p = plan if f == 1.0 else solve_allocation(scaled_problem(problem, f),
                                                    scarcity_search=False)
@@ -251,7 +269,7 @@ def uniform_scale(problem: Any, plan: AllocationPlan, scenario: Scenario) -> dic
         "served_fraction": served,
         "goodput_tokens_per_s": goodput_tokens_per_s(served, scenario.demands()),
         "runs": found.runs,
-    }
+    }, found.result
 
 
 def _deployable(templates: Mapping[str, Sequence[Template]], engine: str, catalog: Catalog

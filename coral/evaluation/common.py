@@ -202,3 +202,24 @@ def slo_held(summary: dict[str, Any]) -> bool:
     """Every model's SLO met at its percentile in the simulation."""
     models = summary.get("models") or {}
     return bool(models) and all(v.get("slo_met") for v in models.values())
+
+
+def run_in_child(target: Callable[..., None], args: tuple[Any, ...], timeout_s: float) -> Any:
+    """`target(*args, queue)` in a child process; what it puts on the queue, or None when it
+    has put nothing after `timeout_s` (the child is then terminated): a placement over tens of
+    nodes may take minutes, and a report should not wait for it."""
+    import multiprocessing as mp
+
+    mctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    q = mctx.Queue()
+    p = mctx.Process(target=target, args=(*args, q), daemon=True)
+    p.start()
+    try:
+        return q.get(timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - queue.Empty: timed out
+        return None
+    finally:
+        if p.is_alive():
+            p.terminate()
+        p.join(5)
+

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Callable, Sequence
 
-from coral.evaluation.common import simulate_plan
+from coral.evaluation.common import run_in_child, simulate_plan
 
 #: The paper's Helix comparison: model demand (req/s) and the cluster, one entry per node type.
 HELIX_SCENARIO = "paper-helix.yaml"
@@ -109,20 +109,7 @@ def _helix_worker(model: str, nodes: list[str], slo: Any, q: Any) -> None:
 def run_helix(model: str, nodes: list[str], slo: Any, timeout_s: float) -> dict | None:
     """`helix_placement` of `model` on `nodes` under `slo`, in a child process killed after
     `timeout_s` (None then): a placement over tens of nodes may take minutes."""
-    import multiprocessing as mp
-
-    mctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    q = mctx.Queue()
-    p = mctx.Process(target=_helix_worker, args=(model, nodes, slo, q), daemon=True)
-    p.start()
-    try:
-        return q.get(timeout=timeout_s)
-    except Exception:  # noqa: BLE001 - queue.Empty: timed out
-        return None
-    finally:
-        if p.is_alive():
-            p.terminate()
-        p.join(5)
+    return run_in_child(_helix_worker, (model, nodes, slo), timeout_s)
 
 
 @dataclass(frozen=True)

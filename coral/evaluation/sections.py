@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import time
 from dataclasses import replace
 from typing import Any
@@ -18,6 +17,7 @@ from coral.evaluation.common import (
     bar_plot,
     EvalContext,
     scaled,
+    run_in_child,
     simulate_plan,
     slo_held,
 )
@@ -265,18 +265,7 @@ def _helix_worker(model: str, nodes: list[str], q: Any) -> None:
 
 def _run_helix(model: str, nodes: list[str], timeout_s: float) -> dict[str, Any] | None:
     """`helix_placement` in a child process, killed after `timeout_s` (None then)."""
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_helix_worker, args=(model, nodes, q), daemon=True)
-    p.start()
-    try:
-        return q.get(timeout=timeout_s)
-    except Exception:  # noqa: BLE001 - queue.Empty: timed out
-        return None
-    finally:
-        if p.is_alive():
-            p.terminate()
-        p.join(5)
+    return run_in_child(_helix_worker, (model, nodes), timeout_s)
 
 
 def section_helix(ctx: EvalContext, head: dict[str, Any]) -> Section:

@@ -286,3 +286,33 @@ def test_health_reports_each_model():
         r = httpx.get(srv.url + "/health")
     assert r.status_code == 200
     assert r.json() == {"status": "ok", "models": {"flaky": {"status": "ready"}}}
+
+
+def test_metrics_and_health_report_each_models_slo_attainment():
+    """With the plan's SLOs the gateway judges every answered request against its model's
+    TTFT and TPOT bounds: a bound no request can meet gives attainment 0, a loose one 1, and a
+    model without an SLO is not judged."""
+    app = create_app({"loose": EchoBackend(64), "strict": EchoBackend(64),
+                      "free": EchoBackend(64)},
+                     slos={"loose": (60.0, 60.0), "strict": (1e-9, 60.0)})
+    with ServerThread(app) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0,
+                               timeout=30)
+        for model in ("loose", "strict", "free"):
+            for _ in range(3):
+                client.completions.create(model=model, prompt="slo", max_tokens=4)
+        client.chat.completions.create(model="loose", max_tokens=4, stream=False,
+                                       messages=[{"role": "user", "content": "slo"}])
+        text = httpx.get(srv.url + "/metrics").text
+        health = httpx.get(srv.url + "/health").json()
+    assert metric_value(text, "coral_slo_bound_seconds", model="strict", bound="ttft") == 1e-9
+    assert metric_value(text, "coral_slo_bound_seconds", model="loose", bound="tpot") == 60.0
+    assert metric_value(text, "coral_slo_requests_total", model="loose") == 4
+    assert metric_value(text, "coral_slo_met_total", model="loose") == 4
+    assert metric_value(text, "coral_slo_attainment", model="loose") == 1.0
+    assert metric_value(text, "coral_slo_requests_total", model="strict") == 3
+    assert metric_value(text, "coral_slo_attainment", model="strict") == 0.0
+    assert metric_value(text, "coral_slo_requests_total", model="free") is None
+    assert health["models"]["loose"]["slo_attainment"] == 1.0
+    assert health["models"]["strict"]["slo_attainment"] == 0.0
+    assert "slo_attainment" not in health["models"]["free"]

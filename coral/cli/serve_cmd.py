@@ -195,9 +195,12 @@ def serve(
             if eng is EngineName.vllm:
                 _vllm_plan(name, rows, cat, provisioner=provisioner, out=out, **opts)
                 return
+            from coral.allocator.plan_file import plan_slos
+
+            slos = {m: (s.ttft_s, s.tpot_s) for m, s in (plan_slos(plan, target) or {}).items()}
             _torch_plan(name, rows, cat, width=width, max_instances=max_instances,
                         in_process=in_process, host=host, port=port, api_key=api_key,
-                        edge=edge, **opts)
+                        edge=edge, slos=slos, **opts)
         finally:
             _human["console"] = console
 
@@ -341,7 +344,8 @@ def _instance_dict(inst: Any) -> dict[str, Any]:
 def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: int | None,
                 in_process: bool, dry_run: bool, host: str, port: int,
                 api_key: str | None, skip_unservable: bool, json: bool,
-                edge: dict[str, Any]) -> None:
+                edge: dict[str, Any], slos: dict[str, tuple[float, float]] | None = None
+                ) -> None:
     from coral.runtime.deployment import approximate_specs
 
     if width % 16:
@@ -394,7 +398,7 @@ def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: in
         try:
             controller.deploy(deployment.specs)
             _run_gateway(controller.models, None, host=host, port=port, api_key=api_key,
-                         preempt=controller.notice, edge=edge)
+                         preempt=controller.notice, edge=edge, slos=slos)
         finally:
             controller.close()
 
@@ -498,12 +502,13 @@ def gateway_limits(host: str, edge: dict[str, Any]) -> Any:
 
 def _run_gateway(models: Any, tokenizers: Any, *, host: str, port: int,
                  api_key: str | None, preempt: Any = None,
-                 edge: dict[str, Any] | None = None) -> None:
+                 edge: dict[str, Any] | None = None,
+                 slos: dict[str, tuple[float, float]] | None = None) -> None:
     from coral.runtime.gateway import create_app, run_gateway
 
     limits = gateway_limits(host, edge or {})
     app = create_app(models, api_key=api_key, tokenizer=tokenizers, preempt=preempt,
-                     limits=limits)
+                     limits=limits, slos=slos)
     _human["console"].print(f"gateway on http://{host}:{port}/v1 (models: "
                   f"{escape(', '.join(sorted(models)))})", highlight=False)
     run_gateway(app, host=host, port=port)  # returns on SIGTERM/SIGINT, requests drained

@@ -82,7 +82,8 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                tokenizer: Tokenizer | Mapping[str, Tokenizer] | None = None,
                metrics: GatewayMetrics | None = None,
                preempt: Callable[[str, float], Any] | None = None,
-               limits: GatewayLimits | None = None) -> FastAPI:
+               limits: GatewayLimits | None = None,
+               slos: Mapping[str, tuple[float, float]] | None = None) -> FastAPI:
     """The gateway over `models` (served name -> backend).
 
     `tokenizer`: one for every model, or one per served name (models not in the mapping use
@@ -92,7 +93,8 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
     serves `POST /admin/preempt {"instance": NAME, "notice_s": S}`: a preemption notice for an
     instance, as a cloud's would be delivered. `limits`: body size, timeouts, allowed Host
     names and the admission limit per model (`coral.runtime.http_guard`); the servers below
-    apply its HTTP-level ones.
+    apply its HTTP-level ones. `slos`: each model's (TTFT, TPOT) bounds in seconds, from the
+    plan; `/metrics` and `/health` then report each model's SLO attainment.
     """
     limits = limits or GatewayLimits()
     default_tok: Tokenizer = ByteTokenizer()
@@ -105,7 +107,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
     def tok_of(model: str) -> Tokenizer:
         return per_model.get(model, default_tok)
 
-    stats = metrics or GatewayMetrics()
+    stats = metrics or GatewayMetrics(slos)
     created = int(time.time())
     app = FastAPI(title="coral gateway", docs_url=None, redoc_url=None)
     app.state.metrics = stats
@@ -342,6 +344,9 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
         """`ok` when every model is ready, `degraded` when some instance is down, and
         `unavailable` (HTTP 503, for load balancers) when no model can answer."""
         per_model = {name: model_health(models[name]) for name in sorted(models)}
+        for name, share in stats.slo_attainment().items():
+            if name in per_model:
+                per_model[name] = {**per_model[name], "slo_attainment": share}
         states = [m["status"] for m in per_model.values()]
         if all(s == "ready" for s in states):
             status = "ok"

@@ -76,9 +76,14 @@ RUNTIME_METRICS = (
 
 
 class GatewayMetrics:
-    """Request and token counters and TTFT/TPOT histograms, per model."""
+    """Request and token counters and TTFT/TPOT histograms, per model; and, for the models
+    given an SLO (`slos`: model -> (TTFT bound, TPOT bound) in seconds, the plan's), how many
+    answered requests met both bounds, as the simulator counts SLO attainment."""
 
-    def __init__(self) -> None:
+    def __init__(self, slos: Mapping[str, tuple[float, float]] | None = None) -> None:
+        self.slos = dict(slos or {})
+        self.slo_judged: dict[str, int] = defaultdict(int)
+        self.slo_met: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
         # (model, endpoint, status) -> count
         self.requests: dict[tuple[str, str, str], int] = defaultdict(int)
@@ -105,6 +110,17 @@ class GatewayMetrics:
                 self.ttft.setdefault(model, _Histogram(TTFT_BUCKETS_S)).observe(ttft_s)
             if tpot_s is not None:
                 self.tpot.setdefault(model, _Histogram(TPOT_BUCKETS_S)).observe(tpot_s)
+            if model in self.slos and ttft_s is not None:
+                ttft_bound, tpot_bound = self.slos[model]
+                self.slo_judged[model] += 1
+                # one generated token has no TPOT: it is judged on its TTFT alone
+                if ttft_s <= ttft_bound and (tpot_s is None or tpot_s <= tpot_bound):
+                    self.slo_met[model] += 1
+
+    def slo_attainment(self) -> dict[str, float]:
+        """Per model with an SLO and answered requests: the share that met it."""
+        with self._lock:
+            return {m: self.slo_met[m] / n for m, n in self.slo_judged.items() if n}
 
     def render(self, runtime: Mapping[str, Mapping[str, float]] | None = None,
                steps: Sequence[StepRow] = ()) -> str:
@@ -138,6 +154,7 @@ class GatewayMetrics:
                 for m, h in sorted(hists.items()):
                     family.add_metric([m], h.cumulative(), h.total)
                 out.append(family)
+            out.extend(self._slo_families())
             reruns = dict(self.reruns)
         # a request is rerun from its prompt by the router (its instance failed before the
         # first token) or by the gateway (after tokens, while nothing had reached the client)
@@ -158,6 +175,32 @@ class GatewayMetrics:
                     family.add_metric([m], stats[key])
             out.append(family)
         yield from out
+
+
+    def _slo_families(self) -> list[Metric]:
+        """The SLO each model was planned for and how many answered requests met it (caller
+        holds the lock)."""
+        bounds = GaugeMetricFamily("coral_slo_bound_seconds",
+                                   "The SLO the model was planned for: TTFT and TPOT bounds.",
+                                   labels=["model", "bound"])
+        judged = CounterMetricFamily("coral_slo_requests_total",
+                                     "Answered requests judged against the model's SLO.",
+                                     labels=["model"])
+        met = CounterMetricFamily("coral_slo_met_total",
+                                  "Answered requests within both the TTFT and TPOT bounds.",
+                                  labels=["model"])
+        share = GaugeMetricFamily("coral_slo_attainment",
+                                  "Share of the judged requests that met the SLO.",
+                                  labels=["model"])
+        for m, (ttft_bound, tpot_bound) in sorted(self.slos.items()):
+            bounds.add_metric([m, "ttft"], ttft_bound)
+            bounds.add_metric([m, "tpot"], tpot_bound)
+            n = self.slo_judged.get(m, 0)
+            judged.add_metric([m], n)
+            met.add_metric([m], self.slo_met.get(m, 0))
+            if n:
+                share.add_metric([m], self.slo_met.get(m, 0) / n)
+        return [bounds, judged, met, share]
 
 
 class _Collector:

@@ -154,8 +154,11 @@ def test_reconfiguration_and_a_killed_worker_lose_no_request(expected):
             progress = [expected, 0]
             total = 200
             result: dict = {}
-            ready, killed = threading.Event(), threading.Event()
-            gates = [(100, ready), (170, killed)]
+            ready, reconfigured, killed = threading.Event(), threading.Event(), threading.Event()
+            # the load waits for each action before it can run past it: on an idle machine it
+            # would otherwise finish its requests during the reconfiguration and leave nothing
+            # in flight for the kill
+            gates = [(100, ready), (140, reconfigured), (185, killed)]
             t0 = time.time()
             load = threading.Thread(
                 target=lambda: result.update(_load(server.url, total, 8, progress, gates)))
@@ -179,6 +182,7 @@ def test_reconfiguration_and_a_killed_worker_lose_no_request(expected):
                 [_spec("b", 2, 2.0), _spec("c", 1, 1.0)],
                 on_ready=lambda: (ready.set(), until(lambda: old.in_flight > 0)))
             t2 = time.time()
+            reconfigured.set()
             mid = progress[1]
             assert report.drained_requests > 0, "no request was in flight on the old instance"
             assert report.started == ["c"] and report.kept == ["b"]
@@ -187,7 +191,7 @@ def test_reconfiguration_and_a_killed_worker_lose_no_request(expected):
             assert controller.instances["b"].spec.weight == 2.0
             assert not any(p.is_alive() for p in old.executor.processes)
 
-            wait_for(min(mid + 15, 165))  # before the gate at 170
+            wait_for(min(mid + 15, 170))  # well before the gate at 185
             victim = controller.instances["b"]
             until(lambda: victim.in_flight > 0)  # a loaded machine may have let b go idle
             os.kill(victim.pids[1], signal.SIGKILL)  # one worker of a running instance

@@ -44,22 +44,22 @@ PAPER_SHAPES: dict[str, dict[str, list[tuple[str, list[str]]]]] = {
     },
     "paper-extended": {
         "qwen3-235b-a22b": [
-            ("paper baseline: 8x H100", ["8x-h100"]),
+            ("paper baseline: 8x H100", ["8x-h100-sxm"]),
             ("paper baseline: 8x A100", ["8x-a100-80gb"]),
-            ("paper example: 3x 1x L40S + 3x 2x H100", ["1x-l40s"] * 3 + ["2x-h100"] * 3),
-            ("pure H100: 4x 2x H100", ["2x-h100"] * 4),
-            ("pure H100: 2x 4x H100", ["4x-h100"] * 2),
+            ("paper example: 3x 1x L40S + 3x 2x H100", ["1x-l40s"] * 3 + ["2x-h100-sxm"] * 3),
+            ("pure H100: 4x 2x H100", ["2x-h100-sxm"] * 4),
+            ("pure H100: 2x 4x H100", ["4x-h100-sxm"] * 2),
         ],
         "llama-3.3-70b": [
-            ("paper baseline: 8x H100", ["8x-h100"]),
+            ("paper baseline: 8x H100", ["8x-h100-sxm"]),
             ("paper baseline: 8x A100", ["8x-a100-80gb"]),
             ("paper Coral: 2x 2x A100", ["2x-a100-80gb"] * 2),
-            ("paper Coral: 2x H100 + 2x A100", ["2x-h100", "2x-a100-80gb"]),
+            ("paper Coral: 2x H100 + 2x A100", ["2x-h100-sxm", "2x-a100-80gb"]),
         ],
         "gpt-oss-120b": [
-            ("paper baseline: 8x H100", ["8x-h100"]),
+            ("paper baseline: 8x H100", ["8x-h100-sxm"]),
             ("paper baseline: 8x A100", ["8x-a100-80gb"]),
-            ("paper Coral: 1x H100 + 1x A100", ["1x-h100", "1x-a100-80gb"]),
+            ("paper Coral: 1x H100 + 1x A100", ["1x-h100-sxm", "1x-a100-80gb"]),
         ],
     },
 }
@@ -82,17 +82,6 @@ class Row:
     def tok_per_usd(self) -> float:
         """Tokens/s per $/hour (x3600 = tokens per dollar)."""
         return self.rps_per_usd * self.tokens_per_req
-
-
-def node_alias(catalog, name: str) -> str | None:
-    """The catalog's name for a node type (the H100 is listed as h100-sxm)."""
-    for cand in (name, name.replace("h100", "h100-sxm")):
-        try:
-            catalog.node_type(cand)
-            return cand
-        except Exception:  # noqa: BLE001 - an unknown name is simply skipped
-            continue
-    return None
 
 
 def scenario_prices(sc, combo: list[str]) -> dict[str, float]:
@@ -128,12 +117,9 @@ def main() -> None:
             tokens = slo.input_tokens if phase == "prefill" else slo.output_tokens
             rows: list[Row] = []
             for label, names in combos:
-                resolved = [node_alias(cat, n) for n in names]
-                if any(r is None for r in resolved):
-                    continue
-                tpl = build_template(arch, resolved, slo, phase, "flow", perf, cat,
+                tpl = build_template(arch, names, slo, phase, "flow", perf, cat,
                                      tables=tables, time_limit_s=30.0)
-                priced = scenario_prices(sc, resolved)
+                priced = scenario_prices(sc, names)
                 usd = min(priced.values(), default=math.nan)
                 if not tpl.feasible or not math.isfinite(usd):
                     rows.append(Row(model, phase, label, 0.0, usd, tokens))

@@ -83,7 +83,7 @@ class FairRows:
     t: int  # column of the fairness level t in [0, 1]
     tokens_row: int  # row sum_m priority_m output_tokens_m s[m] (lower bound set per phase)
     weight: np.ndarray  # (models,) priority over the top priority
-    out_tokens: np.ndarray  # (models,) priority x output tokens per request
+    token_value: np.ndarray  # (models,) priority x output tokens per request
 
 
 def add_fair_rows(lp: LpBuilder, problem: AllocationProblem, ix: Index, v: Vars) -> FairRows:
@@ -94,15 +94,15 @@ def add_fair_rows(lp: LpBuilder, problem: AllocationProblem, ix: Index, v: Vars)
     """
     weights = fair_weights(problem.demands)
     weight = np.array([weights[m] for m in ix.models])
-    out_tokens = ix.tokens[:, MODE_DECODE] * ix.priority
+    token_value = ix.tokens[:, MODE_DECODE] * ix.priority
     n_m = len(ix.models)
     t = int(lp.add_cols(np.zeros(1), np.ones(1), np.zeros(1), integer=False)[0])
     rows = lp.add_rows(np.zeros(n_m), np.full(n_m, _INF))
     lp.add_entries(rows, v.s, np.ones(n_m))
     lp.add_entries(rows, np.full(n_m, t), -weight * ix.demand)
     tokens_row = int(lp.add_rows(np.array([-_INF]), np.array([_INF]))[0])
-    lp.add_entries(np.full(n_m, tokens_row), v.s, out_tokens)
-    return FairRows(t=t, tokens_row=tokens_row, weight=weight, out_tokens=out_tokens)
+    lp.add_entries(np.full(n_m, tokens_row), v.s, token_value)
+    return FairRows(t=t, tokens_row=tokens_row, weight=weight, token_value=token_value)
 
 
 @dataclass
@@ -136,7 +136,7 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
     fitting = [s for s in seeds if dec.fits(s)] or [np.zeros(n_x, dtype=np.int64)]
 
     def tokens_of(x: np.ndarray) -> float:
-        return float(fr.out_tokens @ dec.served(x))
+        return float(fr.token_value @ dec.served(x))
 
     def key(x: np.ndarray) -> tuple[float, float, float]:
         return (-fair_level(dec, fr, x), -tokens_of(x), dec.cost(x))
@@ -179,11 +179,11 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
     # ---- B: the most generated tokens/s at that level
     start = time.perf_counter()
     objective = np.zeros(lp.n_col)
-    objective[v.s] = -fr.out_tokens
+    objective[v.s] = -fr.token_value
     def fill_tokens(relaxed: Relaxation, y: np.ndarray) -> list[np.ndarray]:
         floor = level_fill(dec, fr.weight, rounded(dec, relaxed.x), relaxed.node_price,
                            top=lb[fr.t])
-        return [tokens_fill(dec, fr.out_tokens, base, relaxed.node_price)
+        return [tokens_fill(dec, fr.token_value, base, relaxed.node_price)
                 for base in (y, floor)]
 
     x, value, bound = _phase(

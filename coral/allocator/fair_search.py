@@ -143,10 +143,10 @@ def _best_move(dec: Decomposition, x: np.ndarray, m: int, fits: np.ndarray,
     return pick
 
 
-def tokens_fill(dec: Decomposition, out_tokens: np.ndarray, counts: np.ndarray,
+def tokens_fill(dec: Decomposition, token_value: np.ndarray, counts: np.ndarray,
                 node_value: np.ndarray) -> np.ndarray:
-    """`counts` with the nodes left filled, most tokens/s per node value first."""
-    return fill_goodput(replace(dec, priority=out_tokens.astype(float)), counts, node_value)
+    """`counts` with the nodes left filled, most (priority-weighted) tokens/s per node value first."""
+    return fill_goodput(replace(dec, priority=token_value.astype(float)), counts, node_value)
 
 
 #: Relative width at which `level_bound`'s bisection stops.

@@ -62,7 +62,7 @@ def test_paper_report_rows(tmp_path: Path) -> None:
     # the worst model's SLO attainment of each plan, and the cases not run
     assert "| `paper-core` scarce | 100.0% | 100.0% | 50.0% | 100.0% |" in text
     assert "Default availability, extended: cost ratios and ILP time\n\nNot run" in text
-    # sensitivity plateaus at N_max 2 on this grid; simulator rows from RESULTS.md's figures
+    # sensitivity plateaus at N_max 2 on this grid; simulator rows from benchmarks/results/' figures
     assert "| N_max where the best goodput/USD reaches 99 % of the grid's best | 6.00 | 2.00 |" \
         in text
     assert "vLLM 0.32.0 CPU build (SmolLM2-135M, PP 2): prefill (TTFT p50) mean error | 5.6 % " \

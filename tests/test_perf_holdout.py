@@ -106,8 +106,8 @@ def test_elementwise_bandwidth_follows_the_sms_on_hbm_and_dram_on_gddr():
 def test_leave_one_gpu_out_medians():
     """Issue 22's target: median within 10 % per held-out GPU type, prefill and decode; the
     maxima that meet its 25 % stay within it (prefill: A100, the H200's dense and MoE layers;
-    decode: H100, the H200's dense layers; see benchmarks/RESULTS.md, "The profiler's decode
-    attention")."""
+    decode: H100, the H200's dense layers; see benchmarks/results/perf-model.md, "The
+    profiler's decode attention")."""
     results = {r.gpu: r for r in leave_one_gpu_out(CATALOG)}
     for r in results.values():
         for kind in ("prefill", "decode"):

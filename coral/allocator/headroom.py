@@ -54,8 +54,8 @@ DEFAULT_OUTPUT_CV = 1.0
 #: the p90 of waits over such a window swings well above its steady-state value. So the
 #: steady-state tail is planned at this share of the SLO's (p97.5 for a p90 target): with it,
 #: the planned load of one-node instances sits at the highest load at which simulated
-#: 30-minute windows still meet the SLO (figures in benchmarks/RESULTS.md, "Re-layering
-#: leftovers").
+#: 30-minute windows still meet the SLO (figures in benchmarks/results/refactoring.md,
+#: "Figures moved here from the code's comments").
 WINDOW_TAIL_FACTOR = 0.25
 #: Smallest tail planned for: a p100 target cannot hold under random arrivals, so p100 is
 #: planned as p99.99.

@@ -16,8 +16,8 @@ use, which would be inside it), so that the compilation never counts against a t
 fresh install's first `coral plan core --nmax 3` used to end at its time limit with a 3.5 %
 gap and a dearer plan where a warm run proved 0.5 %; now both prove the same plan.
 
-Why this and not the alternatives (measured in `benchmarks/RESULTS.md`, "Cold start of the
-allocator"): compiling lazily on first call is what put the compilation inside the clock;
+Why this and not the alternatives (measured in `benchmarks/results/allocator.md`, "Cold start
+of the allocator"): compiling lazily on first call is what put the compilation inside the clock;
 warming up by calling the kernels on dummy data would compile only the argument types the
 dummies happen to have, where explicit signatures pin every specialisation the solve uses
 and make any other a loud error; numba's ahead-of-time compiler (`numba.pycc`) is deprecated

@@ -1,7 +1,7 @@
 """Array helpers of the allocator's compiled kernels (numba, `jit.py`): searches in sorted
 arrays, a stable sort, growing buffers and a heap's sift, written as loops so that the kernels
 that call them compile without numpy's sorting and slicing machinery (which costs seconds of
-compilation; see "Cold start of the allocator" in `benchmarks/RESULTS.md`).
+compilation; see "Cold start of the allocator" in `benchmarks/results/allocator.md`).
 
 Each reproduces the numpy operation the kernels replaced, ties included (`argsort` is
 `np.argsort(kind="stable")`), so that the kernels' answers are the array code's bit for bit.

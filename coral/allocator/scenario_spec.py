@@ -214,7 +214,7 @@ class ScenarioSpec(_Entry):
 
 #: Largest scenario file read: far above a scenario of a thousand models. The bound refuses
 #: a wrong file at once, since parsing builds every value in Python, even with the C
-#: parser (figures in benchmarks/RESULTS.md, "Careless and hostile plan and scenario files").
+#: parser (figures in benchmarks/results/hostile-input.md, "Careless and hostile plan and ...").
 MAX_SCENARIO_BYTES = 256 << 10
 
 

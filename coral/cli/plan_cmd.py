@@ -35,7 +35,7 @@ from coral.cli.plan_view import pct, print_plan
 #: Node limit of `coral demo`'s templates. The `core` scenario asks for 6, which takes far
 #: longer than a demo should; 3 is the largest whose whole demo (templates from scratch,
 #: allocation, baselines) stays well under three minutes on a 2-core machine (timings in
-#: benchmarks/RESULTS.md, "Re-layering leftovers").
+#: benchmarks/results/refactoring.md, "Figures moved here from the code's comments").
 DEMO_NMAX = 3
 DEMO_SCENARIO = "core"
 #: The demo plans every serving mode and keeps the best plan.

@@ -6,7 +6,8 @@ template library to N_max and rho, and the simulator's error against real runs.
   under the SLO (its throughput), beside Helix's no-SLO placement on the whole cluster.
 - `sensitivity_study`: GPT-OSS-120B's prefill library of `paper-extended` built for every
   (N_max, rho) of a grid: templates kept, build time, best template's goodput per USD.
-- `SIM_ERROR`: ratios sim / served from the runs recorded in benchmarks/RESULTS.md (Coral's
+- `SIM_ERROR`: ratios sim / served from the runs recorded in
+  benchmarks/results/simulator-vs-runtime.md (Coral's
   runtime and vLLM's CPU build); the runs take a runtime and minutes each, so the report
   reuses the measured figures and names their source.
 """
@@ -169,7 +170,7 @@ class SimErrorRun:
     served ones."""
 
     engine: str
-    source: str  # RESULTS.md section and the command
+    source: str  # benchmarks/results/ section and the command
     ttft_ratio: tuple[float, ...]
     tpot_ratio: tuple[float, ...]
 
@@ -182,8 +183,8 @@ class SimErrorRun:
         return sum(abs(r - 1.0) for r in self.tpot_ratio) / len(self.tpot_ratio)
 
 
-#: Measured: benchmarks/RESULTS.md. Coral's runtime: "The runtime against the simulator ...
-#: (issue 22, line 4)", the two-runs-per-rate table, `sim adj.` (the run's own step costs),
+#: Measured: benchmarks/results/simulator-vs-runtime.md. Coral's runtime: "The runtime against
+#: the simulator ...", the two-runs-per-rate table, `sim adj.` (the run's own step costs),
 #: PP 2 and 3 at 0.3 / 0.7 / 1.1 req/s. vLLM 0.32.0's CPU build: "vLLM's CPU build against the
 #: simulator, its speed by decode batch", `sim (profile)`, PP 2 at the same rates.
 SIM_ERROR: tuple[SimErrorRun, ...] = (

@@ -9,7 +9,7 @@ point. An element-wise kernel has no FLOPs worth counting: its time is its bytes
 element-wise bandwidth plus the fixed time.
 
 The fixed time is added, not overlapped with the work (a smoothed maximum of the three): the
-overlap model fits the profiles worse (benchmarks/RESULTS.md, "Perf model 5"), because the
+overlap model fits the profiles worse (benchmarks/results/history.md, "Perf model 5"), because the
 element-wise kernels' floors differ by kernel (Vidur's residual add holds 1-2 µs at a few
 tokens, its RMSNorm 4-8 µs) while one fixed time per GPU type stands for all of them.
 

@@ -13,7 +13,7 @@ Why a fit instead of the carried figure: the carried level is the donor's fitted
 times the ratio of two benchmark figures, so it inherits the donor profile's level relative
 to its benchmark (Vidur's harness runs the A100's matmuls below that benchmark's level), while
 the cards' own layers in a serving engine reach their benchmark's level, and a power-capped
-card's clock depends on how long it runs (benchmarks/RESULTS.md, "Perf model 8").
+card's clock depends on how long it runs (benchmarks/results/perf-model.md, "Perf model 8").
 
 The fits are committed in `coral/perf/data/layer_fits.yaml`, written by
 `python benchmarks/perf_public.py --write-fits` from `benchmarks/data/public_measurements.yaml`;

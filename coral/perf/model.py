@@ -152,8 +152,8 @@ MOE_EXTRA_KERNELS = 4
 #: expert's matmul is its FLOPs' time times (1 + GROUPED_GEMM_K0 / K), K its reduction
 #: dimension (hidden size for gate+up, the expert's FFN size for down). Dense matmuls' own
 #: such cost is inside their fitted eta_compute. Fitted on the shipped H200 MoE tables
-#: (`coral.perf.holdout.fit_grouped_gemm`; leave-one-model-out in benchmarks/RESULTS.md
-#: "MoE layers"); approximate.
+#: (`coral.perf.holdout.fit_grouped_gemm`; leave-one-model-out in
+#: benchmarks/results/history.md, "MoE layers"); approximate.
 GROUPED_GEMM_K0 = 3000.0
 
 #: Weight streaming of grouped expert GEMMs as a fraction of a dense matmul's (eta_memory):

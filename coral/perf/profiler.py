@@ -63,7 +63,8 @@ MEMORY_HEADROOM = 0.9
 #: The stacked layers' weights are at least this many times the device's last-level cache, so
 #: every timed step streams them from memory, as a served stage of many layers does (on this
 #: 32 MiB-L3 CPU, SmolLM2's decode of one sequence takes 0.65 ms a layer with one 14 MB layer
-#: stacked, 1.29-1.33 ms with 4-20: benchmarks/RESULTS.md, "coral profile past the cache").
+#: stacked, 1.29-1.33 ms with 4-20: benchmarks/results/perf-model.md, "coral profile past the
+#: cache").
 CACHE_MULTIPLE = 2
 
 

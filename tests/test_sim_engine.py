@@ -193,7 +193,7 @@ def _run_at(tpl, frac, cat, perf):
 
 
 def test_planner_consistency_at_and_past_planned_capacity(planned, cat, perf):
-    """Guards agreement with the planner (DESIGN.md, Simulator). At 100 % of the template's
+    """Guards agreement with the planner (docs/design.md). At 100 % of the template's
     planned capacity the TPOT target holds at the SLO percentile; at 130 % the SLO does not.
 
     Measured: TPOT p90 stays near the planned step (~0.088 s against 0.1 s) at 100 % and at

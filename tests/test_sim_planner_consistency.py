@@ -1,4 +1,4 @@
-"""The simulator agrees with the planner (DESIGN.md, Simulator): an instance driven at 100 % of
+"""The simulator agrees with the planner (docs/design.md): an instance driven at 100 % of
 its planned capacity meets the SLO at its percentile; at 130 % it does not. Planned capacity is
 the template's throughput times the queueing headroom of `coral.allocator.headroom`."""
 

@@ -104,10 +104,6 @@ class ModelDemand:
         _check_finite(f"demand of {self.model!r}: output_tokens", self.output_tokens, 0.0, True)
         _check_finite(f"demand of {self.model!r}: priority", self.priority, 0.0, True)
 
-    def demand_in(self, mode: Mode) -> float:
-        """Demand in `mode`'s capacity unit (requests/s, prompt or output tokens/s)."""
-        return self.requests_per_s * self.tokens_per_request(mode)
-
     def tokens_per_request(self, mode: Mode) -> float:
         """Capacity units one request/s takes in `mode` (1 for aggregated)."""
         if mode == "prefill":

@@ -187,9 +187,6 @@ class Scenario:
             scarcity=scarcity,
         )
 
-    def total_nodes(self) -> int:
-        return sum(self.availability.values())
-
 
 def builtin_scenarios() -> tuple[str, ...]:
     """Names of the scenarios that ship with Coral."""

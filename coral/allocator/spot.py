@@ -176,9 +176,6 @@ class SpotPlan:
         cost = self.plan.cost_usd_per_hour
         return self.spot_usd_per_hour / cost if cost > 0 else 0.0
 
-    def market_of(self, column_id: str) -> str:
-        return SPOT if column_id in self.columns.base else ON_DEMAND
-
     def summary(self) -> dict[str, Any]:
         """The plan file's top-level `spot` object."""
         return {

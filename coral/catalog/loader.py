@@ -25,7 +25,6 @@ from coral.errors import CoralError
 from coral.messages import did_you_mean, field_problem
 from coral.yaml_text import safe_load
 from coral.catalog.schema import (
-    PERIOD_HOURS,
     SCHEMA_VERSION,
     CloudSpotTerms,
     GpuType,
@@ -47,8 +46,6 @@ BUILTIN_FILES = ("gpus.yaml", "regions.yaml", "node_types.yaml", "models.yaml", 
 #: and spot prices never enter a template, so editing them keeps the cached libraries.
 HASHED_SECTIONS = ("gpus", "node_types", "regions", "models")
 _UNHASHED_FIELDS = {"node_types": ("spot_prices",)}
-#: Hours in the month over which AWS's and Azure's interruption shares are measured.
-HOURS_PER_MONTH = PERIOD_HOURS["month"]
 
 T = TypeVar("T", bound=BaseModel)
 

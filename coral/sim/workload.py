@@ -157,17 +157,6 @@ def synthetic(model: str, *, rate_rps: float, duration_s: float, seed: int,
                              p.tolist(), o.tolist()))
 
 
-def sampled_lengths(model: str, times: Sequence[float], rows: Sequence[TraceRow], *, seed: int,
-                    first_id: int = 0) -> list[Request]:
-    """Requests at `times` whose (prompt, output) lengths are drawn from trace rows."""
-    if not rows:
-        raise WorkloadError("cannot sample lengths from an empty trace")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(rows), len(times))
-    return [Request(first_id + i, model, float(t), rows[j].prompt_tokens, rows[j].output_tokens)
-            for i, (t, j) in enumerate(zip(times, idx))]
-
-
 # ---------------------------------------------------------------------------------------------
 # Trace files
 # ---------------------------------------------------------------------------------------------

@@ -51,8 +51,9 @@ therefore solved by decomposition instead (`decompose=True`, the default):
 
 The scarcity phases are in `scarcity.py`. Those of PD problems, and PD problems whose
 per-model covers are too large to solve exactly many times a solve (`PD_MAX_REGIONS`,
-`PD_MAX_UNITS`: `advanced`-size), run on this ILP with HiGHS throughout, and `decompose=False` solves every phase with HiGHS on the full ILP, as
-the reference the tests compare against.
+`PD_MAX_UNITS`: `advanced`-size), run on this ILP with HiGHS throughout (the cost problem's
+first plan by rounding, `rounded_start.py`); `decompose=False` solves every phase with HiGHS
+on the full ILP, as the reference the tests compare against.
 
 Plans known beforehand (`starts`: the baselines' plans, another mode's plan) seed the search
 and bound the answer from below (`starts.py`): the plan returned is never worse than them.
@@ -76,7 +77,6 @@ from coral.allocator.branch_price import (
     solve_decomposed,
 )
 from coral.allocator.formulation import (
-    LpArrays,
     LpBuilder,
     Vars,
     add_goodput_floor_row,
@@ -87,7 +87,6 @@ from coral.allocator.formulation import (
 )
 from coral.allocator.fair import add_fair_rows, scarcity_fair
 from coral.allocator.highs_runs import (
-    Relaxation,
     bound_with_limit,
     highs_after_decomposition,
     lp_relaxation,
@@ -113,25 +112,11 @@ from coral.allocator.scarcity import (
     scarcity_bounded,
     scarcity_highs,
 )
+from coral.allocator.rounded_start import rounded_start
 from coral.allocator.starts import adopt_start, best_start, better_plan, seed_of
 from coral.errors import CoralError
 
 log = logging.getLogger(__name__)
-
-
-#: Columns of least reduced cost added to the LP's support, one HiGHS run each, when
-#: searching near a rounded PD plan (`_rounded_start`).
-SUPPORT_GROWTH = (0, 100, 300, 1000)
-
-
-#: Up to this many columns the search near a rounded PD plan ends with HiGHS on the whole
-#: ILP, whose bound then holds; beyond it HiGHS's root cuts alone outrun the time limit.
-WHOLE_ILP_MAX_COLUMNS = 5_000
-
-
-#: Where the whole ILP follows, the share of the time left each search near the rounded plan
-#: may take, so that the whole ILP (which brings the bound) always runs.
-NEIGHBOURHOOD_SHARE = 0.25
 
 
 #: Share of the cost problem's time branch and price may take (without PD models) before
@@ -337,9 +322,9 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
                          else "no plan meeting every demand found in time")
     elif not proven_short:
         if large_pd is not None:
-            relaxed, start = _rounded_start(large_pd, arr, lp, v, mip_gap=problem.mip_gap,
-                                            deadline=t0 + problem.time_limit_s,
-                                            threads=threads, notes=notes, seed=seed)
+            relaxed, start = rounded_start(large_pd, arr, lp, v, mip_gap=problem.mip_gap,
+                                           deadline=t0 + problem.time_limit_s,
+                                           threads=threads, notes=notes, seed=seed)
             proven_short = relaxed is None
             if start is not None:
                 return plan_of(start.counts, start.status, relative_gap(start.cost,
@@ -414,81 +399,6 @@ def _fair_plan(problem: AllocationProblem, dec: Decomposition | None, lp: LpBuil
         plan = plan_of(got.x, PlanStatus.TIME_LIMIT, got.gaps["cost"],
                        max(got.gaps["fairness"], got.gaps["tokens"]), phase_gaps={})
     return plan
-
-
-@dataclass
-class _Start:
-    """A plan meeting every demand found by rounding the LP optimum."""
-    counts: np.ndarray
-    cost: float
-    bound: float  # proven: the LP relaxation's value, or HiGHS's on the whole ILP
-    status: PlanStatus
-
-
-def _rounded_start(dec: Decomposition, arr: "LpArrays", lp: LpBuilder, v: Vars, *,
-                   mip_gap: float, deadline: float, threads: int | None, notes: list[str],
-                   seed: Seed | None = None
-                   ) -> tuple["Relaxation | None", _Start | None]:
-    """A plan for problems whose PD models are past exact covers: the LP optimum rounded
-    down, each model's rest covered by one group at a time (`round_and_repair` without
-    exact PD covers), then HiGHS on the columns that plan or the LP use (the LP's support, a
-    few dozen columns) and on more of those of least reduced cost (`SUPPORT_GROWTH`), the
-    whole ILP last when it has at most `WHOLE_ILP_MAX_COLUMNS`.
-
-    Past that HiGHS on the whole ILP is not run: on synthetic `advanced`-size PD problems
-    (15,000 columns) it found no plan in 10 s, and its root cut rounds, which nothing
-    interrupts, ran 20-36 s against a 10 s limit; measured on 3 of those draws at the limited
-    level: rounding 5 % above the LP bound, the support 3.1-3.6 %, 1,000 more columns
-    2.8-3.2 %, the gap then proven against the LP bound alone. Returns (the LP relaxation,
-    None when infeasible; the plan, None when rounding found none)."""
-    relaxed = lp_relaxation(arr, arr.cost, arr.col_lb, arr.row_lb, lp, len(v.x))
-    if relaxed is None:
-        notes.append("demand cannot be met in full (LP relaxation infeasible)")
-        return None, None
-    x = round_and_repair(dec, relaxed.x, exact_pd=False)
-    if x is None:  # HiGHS near the LP optimum may still find one, without a cutoff
-        x, cost = np.zeros(len(v.x), dtype=np.int64), math.inf
-        how = ["rounding: none (the nodes left after rounding down fall short)"]
-    else:
-        cost = dec.cost(x)
-        how = ["rounded down, rest covered"]
-    if seed is not None and seed.meets_demand and dec.fits(seed.x) \
-            and dec.cost(seed.x) < cost:
-        x, cost = seed.x.copy(), dec.cost(seed.x)
-        how = ["a given plan"]
-    bound, stopped = relaxed.value, False
-    cheapest = np.argsort(relaxed.col_dual[v.x], kind="stable")
-    growth = SUPPORT_GROWTH + ((len(v.x),) if len(v.x) <= WHOLE_ILP_MAX_COLUMNS else ())
-    for extra in growth:
-        left = deadline - time.perf_counter()
-        if relative_gap(cost, bound) <= mip_gap or left <= MIN_PHASE_S:
-            stopped = left <= MIN_PHASE_S
-            break
-        support = support_of(relaxed, x, cheapest[:extra])
-        # a neighbourhood may not take the time of the whole ILP that follows it
-        share = 1.0 if support.all() or len(growth) == len(SUPPORT_GROWTH) \
-            else NEIGHBOURHOOD_SHARE
-        run, better = run_on_support(arr, v, arr.cost, arr.col_lb, arr.row_lb, support,
-                                      cutoff=cost, time_limit_s=share * left,
-                                      mip_gap=mip_gap, threads=threads)
-        if support.all():  # the whole ILP: HiGHS's bound holds for every plan
-            bound = max(bound, bound_with_limit(run, cost, relaxed.value))
-        if better is not None and dec.fits(better) and dec.covers(better) \
-                and dec.cost(better) < cost:
-            x, cost = better, dec.cost(better)
-            how.append(f"HiGHS on {int(support.sum())} columns: {cost:.6g} ({run.detail})")
-        stopped = not (run.optimal or run.infeasible)
-        if support.all():
-            break
-    if not math.isfinite(cost):
-        notes.append("rounded LP plan: none (" + "; ".join(how) + ")")
-        return relaxed, None
-    gap = relative_gap(cost, bound)
-    notes.append(f"rounded LP plan: cost {cost:.6g}, bound {bound:.6g} ("
-                 + "; ".join(how) + ")")
-    status = (PlanStatus.OPTIMAL if gap <= mip_gap else
-              PlanStatus.TIME_LIMIT if stopped else PlanStatus.FEASIBLE)
-    return relaxed, _Start(x, cost, bound, status)
 
 
 def _finish(problem: AllocationProblem, plan: AllocationPlan, strict: bool) -> AllocationPlan:

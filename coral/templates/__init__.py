@@ -2,6 +2,8 @@
 
 - `slo`: the latency targets and workload mix a template is built for (`SloSpec`).
 - `operating_points`: what one node can do at each (layers, batch) — the solver's input.
+  `grid`: the modes, topologies, batches and prefill chunks a library is built over;
+  `stage_bytes`: what a stage holds or hands on beyond its layers.
 - `enumerate`: the node combinations worth solving.
 - `placement` / `verify`: the exact placement solver and its independent checker.
 - `template`: what a solved template is (`Template`); `solve`: one combination

@@ -55,9 +55,16 @@ import numpy as np
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch, NodeType
-from coral.errors import InputError
 from coral.perf.step import NET_LATENCY_S
+from coral.templates.grid import (
+    DEFAULT_BATCHES,
+    check_batches,
+    check_mode,
+    check_topology,
+    prefill_chunks,
+)
 from coral.templates.slo import SloSpec
+from coral.templates.stage_bytes import edge_bytes_per_unit, input_embedding_bytes, lm_head_bytes
 from coral.templates.types import Mode, NodeSpec, OperatingPoint, PlacementProblem, Topology
 
 try:  # the perf model's reserve, so the two agree on what "fits" means
@@ -68,18 +75,6 @@ except ImportError:  # pragma: no cover - perf model not installed
 #: Version of the formulas above; part of a template library's identity, so that a library
 #: built with other formulas is rebuilt rather than resumed. Bump on any change of meaning.
 OPERATING_POINTS_VERSION = "1"
-
-
-#: Decode batch sizes a node may run at.
-DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-#: Prefill chunk sizes, in multiples of the mean prompt (PD prefill templates).
-PREFILL_CHUNK_MULTIPLES: tuple[int, ...] = (1, 2, 4, 8, 16)
-#: Largest prefill chunk, tokens (vLLM's long-prompt chunk sizes are of this order).
-MAX_PREFILL_CHUNK_TOKENS = 16384
-
-MODES: tuple[str, ...] = ("aggregated", "prefill", "decode")
-TOPOLOGIES: tuple[str, ...] = ("flow", "chain", "dag")
 
 
 class PerfLike(Protocol):
@@ -97,49 +92,6 @@ class PerfLike(Protocol):
         first_stage: bool = False,
         last_stage: bool = False,
     ) -> float: ...
-
-
-def check_mode(mode: str) -> Mode:
-    if mode not in MODES:
-        raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    return mode  # type: ignore[return-value]
-
-
-def check_topology(topology: str) -> Topology:
-    if topology not in TOPOLOGIES:
-        raise InputError(f"unknown topology {topology!r}; choose one of {', '.join(TOPOLOGIES)}")
-    return topology  # type: ignore[return-value]
-
-
-def check_batches(batches: Iterable[int]) -> tuple[int, ...]:
-    out = tuple(sorted({int(b) for b in batches}))
-    if not out or out[0] < 1:
-        raise InputError(f"batch sizes must be positive integers, got {list(batches)}")
-    return out
-
-
-def prefill_chunks(slo: SloSpec) -> tuple[int, ...]:
-    """Prefill chunk sizes (tokens) for the workload: multiples of the mean prompt."""
-    cap = max(slo.input_tokens, MAX_PREFILL_CHUNK_TOKENS)
-    return tuple(m * slo.input_tokens for m in PREFILL_CHUNK_MULTIPLES if m * slo.input_tokens <= cap)
-
-
-def lm_head_bytes(arch: ModelArch) -> float:
-    """Final norm plus LM head, bytes (held by the last stage)."""
-    return float((arch.vocab_size * arch.hidden_size + arch.hidden_size) * arch.dtype_bytes)
-
-
-def input_embedding_bytes(arch: ModelArch) -> float:
-    """Input embedding matrix, bytes (held by the stage with layer 0)."""
-    return float(arch.vocab_size * arch.hidden_size * arch.dtype_bytes)
-
-
-def edge_bytes_per_unit(arch: ModelArch, slo: SloSpec, mode: Mode) -> float:
-    """Bytes crossing a stage boundary per unit of flow (request in aggregated, else token)."""
-    hb = float(arch.activation_bytes_per_token)
-    if mode == "aggregated":
-        return (slo.input_tokens + slo.output_tokens) * hb
-    return hb
 
 
 @dataclass(frozen=True)
@@ -518,12 +470,16 @@ def shared_tables(
 
 __all__ = [
     "DEFAULT_BATCHES",
+    "check_batches",
+    "check_mode",
+    "check_topology",
     "MEMORY_RESERVE_FRACTION",
     "NET_LATENCY_S",
     "NodeBound",
     "OperatingPointTables",
     "TimeTable",
     "edge_bytes_per_unit",
+    "input_embedding_bytes",
     "prefill_chunks",
     "shared_tables",
 ]

@@ -7,7 +7,7 @@ is taken out of routing, what is left of it is killed, and a replacement is star
 the provisioner (`LocalProvisioner`: worker processes on this machine), under the same name.
 Consecutive failures of one instance (a failed start, or a death before it stayed ready for
 `stable_s`) back off exponentially; after `max_restarts` of them the instance is reported
-`failed` and left alone until the next reconfiguration. Each served model's requests go
+`failed` and left alone until the next reconfiguration (`coral.runtime.restart_slot`). Each served model's requests go
 through its `ModelRouter` (`coral.runtime.model_router`), which routes to ready instances only
 and lets a request wait for a replacement rather than fail.
 
@@ -46,6 +46,7 @@ from coral.runtime.model_router import (  # noqa: F401 - re-exported
     UNAVAILABLE_WAIT_S,
     ModelRouter,
 )
+from coral.runtime.restart_slot import RestartSlot
 
 log = logging.getLogger(__name__)
 
@@ -90,39 +91,6 @@ class PreemptionRecord:
     (the notice ran out)."""
 
 
-class _Slot:
-    """One planned instance across the `Instance` objects that run it over time (a
-    replacement is a new object under the same name). Guarded by the controller's state lock."""
-
-    def __init__(self, spec: RuntimeInstanceSpec, instance: Instance | None = None):
-        self.spec = spec
-        self.instance = instance
-        self.streak = 0  # consecutive failures
-        self.restarts = 0
-        self.next_start_s = 0.0  # monotonic time of the next restart
-        self.starting_since: float | None = None
-        self.start_s = 0.0  # how long the last successful start took
-        self.failed: str | None = None
-        self.error: str | None = None
-        self.thread: threading.Thread | None = None
-
-    def status(self, now: float) -> InstanceStatus:
-        inst = self.instance
-        eta = None
-        if self.failed is not None:
-            state = "failed"
-        elif self.starting_since is not None:
-            state = "starting"
-            eta = max(1.0, self.start_s - (now - self.starting_since))
-        elif inst is not None and inst.state == "active":
-            state = "ready"
-        else:
-            state = "backoff"
-            eta = max(0.0, self.next_start_s - now) + max(1.0, self.start_s)
-        return InstanceStatus(self.spec.name, self.spec.served_name, state, self.restarts,
-                              self.streak, eta, self.failed or self.error)
-
-
 class Controller:
     """Deploys instances, keeps them running as planned, and reconfigures them live.
 
@@ -158,7 +126,7 @@ class Controller:
         self.wait_s = wait_s
         self.models: dict[str, ModelRouter] = {}
         self._instances: dict[str, Instance] = {}  # the current object of every slot
-        self._slots: dict[str, _Slot] = {}  # the desired state: one per planned instance
+        self._slots: dict[str, RestartSlot] = {}  # the desired state: one per planned instance
         self._lock = threading.RLock()  # one reconfiguration at a time
         self._state = threading.RLock()  # instances, slots and routers' membership
         self.dead: list[str] = []  # names of instances found dead, in order
@@ -213,7 +181,7 @@ class Controller:
                 on_ready()
             now = time.monotonic()
             with self._state:
-                slots: dict[str, _Slot] = {}
+                slots: dict[str, RestartSlot] = {}
                 for spec in specs:
                     if spec.name in keep:  # its slot goes on (a restart in flight counts)
                         slot = self._slots[spec.name]
@@ -221,7 +189,7 @@ class Controller:
                         if slot.instance is not None:
                             slot.instance.spec = spec  # new weight
                     else:
-                        slot = _Slot(spec, started[spec.name])
+                        slot = RestartSlot(spec, started[spec.name])
                         slot.instance.state, slot.instance.ready_s = "active", now
                     slots[spec.name] = slot
                 # everything not kept drains: instances of names that leave the plan or are
@@ -382,27 +350,10 @@ class Controller:
                                                daemon=True)
                 slot.thread.start()
 
-    def _backoff_s(self, streak: int) -> float:
-        """Delay before the restart that follows the `streak`-th consecutive failure."""
-        if streak <= 1:
-            return 0.0
-        return min(self.restart_backoff_s * 2 ** (streak - 2), self.restart_backoff_max_s)
-
-    def _failure(self, slot: _Slot, why: str) -> None:
-        """Count one failure of the slot's instance: schedule its restart, or give up on it
-        (state lock held)."""
-        slot.streak += 1
-        slot.error = why
-        if slot.streak > self.max_restarts:
-            slot.failed = (f"gave up after {slot.streak} consecutive failures "
-                           f"(the last: {why})")
-            log.error("instance %s: %s; it stays down until the next reconfiguration",
-                      slot.spec.name, slot.failed)
-        else:
-            delay = self._backoff_s(slot.streak)
-            slot.next_start_s = time.monotonic() + delay
-            log.warning("instance %s: %s; restarting it in %.1f s (failure %d of at most %d)",
-                        slot.spec.name, why, delay, slot.streak, self.max_restarts)
+    def _failure(self, slot: RestartSlot, why: str) -> None:
+        """Count one failure of the slot's instance (state lock held)."""
+        slot.fail(why, max_restarts=self.max_restarts, backoff_s=self.restart_backoff_s,
+                  backoff_max_s=self.restart_backoff_max_s)
 
     def _lost(self, inst: Instance, why: str, *, workers: int = 0) -> None:
         """Take a failed instance out of routing, count the failure and kill what is left of
@@ -444,7 +395,7 @@ class Controller:
             self._disposing = [t for t in self._disposing if t.is_alive()] + [thread]
         thread.start()
 
-    def _restart(self, slot: _Slot) -> None:
+    def _restart(self, slot: RestartSlot) -> None:
         t0 = time.monotonic()
         name = slot.spec.name
         router = self.models.get(slot.spec.served_name)

@@ -33,6 +33,7 @@ from coral.perf import uncertainty
 from coral.perf.holdout import DECODE_TOKENS, VIDUR_CLASSES, HeldOutGpu, leave_one_gpu_out
 from coral.perf.validation import PACKAGED_PROFILES, compare, load_tables
 from coral.perf.vidur_profiles import VIDUR_GPUS, load_vidur_profiles
+from perf_public import unfitted_errors  # the layer-fitted cards' public points
 
 CLASSES = (*VIDUR_CLASSES, "layer", "dense layer", "moe layer")
 
@@ -83,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     catalog = default_catalog()
     if args.write_uncertainty:
-        figures = uncertainty.measure(catalog, PerfModel(catalog))
+        perf = PerfModel(catalog)
+        figures = uncertainty.measure(catalog, perf,
+                                      layer_fitted=unfitted_errors(catalog, perf))
         print(f"wrote {uncertainty.write(figures)}: {json.dumps(figures)}")
         return 0
     results = leave_one_gpu_out(catalog, sustained=not args.no_sustained,

@@ -225,6 +225,23 @@ def fit_layer_levels(catalog: Catalog | None = None, path: Path = DATA) -> dict[
     return fits
 
 
+def unfitted_errors(catalog: Catalog | None = None, perf: PerfModel | None = None,
+                    path: Path = DATA) -> dict[str, list[float]]:
+    """Per layer-fitted card (`perf.layer_fits`), the errors of its LLM points that its fit
+    did not use (every point but `FIT_MODEL`'s prefill layers): the held-out figures
+    `coral.perf.uncertainty` takes the card's slowdown from."""
+    catalog = catalog or default_catalog()
+    perf = perf or PerfModel(catalog)
+    points = [p for p in all_points(catalog, perf, path) if p.phase in LLM_PHASES]
+    out: dict[str, list[float]] = {}
+    for gpu in sorted(perf.layer_fits):
+        used = set(map(id, _prefill(points, gpu, FIT_MODEL)))
+        errs = [p.error for p in points if p.gpu == gpu and id(p) not in used]
+        if errs:
+            out[gpu] = errs
+    return out
+
+
 def fits_report(catalog: Catalog, fits: dict[str, LayerFit]) -> list[str]:
     """Per fitted card: carried and fitted efficiency, the fitted one over the card's benchmark
     figure (where listed), and the signed in-sample and held-out errors of each."""

@@ -10,6 +10,10 @@ not assumed:
 - **own profile**: the type's whole-layer points (prefill and decode) against the figures
   plans use (the committed fit; a type whose committed figures are borrowed, as the h200's
   and the a40's are, is a borrower);
+- **layer fit**: a borrower whose matmul efficiency is fitted on its own public per-layer
+  profile (`coral.perf.layer_fits`: the A100-40GB, L4, T4 and V100): its public points that
+  the fit did not use (the held-out model's prefill layers and every decode layer), predicted
+  by the model plans use;
 - **borrowed**: the leave-one-GPU-out check (`coral.perf.holdout`): each measured type
   predicted from fits on the others only, as a type without a profile is; the worst of
   those held-out types stands for every borrower, as nobody can say which held-out type a
@@ -19,7 +23,8 @@ A slowdown is `measured / predicted` of a point; a card's factor is its `PERCENT
 percentile over its points (at least 1): slower-than-modelled is what breaks an SLO, and one
 slowdown is applied to every step of the card, so the factor stands for most steps rather
 than the single worst kernel choice. The figures live in `data/uncertainty.yaml`, written by
-`python benchmarks/perf_holdout.py --write-uncertainty` (`tests/test_perf_holdout.py` checks
+`python benchmarks/perf_holdout.py --write-uncertainty`, which reads the layer-fitted cards'
+public points through `benchmarks/perf_public.py` (`tests/test_perf_holdout.py` checks
 the file against a fresh measurement, so a perf-model change that moves them cannot go
 unnoticed).
 """
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 import yaml
@@ -52,7 +57,7 @@ class CardUncertainty:
     """How sure the perf model is of one GPU type."""
 
     gpu: str
-    basis: Literal["own profile", "borrowed"]
+    basis: Literal["own profile", "layer fit", "borrowed"]
     factor: float  # slowdown planned against: measured / predicted at PERCENTILE
     donor: str | None = None  # the type whose fit a borrowed one carries
 
@@ -62,8 +67,13 @@ class CardUncertainty:
         return self.factor - 1.0
 
     def describe(self) -> str:
-        how = ("its own profile" if self.basis == "own profile"
-               else f"borrowed from {self.donor}" if self.donor else "borrowed")
+        if self.basis == "own profile":
+            how = "its own profile"
+        elif self.basis == "layer fit":
+            how = ("matmuls fitted on its own layers, the rest borrowed from "
+                   f"{self.donor or 'a profiled type'}; held-out public points")
+        else:
+            how = f"borrowed from {self.donor}" if self.donor else "borrowed"
         return f"{self.gpu} {self.factor:.3g}x ({how})"
 
 
@@ -76,8 +86,11 @@ def slowdown_factor(errors: np.ndarray) -> float:
     return max(1.0, float(np.percentile(1.0 / (1.0 + errors), PERCENTILE)))
 
 
-def measure(catalog: Catalog, perf: Any) -> dict[str, Any]:
-    """The file's figures, measured now: each own-profile type's factor and the borrowers'."""
+def measure(catalog: Catalog, perf: Any,
+            layer_fitted: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
+    """The file's figures, measured now: each own-profile type's factor, each layer-fitted
+    type's (from `layer_fitted`: card -> errors of its public points the fit did not use,
+    as `benchmarks/perf_public.py` scores them) and the borrowers'."""
     def layers(held: Any) -> np.ndarray:
         return np.concatenate([held.kind("prefill").errors, held.kind("decode").errors,
                                held.kind("prefill", ("moe layer",)).errors,
@@ -97,6 +110,8 @@ def measure(catalog: Catalog, perf: Any) -> dict[str, Any]:
     return {"format": FORMAT, "percentile": PERCENTILE,
             "own": {k: round(v, 4) for k, v in sorted(own.items())},
             "held_out": {k: round(v, 4) for k, v in sorted(held_out.items())},
+            "layer_fitted": {k: round(slowdown_factor(np.asarray(v, dtype=float)), 4)
+                             for k, v in sorted((layer_fitted or {}).items())},
             "borrowed": round(max(held_out.values()), 4)}
 
 
@@ -105,7 +120,8 @@ def write(figures: Mapping[str, Any], path: Path | None = None) -> Path:
     head = ("# Written by `python benchmarks/perf_holdout.py --write-uncertainty` "
             "(coral.perf.uncertainty):\n# slowdown factors (measured / predicted at the "
             "percentile) per GPU type with its own profile,\n# each held-out type's when "
-            "predicted from the others, and the borrowers' (the worst held-out).\n")
+            "predicted from the others, each layer-fitted type's on its\n# public points "
+            "the fit did not use, and the borrowers' (the worst held-out).\n")
     path.write_text(head + yaml.safe_dump(dict(figures), sort_keys=False))
     return path
 
@@ -122,15 +138,19 @@ def load() -> dict[str, Any]:
 def card_uncertainty(catalog: Catalog, perf: Any, gpus: Any = None
                      ) -> dict[str, CardUncertainty]:
     """Each GPU type's (`gpus`, default every catalog type) uncertainty: its own profile's
-    figure where the committed file has one and plans use that fit, else the borrowers'
-    (a type fitted later by the user counts as borrowed: no held-out figure says how good
-    that fit is)."""
+    figure where the committed file has one and plans use that fit, its layer fit's where
+    plans use the committed layer fit, else the borrowers' (a type fitted later by the user
+    counts as borrowed: no held-out figure says how good that fit is)."""
     doc = load()
+    fitted = doc.get("layer_fitted") or {}
     out = {}
     for name in sorted(gpus if gpus is not None else catalog.gpus):
         eff = perf.efficiencies_for(name)
         if not eff.borrowed_from and name in doc["own"]:
             out[name] = CardUncertainty(name, "own profile", float(doc["own"][name]))
+        elif eff.borrowed_from and eff.matmul_fitted_on and name in fitted:
+            out[name] = CardUncertainty(name, "layer fit", float(fitted[name]),
+                                        eff.borrowed_from)
         else:
             out[name] = CardUncertainty(name, "borrowed", float(doc["borrowed"]),
                                         eff.borrowed_from or None)

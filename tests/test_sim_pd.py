@@ -38,6 +38,7 @@ from coral.sim import pd
 from coral.perf.step import template_saturation as saturation
 from coral.sim.deployment import stages_from_nodes
 from coral.sim.metrics import REQUEST_COLUMNS, request_rows
+from coral.sim.scheduler import SimInstance
 from coral.sim.workload import merge
 from coral.templates.slo import SloSpec
 
@@ -243,7 +244,7 @@ def test_decode_starts_only_after_the_kv_lands(cat, perf, monkeypatch):
         for s in self.running:
             if s not in before:
                 joined.setdefault(s.req.id, now)
-        for s, _ in self.step_chunks:
+        for s, _ in (self.step.chunks if self.step is not None else ()):
             assert s.preemptions > 0, "a decode instance prefilled a request it had not lost"
 
     monkeypatch.setattr(pd.Landing, "land", spy_land)
@@ -255,6 +256,39 @@ def test_decode_starts_only_after_the_kv_lands(cat, perf, monkeypatch):
         assert landed[r.id] == pytest.approx(r.first_token_s + r.transfer_s, rel=1e-12)
         assert joined[r.id] >= landed[r.id]
         assert r.end_s > joined[r.id]
+
+
+def test_one_scheduler_forms_the_steps_of_every_role(cat, perf, monkeypatch):
+    """Aggregated, prefill and decode instances form their steps with the one scheduler
+    (the PD halves change its data, not its code), and each step's record is what the step
+    model priced: its prompt tokens are its chunks', its micro-batches min(stages, seqs),
+    and its length the step model's for (prompt tokens, decodes, context, micro-batches)."""
+    assert pd.PrefillInstance.schedule is SimInstance.schedule
+    assert pd.DecodeInstance.schedule is SimInstance.schedule
+    steps: dict[str, list] = {}
+    schedule = SimInstance.schedule
+
+    def spy(self, now):
+        schedule(self, now)
+        st = self.step
+        if st is None:
+            return
+        steps.setdefault(self.spec.role, []).append(st)
+        assert st.prompt_tokens == sum(k for _, k in st.chunks)
+        assert st.micro_batches == min(st.decode + len(st.chunks), self.n_stages)
+        key = (st.prompt_tokens, st.decode, st.context, st.micro_batches)
+        assert (st.dt_s, st.busy) == self.layout.step_cost(*key)
+        assert self.step_end == now + st.n * st.dt_s
+
+    monkeypatch.setattr(SimInstance, "schedule", spy)
+    insts = [*two_regions(), spec("agg", "aggregated", "a", [("1x-l40s", 0, 32, 128, 1.0)], 4.0)]
+    res = simulate(insts, pd_load(3, 20.0), perf=perf, catalog=cat)
+    assert all(r.status == "done" for r in res.requests)
+    assert set(steps) == {"aggregated", "prefill", "decode"}
+    assert all(st.decode == 0 for st in steps["prefill"])  # a prompt done leaves the batch
+    assert any(st.decode for st in steps["aggregated"])
+    assert any(st.chunks for st in steps["aggregated"])
+    assert any(st.n > 1 for st in steps["decode"])  # closed-form decode runs
 
 
 def test_requests_stay_in_their_prefill_instances_region(cat, perf):

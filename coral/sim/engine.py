@@ -283,14 +283,15 @@ class Simulator:
                 if inst.__class__ is Timer:
                     inst.fn(t)
                     continue
-                if inst.step_end != t or not inst.step_n:
+                step = inst.step
+                if inst.step_end != t or step is None:
                     continue  # superseded by a cut
-                n = inst.step_n
+                n = step.n
                 steps += n
                 acc = inst.busy
-                for k, x in inst.step_busy:
+                for k, x in step.busy:
                     acc[k] += n * x
-                b = inst.step_decode
+                b = step.decode
                 clock = inst.clock
                 if b:
                     clock = inst.clock = clock + n
@@ -313,7 +314,7 @@ class Simulator:
                                     inst.kv_used -= s.ctx
                                     s.status = "done"
                                     s.end_s = t + s.lag
-                for s, k in inst.step_chunks:
+                for s, k in step.chunks:
                     s.ctx += k
                     inst.kv_used += k
                     if s.ctx >= s.target:
@@ -355,12 +356,14 @@ class Simulator:
             was_empty = not waiting
             waiting.append(s)
             router.inflight[inst.slot] += 1
-            if inst.step_m > 1:
-                s.lag = inst.launch_lag(t)
-            if not inst.step_n:
+            step = inst.step
+            if step is None:
                 inst.schedule(t)
-            elif was_empty and inst.step_n > 1 and len(inst.running) < inst.max_seqs:
-                inst.cut(t)
+            else:
+                if step.micro_batches > 1:
+                    s.lag = inst.launch_lag(t)
+                if was_empty and step.n > 1 and len(inst.running) < inst.max_seqs:
+                    inst.cut(t)
             if progress is not None and next_arrival % 1024 == 0:
                 progress(t)
 

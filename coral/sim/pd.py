@@ -85,7 +85,6 @@ from typing import Any, Mapping, Sequence
 
 from coral.perf.step import (
     KV_TRANSFER_LATENCY_S,
-    StepCost,
     StepModel,
     kv_transfer_bytes,
     slowest_nic_bytes_per_s,
@@ -93,7 +92,7 @@ from coral.perf.step import (
 from coral.sim.config import SimConfig
 from coral.sim.deployment import DeploymentError, InstanceSpec
 from coral.sim.routing import SimRouter
-from coral.sim.scheduler import NO_CHUNKS, Seq, SimInstance
+from coral.sim.scheduler import Seq, SimInstance
 
 
 class Landing:
@@ -109,7 +108,7 @@ class Landing:
         may now admit a prompt that did not fit), the decode instance queues the request."""
         s, src, dst = self.seq, self.src, self.dst
         src.kv_used -= s.ctx
-        if not src.step_n and src.waiting:
+        if src.step is None and src.waiting:
             src.schedule(t)
         s.held_by = src  # queued at `src` until `dst` takes it in ("Back-pressure")
         src.held += 1
@@ -122,6 +121,7 @@ class PrefillInstance(SimInstance):
     request whose prompt is done goes on to a decode instance (`hand_over`)."""
 
     __slots__ = ("decode_router", "kv_arch", "nic", "nic_free", "held")
+    lags_launches = False
 
     def __init__(self, spec: InstanceSpec, index: int, layout: StepModel, cfg: SimConfig):
         super().__init__(spec, index, layout, cfg)
@@ -165,35 +165,29 @@ def release(s: Seq) -> None:
 
 class DecodeInstance(SimInstance):
     """A decode instance: requests arrive with their prompt's KV cache and join the decode
-    batch directly; only requests preempted here are recomputed in prompt chunks."""
+    batch directly (`admit_landed`, before `SimInstance.schedule` forms each step); only
+    requests preempted here are recomputed in prompt chunks."""
 
     __slots__ = ("nic", "nic_free")
+    lags_launches = False
+    takes_landed = True
 
     def __init__(self, spec: InstanceSpec, index: int, layout: StepModel, cfg: SimConfig):
         super().__init__(spec, index, layout, cfg)
         self.nic = 0.0  # slowest NIC, bytes/s
         self.nic_free = 0.0  # when the NIC has taken in every transfer started so far
 
-    def schedule(self, now: float) -> None:
-        """Form the next step from `now` (see `SimInstance.schedule`, which this follows):
-
-        1. preempt while the cache cannot take this step's decode tokens;
-        2. landed requests at the head of the queue join the decode batch, FCFS, while a slot
-           is free and the cache holds their prompt plus this step's token;
-        3. the rest of the token budget recomputes requests preempted here (partial ones
-           first, then the queue's head while it is a preempted request that fits);
-        4. in fast mode, a pure-decode step that no queued request could join repeats as in
-           the aggregated engine. A landed request that could not join now cannot join before
-           a sequence finishes (slots and free cache only shrink until then), and a run ends
-           at the first finish."""
+    def admit_landed(self) -> None:
+        """Landed requests at the head of the queue join the decode batch, FCFS, while a slot
+        is free and the cache holds their prompt plus this step's token (a prompt larger
+        than the whole cache is rejected); a request preempted here, at the head, waits for
+        `SimInstance.schedule` to recompute it in prompt chunks."""
         running, waiting, kv_cap = self.running, self.waiting, self.kv_cap
-        if self.kv_used + self.n_decode > kv_cap and running:
-            self.preempt()
         max_seqs = self.max_seqs
         while waiting and len(running) < max_seqs:
             s = waiting[0]
             if s.ctx < s.target:
-                break  # preempted here: recomputed below
+                break  # preempted here: recomputed as a prompt
             if s.ctx + 1 > kv_cap:  # its prompt can never fit, even alone
                 waiting.popleft()
                 self.inflight[self.slot] -= 1
@@ -207,77 +201,6 @@ class DecodeInstance(SimInstance):
             running[s] = None
             self.kv_used += s.ctx
             self.start_decoding(s)
-        b = self.n_decode
-        kv_used = self.kv_used
-        budget = self.max_tokens - b
-        free = kv_cap - kv_used - b
-        chunks: Sequence[tuple[Seq, int]] = NO_CHUNKS
-        p = 0
-        if self.prefilling or (waiting and waiting[0].ctx < waiting[0].target):
-            chunks = []
-            for s in self.prefilling:
-                if budget <= 0 or free <= 0:
-                    break
-                k = min(s.target - s.ctx, budget, free)
-                chunks.append((s, k))
-                budget -= k
-                free -= k
-                p += k
-            while budget > 0 and waiting and len(running) < max_seqs:
-                s = waiting[0]
-                need = s.target - s.ctx
-                if need <= 0:
-                    break  # landed: joins at a later step
-                if need + 1 > kv_cap:
-                    waiting.popleft()
-                    self.inflight[self.slot] -= 1
-                    self.on_reject(s)
-                    continue
-                if need > free:
-                    break
-                waiting.popleft()
-                running[s] = None
-                self.prefilling[s] = None
-                k = min(need, budget)
-                chunks.append((s, k))
-                budget -= k
-                free -= k
-                p += k
-        if not b and not p:
-            self.step_n = 0
-            return
-        c = c_raw = self.ctx_base + b * self.clock
-        nb = self.buckets
-        if nb > 0 and c > nb:  # up to a multiple of 1/nb of its power of two
-            q = (1 << (c.bit_length() - 1)) // nb
-            if q > 1:
-                c = -(-c // q) * q
-        m = min(b + len(chunks), self.n_stages)
-        cost: StepCost = self.costs.get((p, b, c, m)) or self.layout.step_cost(p, b, c, m)
-        n = 1
-        if not p and self.closed_form and not self._head_may_join(kv_used):
-            fc, fin = self.fin_clocks, self.fin
-            while True:  # the first clock with a live entry (dropping stale ones)
-                f = fc[0]
-                if any(s.off >= 0 and s.fin == f for s in fin[f]):
-                    break
-                del fc[0]
-                del fin[f]
-            n = max(1, min(f - self.clock, (kv_cap - kv_used) // b, (c - c_raw) // b + 1))
-        dt, self.step_busy = cost
-        self.step_start, self.step_dt, self.step_n = now, dt, n
-        self.step_decode, self.step_chunks = b, chunks
-        self.queue(now + n * dt)
-
-    def _head_may_join(self, kv_used: int) -> bool:
-        """Whether the queue's head could join a later step of a run formed now."""
-        waiting = self.waiting
-        if not waiting or len(self.running) >= self.max_seqs:
-            return False
-        s = waiting[0]
-        if s.ctx >= s.target:
-            return False  # landed and did not fit now: not before a sequence finishes
-        return kv_used + (s.target - s.ctx) <= self.kv_cap
 
 
 def instance_class(role: str) -> type[SimInstance]:

@@ -340,8 +340,8 @@ class PreemptionRun:
         inst.waiting = _Sink(self)
         inst.running, inst.prefilling = {}, {}
         inst.fin, inst.fin_clocks = {}, []
-        inst.n_decode = inst.ctx_base = inst.kv_used = inst.step_n = 0
-        inst.step_end = -1.0
+        inst.n_decode = inst.ctx_base = inst.kv_used = 0
+        inst.step, inst.step_end = None, -1.0
         for s in held:
             if s.first_token_s is None and s.generated == 0:
                 self.counts["retried"] += 1

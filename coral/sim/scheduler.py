@@ -1,7 +1,13 @@
-"""One simulated instance: its queues, KV cache, decode clock and the step in progress
-(continuous batching with chunked prefill and preemption; see `coral.sim.engine` for the
-model). The event loop (`coral.sim.engine.Simulator`) drives it; the prefill/decode
-instances of `coral.sim.pd` are subclasses of `SimInstance`."""
+"""One simulated instance: its queues, KV cache, decode clock and the scheduler that forms
+its steps (continuous batching with chunked prefill and preemption; see `coral.sim.engine`
+for the model). The event loop (`coral.sim.engine.Simulator`) drives it.
+
+`SimInstance.schedule` is the one scheduler of every kind of instance: aggregated, and the
+prefill and decode halves of `coral.sim.pd` (subclasses that change its data, not its
+steps): a prefill instance's token budget is its template's chunk and a finished prompt
+leaves through `handoff`; a decode instance first takes landed KV caches into its decode
+batch (`takes_landed`, `admit_landed`). Each step it forms is a `Step` record, which the
+step model prices and the event loop applies."""
 
 from __future__ import annotations
 
@@ -57,12 +63,41 @@ NO_CHUNKS: tuple[tuple[Seq, int], ...] = ()
 _heappush = heapq.heappush
 
 
+class Step:
+    """One scheduler step, or a closed-form run of `n` identical ones: what runs in it, as
+    the scheduler forms it (`SimInstance.schedule`) and the event loop applies it (vLLM's
+    `SchedulerOutput`, for the simulator). Its (prompt tokens, decodes, context,
+    micro-batches) are what the step model prices (`StepModel.step_cost`, giving `dt_s`
+    and `busy`).
+
+    The decoding seqs are counted, not listed: every running seq whose prompt is cached
+    decodes one token a step, and they are filed by the decode clock (`SimInstance.fin`), so
+    that a step costs O(1) in the batch size. A plain class with slots rather than a frozen
+    dataclass, as one is formed per event; `n` shrinks when an arrival cuts the run short
+    (`SimInstance.cut`) and nothing else changes after it is formed."""
+
+    __slots__ = ("chunks", "prompt_tokens", "decode", "context", "micro_batches", "n",
+                 "start_s", "dt_s", "busy")
+
+    def __init__(self, chunks: Sequence[tuple[Seq, int]], prompt_tokens: int, decode: int,
+                 context: int, micro_batches: int, n: int, start_s: float, dt_s: float,
+                 busy: tuple[tuple[int, float], ...]):
+        self.chunks = chunks  # (seq, its prompt tokens in this step), partial prefills first
+        self.prompt_tokens = prompt_tokens  # the chunks' tokens
+        self.decode = decode  # seqs that decode one token each
+        self.context = context  # the decoding seqs' context, rounded up to its bucket
+        self.micro_batches = micro_batches  # min(stages, sequences in the step)
+        self.n = n  # identical steps in the run (> 1 only for a pure-decode closed form)
+        self.start_s = start_s  # when the run starts
+        self.dt_s = dt_s  # seconds of each step (the step model's)
+        self.busy = busy  # (node index, busy seconds of each step) of the step model
+
+
 class SimInstance:
     """The state of one instance: its queues, decode clock, KV use and step in progress.
 
-    The step in progress (`step_n` identical steps from `step_start`, each `step_dt` long)
-    is kept in fields rather than an object, as one is formed per event; `step_n` is 0 when
-    the instance is idle. Decoding seqs are filed by the clock of their last token (`fin`,
+    The step in progress is `step` (None when the instance is idle), ending at `step_end`.
+    Decoding seqs are filed by the clock of their last token (`fin`,
     with its keys in ascending order in `fin_clocks`: a sorted list rather than a heap, as
     seqs mostly finish in the order they start, so a key is mostly appended and always taken
     from the front, comparing with no other key). A preempted seq's entry stays behind,
@@ -71,10 +106,15 @@ class SimInstance:
     __slots__ = (
         "spec", "index", "layout", "kv_cap", "max_seqs", "max_tokens", "n_stages",
         "buckets", "closed_form", "waiting", "running", "prefilling", "clock", "n_decode",
-        "ctx_base", "fin", "fin_clocks", "kv_used", "step_end", "busy", "step_start",
-        "step_dt", "step_n", "step_m", "step_decode", "step_chunks", "step_busy", "heap",
-        "due",
-        "on_reject", "router", "costs", "slot", "inflight", "handoff")
+        "ctx_base", "fin", "fin_clocks", "kv_used", "step", "step_end", "busy", "heap",
+        "due", "on_reject", "router", "costs", "slot", "inflight", "handoff")
+
+    #: Whether a step's tokens lag by the micro-batch launches an arrival waited for
+    #: (`launch_lag`); the PD instances count none (`coral.sim.pd`, "Latency accounting").
+    lags_launches = True
+    #: Whether queued requests may arrive with their prompt's KV cache, to join the decode
+    #: batch before the step is formed (`admit_landed`: a PD decode instance).
+    takes_landed = False
 
     def __init__(self, spec: InstanceSpec, index: int, layout: StepModel, cfg: SimConfig):
         self.spec, self.index, self.layout = spec, index, layout
@@ -93,14 +133,9 @@ class SimInstance:
         self.fin: dict[int, list[Seq]] = {}  # clock -> seqs whose last token is then
         self.fin_clocks: list[int] = []  # fin's keys, ascending
         self.kv_used = 0
-        self.step_end = -1.0  # when the step (run) in progress ends
+        self.step: Step | None = None  # the step (run) in progress; None: idle
+        self.step_end = -1.0  # when it ends
         self.busy = [0.0] * len(layout.nodes)
-        self.step_start = self.step_dt = 0.0
-        self.step_n = 0  # identical steps in the run in progress (0: idle)
-        self.step_m = 1  # micro-batches of each of them
-        self.step_decode = 0  # sequences that decode in each of them
-        self.step_chunks: Sequence[tuple[Seq, int]] = NO_CHUNKS  # prompt chunks (n = 1)
-        self.step_busy: tuple[tuple[int, float], ...] = ()
         # set by Simulator.run: the step-end heap and its instances, the reject callback
         self.heap: list[float] = []
         self.due: Due = {}
@@ -166,9 +201,10 @@ class SimInstance:
         was_empty = not waiting
         waiting.append(s)
         s.lag = self.launch_lag(t)
-        if not self.step_n:
+        step = self.step
+        if step is None:
             self.schedule(t)
-        elif was_empty and self.step_n > 1 and len(self.running) < self.max_seqs:
+        elif was_empty and step.n > 1 and len(self.running) < self.max_seqs:
             self.cut(t)
 
     def launch_lag(self, t: float) -> float:
@@ -179,33 +215,47 @@ class SimInstance:
         first token is back a round trip (a step) after the last; the step model takes its
         prompt at the next step and counts its token at that step's end, `k dt / m`
         earlier. Its tokens keep that phase, so every one of them comes `k dt / m` later
-        (its TPOT is the step model's). 0 when idle or with one micro-batch."""
-        m = self.step_m
-        if m < 2 or not self.step_n or self.handoff is not None:
+        (its TPOT is the step model's). 0 when idle, with one micro-batch, or on a PD
+        instance (`lags_launches`)."""
+        step = self.step
+        if step is None or step.micro_batches < 2 or not self.lags_launches:
             return 0.0
-        phase = (t - self.step_start) / self.step_dt
+        m = step.micro_batches
+        phase = (t - step.start_s) / step.dt_s
         k = int((phase - int(phase)) * m)
-        return k * self.step_dt / m
+        return k * step.dt_s / m
+
+    def admit_landed(self) -> None:
+        """Move queued requests whose KV cache has landed into the decode batch (the
+        instances with `takes_landed` only: `coral.sim.pd.DecodeInstance`)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no landed requests")
 
     def schedule(self, now: float) -> None:
-        """Form the next step from `now` and queue its end (the instance idles when there is
-        nothing to run):
+        """Form the next step from `now` (a `Step`, in `step`) and queue its end (the
+        instance idles, `step` None, when there is nothing to run):
 
         1. preempt the most recently admitted seqs while the cache cannot take this step's
            decode tokens;
-        2. every decoding seq decodes one token, and the rest of the token budget goes to
+        2. on a PD decode instance (`takes_landed`), landed requests at the head of the
+           queue join the decode batch (`admit_landed`);
+        3. every decoding seq decodes one token, and the rest of the token budget goes to
            prompt chunks: running partial prefills first, then waiting requests FCFS while
            fewer than `max_seqs` run and the whole prompt fits in the free cache (a prompt
-           that cannot fit even alone is rejected);
-        3. the step's cost is looked up for its context rounded up to its bucket;
-        4. in fast mode, a pure-decode step that no waiting request could join repeats
+           that cannot fit even alone is rejected); a landed request at the head stops
+           them, as it joins at a later step;
+        4. the step's cost is looked up for its context rounded up to its bucket;
+        5. in fast mode, a pure-decode step that no waiting request could join repeats
            until the first decoding seq finishes, the cache fills, or the context leaves its
-           bucket: those steps are one event.
+           bucket: those steps are one event. A landed request that could not join now
+           cannot join before a seq finishes (slots and free cache only shrink until then),
+           and a run ends at the first finish.
 
         It runs once per event, so its helpers are written inline (as is `min` of ints)."""
         running, waiting, kv_cap = self.running, self.waiting, self.kv_cap
         if self.kv_used + self.n_decode > kv_cap and running:
             self.preempt()
+        if self.takes_landed and waiting:
+            self.admit_landed()
         b = self.n_decode
         kv_used = self.kv_used
         budget = self.max_tokens - b
@@ -233,6 +283,8 @@ class SimInstance:
             while budget > 0 and waiting and len(running) < max_seqs:
                 s = waiting[0]
                 need = s.target - s.ctx
+                if need <= 0:
+                    break  # landed (PD decode): joins the decode batch at a later step
                 if need + 1 > kv_cap:  # can never fit, even alone
                     waiting.popleft()
                     self.inflight[self.slot] -= 1
@@ -249,7 +301,7 @@ class SimInstance:
                 free -= k
                 p += k
         if not b and not p:
-            self.step_n = 0
+            self.step = None
             return
         c = c_raw = self.ctx_base + b * self.clock
         nb = self.buckets
@@ -260,36 +312,18 @@ class SimInstance:
         m = b + len(chunks)
         if m > self.n_stages:
             m = self.n_stages
-        cost = self.costs.get((p, b, c, m)) or self.layout.step_cost(p, b, c, m)
+        dt, busy = self.costs.get((p, b, c, m)) or self.layout.step_cost(p, b, c, m)
         n = 1
-        if not p and self.closed_form and not (
-                waiting and len(running) < max_seqs
-                and kv_used + (waiting[0].target - waiting[0].ctx) <= kv_cap):
-            fc, fin = self.fin_clocks, self.fin
-            while True:  # the first clock with a live entry (dropping stale ones)
-                f = fc[0]
-                for s in fin[f]:
-                    if s.off >= 0 and s.fin == f:
-                        break
-                else:
-                    del fc[0]
-                    del fin[f]
-                    continue
-                break
-            # steps until the first finishes, the cache fills, or the context leaves c's
-            # bucket (steps k = 0..n-1 keep context c_raw + k b in it)
-            n = f - self.clock
-            k = (kv_cap - kv_used) // b
-            if k < n:
-                n = k
-            k = (c - c_raw) // b + 1
-            if k < n:
-                n = k
-            if n < 1:
-                n = 1
-        dt, self.step_busy = cost
-        self.step_start, self.step_dt, self.step_n, self.step_m = now, dt, n, m
-        self.step_decode, self.step_chunks = b, chunks
+        if not p and self.closed_form:
+            if waiting and len(running) < max_seqs:  # may the head join a later step?
+                head = waiting[0]
+                need = head.target - head.ctx
+                joins = 0 < need and kv_used + need <= kv_cap
+            else:
+                joins = False
+            if not joins:
+                n = self._run_length(c, c_raw, b, kv_used)
+        self.step = Step(chunks, p, b, c, m, n, now, dt, busy)
         self.step_end = t = now + n * dt
         other = self.due.get(t)  # self.queue(t)
         if other is None:
@@ -300,15 +334,43 @@ class SimInstance:
         else:
             self.due[t] = [other, self]
 
+    def _run_length(self, c: int, c_raw: int, b: int, kv_used: int) -> int:
+        """How many identical pure-decode steps of `b` seqs, at context `c_raw` rounded up
+        to `c`, run as one (fast mode): until the first decoding seq finishes, the cache
+        fills, or the context leaves `c`'s bucket (steps k = 0..n-1 keep context
+        c_raw + k b in it); at least 1."""
+        fc, fin = self.fin_clocks, self.fin
+        while True:  # the first clock with a live entry (dropping stale ones)
+            f = fc[0]
+            for s in fin[f]:
+                if s.off >= 0 and s.fin == f:
+                    break
+            else:
+                del fc[0]
+                del fin[f]
+                continue
+            break
+        n = f - self.clock
+        k = (self.kv_cap - kv_used) // b
+        if k < n:
+            n = k
+        k = (c - c_raw) // b + 1
+        if k < n:
+            n = k
+        return n if n > 1 else 1
+
     def cut(self, t: float) -> None:
         """An arrival at `t` may join the batch: end a closed-form run after the step in
         progress. The run's batch is fixed until it ends, so an arrival can only join earlier
         when it heads the queue and a slot is free (otherwise the per-step schedule would not
         admit it either)."""
-        k = min(self.step_n, int((t - self.step_start) / self.step_dt) + 1)
-        if k < self.step_n:
-            self.step_n = k
-            self.queue(self.step_start + k * self.step_dt)
+        step = self.step
+        if step is None:
+            return
+        k = min(step.n, int((t - step.start_s) / step.dt_s) + 1)
+        if k < step.n:
+            step.n = k
+            self.queue(step.start_s + k * step.dt_s)
 
     def queue(self, t: float) -> None:
         """Make `t` the end of the step in progress (its earlier entry, if any, is stale)."""

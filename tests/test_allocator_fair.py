@@ -163,3 +163,25 @@ def test_level_bound_and_water_filling_hold_against_the_oracle(seed: int) -> Non
     bound = fair_search.level_bound(dec, fr.weight, relaxed.node_price, level, -relaxed.value,
                                     deadline=time.perf_counter() + 5.0)
     assert oracle.fair_level <= bound + 1e-9 <= -relaxed.value + 2e-9
+
+
+def test_plans_of_one_floor_rank_by_priority_weighted_tokens() -> None:
+    """Between two fair plans of the same floor, `coral plan` keeps the one with more
+    priority-weighted tokens/s, the quantity the tokens phase maximises, even when the
+    other serves more tokens in all."""
+    from coral.planning.plan import _plan_rank
+
+    demands = (ModelDemand("a", 10.0, output_tokens=100.0, priority=1.0),
+               ModelDemand("b", 10.0, output_tokens=60.0, priority=2.0))
+    templates = (column("ta", "a", {"g1": 1}, 1.0, {"r1": 1.0}),
+                 column("tb", "b", {"g1": 1}, 1.0, {"r1": 1.0}))
+    problem = AllocationProblem(demands=demands, templates=templates, regions=("r1",),
+                                availability={("g1", "r1"): 7}, mip_gap=0.0)
+    plan = solve_allocation(problem)
+    # floor 3 req/s each; the seventh node to b: 60 x 2 = 120 > 100 x 1 weighted tokens
+    assert plan.served_rps == {"a": pytest.approx(3.0), "b": pytest.approx(4.0)}
+    assert plan.priority_tokens_per_s == pytest.approx(3 * 100 + 2 * 4 * 60)
+    to_a = replace(plan, served_rps={"a": 4.0, "b": 3.0}, tokens_per_s=580.0,
+                   priority_tokens_per_s=4 * 100 + 2 * 3 * 60)
+    assert to_a.tokens_per_s > plan.tokens_per_s
+    assert _plan_rank(plan) < _plan_rank(to_a)

@@ -263,6 +263,8 @@ class AllocationPlan:
     notes: tuple[str, ...] = ()
     scarcity: Scarcity = DEFAULT_SCARCITY  # the objective the plan was sought by if short
     tokens_per_s: float = 0.0  # generated tokens/s served: served req/s x output tokens
+    #: priority-weighted generated tokens/s: what the fair objective's tokens phase maximises
+    priority_tokens_per_s: float = 0.0
     fair_level: float = 1.0  # smallest served fraction (`fair_levels`)
     #: proven relative gap of each scarcity phase, by name, in order (fair: `fairness`,
     #: `tokens`, `cost`; goodput: `goodput`, `cost`); empty when demand is met
@@ -434,6 +436,8 @@ def make_plan(
         notes=tuple(notes),
         scarcity=problem.scarcity,
         tokens_per_s=sum(d.output_tokens * served[d.model] for d in problem.demands),
+        priority_tokens_per_s=sum(d.priority * d.output_tokens * served[d.model]
+                                  for d in problem.demands),
         fair_level=min(levels.values(), default=1.0),
         phase_gaps=dict(phase_gaps or {}),
         phase_s=dict(phase_s or {}),

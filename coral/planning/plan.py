@@ -292,11 +292,12 @@ def _served_share(plan: AllocationPlan) -> float:
 
 def _plan_rank(plan: AllocationPlan) -> tuple[float, ...]:
     """The better of two plans of one scenario: the one meeting demand, then the better by
-    the scarcity objective (fair: the higher fairness level, then more tokens/s; goodput: more
-    priority-weighted goodput), then the cheaper."""
+    the scarcity objective (fair: the higher fairness level, then more priority-weighted
+    tokens/s, as its tokens phase maximises; goodput: more priority-weighted goodput), then
+    the cheaper."""
     if plan.scarcity == "fair":
         return (0.0 if plan.meets_demand else 1.0, -round(plan.fair_level, 9),
-                -round(plan.tokens_per_s, 6), plan.cost_usd_per_hour)
+                -round(plan.priority_tokens_per_s, 6), plan.cost_usd_per_hour)
     return (0.0 if plan.meets_demand else 1.0, -round(plan.goodput, 9), plan.cost_usd_per_hour)
 
 

@@ -25,7 +25,7 @@ from coral.allocator.problem import (
     TemplateRegion,
     make_plan,
 )
-from coral.allocator.plan_file import decode_instances
+from coral.allocator.plan_decode import decode_instances
 from coral.allocator.scenario import Scenario, ScenarioModel
 from coral.catalog.loader import Catalog
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Mapping, Optional
 
 import typer
 from rich.markup import escape
@@ -25,6 +25,9 @@ from coral.cli.common import (
     print_json,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from coral.templates.slo import SloSpec
 
 #: Node limit of the templates when a scenario (not a plan file) is planned here.
 SERVE_NMAX = 2
@@ -186,34 +189,32 @@ def serve(
         try:
             cat = open_catalog(catalog)
             with native_stdout_to_stderr(json):
-                name, plan = _load_plan(target, cat, nmax=nmax, templates_dir=templates_dir)
+                name, plan, source = _load_plan(target, cat, nmax=nmax,
+                                                templates_dir=templates_dir)
             from coral.runtime.deployment import read_instances
 
-            rows = read_instances(plan, cat, target if target.endswith(".json") else
-                                  f"the plan of {name}")
+            rows = read_instances(plan, cat, source)
             opts = dict(skip_unservable=skip_unservable, json=json, dry_run=dry_run)
             if eng is EngineName.vllm:
                 _vllm_plan(name, rows, cat, provisioner=provisioner, out=out, **opts)
                 return
-            from coral.allocator.plan_file import plan_slos
-
-            slos = {m: (s.ttft_s, s.tpot_s) for m, s in (plan_slos(plan, target) or {}).items()}
             _torch_plan(name, rows, cat, width=width, max_instances=max_instances,
                         in_process=in_process, host=host, port=port, api_key=api_key,
-                        edge=edge, slos=slos, **opts)
+                        edge=edge, slos=plan.slos or {}, **opts)
         finally:
             _human["console"] = console
 
 
 # ---------------------------------------------------------------- plans
 def _load_plan(target: str, cat: Any, *, nmax: int, templates_dir: Path
-               ) -> tuple[str, dict[str, Any]]:
-    """(name, plan payload) of a plan file, or of a scenario planned here."""
+               ) -> tuple[str, Any, str]:
+    """(name, `PlanFile`, where it comes from) of a plan file, or of a scenario planned
+    here; its bad rows are kept aside for `read_instances` to list."""
     from coral.runtime.deployment import read_plan
 
     path = Path(target)
     if path.suffix == ".json":
-        return path.stem, read_plan(path)
+        return path.stem, read_plan(path, cat), target
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import default_perf_factory
@@ -225,7 +226,11 @@ def _load_plan(target: str, cat: Any, *, nmax: int, templates_dir: Path
                                nmax=nmax, baselines=False)
     _say(f"planned {scenario.name}: ${result.cost_per_hour:,.2f}/hour, "
          f"{result.plan.total_instances} instances (templates n_max {nmax})")
-    return scenario.name, result.to_dict()
+    from coral.plans.file import PlanFile
+
+    source = f"the plan of {scenario.name}"
+    return (scenario.name, PlanFile.from_payload(result.to_dict(), cat, source,
+                                                 skip_bad_rows=True), source)
 
 
 def _report(name: str, eng: EngineName, provisioner: ProvisionerName, rows: Any,
@@ -344,7 +349,7 @@ def _instance_dict(inst: Any) -> dict[str, Any]:
 def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: int | None,
                 in_process: bool, dry_run: bool, host: str, port: int,
                 api_key: str | None, skip_unservable: bool, json: bool,
-                edge: dict[str, Any], slos: dict[str, tuple[float, float]] | None = None
+                edge: dict[str, Any], slos: Mapping[str, SloSpec] | None = None
                 ) -> None:
     from coral.runtime.deployment import approximate_specs
 
@@ -503,7 +508,7 @@ def gateway_limits(host: str, edge: dict[str, Any]) -> Any:
 def _run_gateway(models: Any, tokenizers: Any, *, host: str, port: int,
                  api_key: str | None, preempt: Any = None,
                  edge: dict[str, Any] | None = None,
-                 slos: dict[str, tuple[float, float]] | None = None) -> None:
+                 slos: Mapping[str, SloSpec] | None = None) -> None:
     from coral.runtime.gateway import create_app, run_gateway
 
     limits = gateway_limits(host, edge or {})

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from coral.allocator.ilp import infeasibility_message, solve_allocation
-from coral.allocator.plan_file import decode_instances
+from coral.allocator.plan_decode import decode_instances
 from coral.allocator.problem import (
     DEFAULT_MIP_GAP,
     DEFAULT_SCARCITY,

@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping
 
 from fastapi import FastAPI, Request
 from jinja2 import TemplateError
@@ -52,6 +52,9 @@ from coral.runtime.openai_api import (
     validation_error,
 )
 from coral.runtime.tokenizer import ByteTokenizer, Tokenizer, fewest_tokens
+
+if TYPE_CHECKING:
+    from coral.templates.slo import SloSpec
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                metrics: GatewayMetrics | None = None,
                preempt: Callable[[str, float], Any] | None = None,
                limits: GatewayLimits | None = None,
-               slos: Mapping[str, tuple[float, float]] | None = None) -> FastAPI:
+               slos: Mapping[str, SloSpec] | None = None) -> FastAPI:
     """The gateway over `models` (served name -> backend).
 
     `tokenizer`: one for every model, or one per served name (models not in the mapping use
@@ -93,8 +96,9 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
     serves `POST /admin/preempt {"instance": NAME, "notice_s": S}`: a preemption notice for an
     instance, as a cloud's would be delivered. `limits`: body size, timeouts, allowed Host
     names and the admission limit per model (`coral.runtime.http_guard`); the servers below
-    apply its HTTP-level ones. `slos`: each model's (TTFT, TPOT) bounds in seconds, from the
-    plan; `/metrics` and `/health` then report each model's SLO attainment.
+    apply its HTTP-level ones. `slos`: each model's SLO, from the plan file
+    (`PlanFile.slos`); `/metrics` and `/health` then report each model's SLO attainment
+    against its TTFT and TPOT bounds.
     """
     limits = limits or GatewayLimits()
     default_tok: Tokenizer = ByteTokenizer()

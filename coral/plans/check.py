@@ -13,11 +13,13 @@ What is checked:
   or has demand for to a valid SLO (`SloSpec`); 'demand_rps' maps models to finite rates;
   the plan's instances and nodes in all stay within `MAX_PLAN_INSTANCES` and
   `MAX_PLAN_NODES` (a bound a real deployment stays far below, that a simulation or a
-  deployment can still hold in memory);
+  deployment can still hold in memory); scenario, level, mode and engine are text and nmax
+  a whole number; a `spot` or `robust` promise has the numbers its readers take;
 - each row: model, region and template_id are strings; `count` is a whole number from 0
   (a row that runs nothing) to `MAX_ROW_INSTANCES`; `mode` and `market` are known values;
   its price (`usd_per_hour`, which the simulator adds up) and capacities are finite and not
-  negative; its `stages` (or the older per-node `placement`) have whole, bounded counts,
+  negative; `nodes` maps node types to whole numbers; its `stages` (or the older per-node
+  `placement`) have whole, bounded counts,
   layers, batches and tensor-parallel degrees, and tile the model's layers [0, L) exactly
   once (no gap, no overlap);
 - given a catalog: each model and node type is in it, a stage's `tp_degree` fits its node
@@ -39,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from pydantic import ValidationError
 
-from coral.allocator.plan_file import PlanFileError
+from coral.plans.errors import PlanFileError
 from coral.catalog import Catalog
 from coral.messages import did_you_mean, field_problem
 from coral.perf.pipeline import PipelineShape, ShapeError
@@ -167,6 +169,7 @@ def check_plan(payload: Any, catalog: Catalog | None = None, source: str = "the 
               f"{MAX_PLAN_NODES}", f"lower the rows' 'count', {REPLAN}")
     demand = c.demand(payload.get("demand_rps"))
     c.slos(payload, served, demand)
+    c.entries(payload)
     c.non_finite(payload)
     return PlanCheck(str(source), tuple(c.problems))
 
@@ -225,6 +228,14 @@ class _Checker:
                          f"{REPLAN}")
             elif value is not None and (problem := _amount(value)):
                 self.add(k, where, name, problem, f"give a finite number >= 0, {REPLAN}")
+        nodes = row.get("nodes")
+        fix = f"leave 'nodes' out (the stages give it), {REPLAN}"
+        if nodes is not None and not isinstance(nodes, MappingABC):
+            self.add(k, where, "nodes", f"must map node types to numbers of nodes, got "
+                     f"{_show(nodes)}", fix)
+        for g, n in (nodes.items() if isinstance(nodes, MappingABC) else ()):
+            if problem := _whole(n, 0, MAX_PLAN_NODES):
+                self.add(k, where, f"nodes.{g}", problem, fix)
         shape = self.shape(k, where, row)
         if shape is not None and arch is not None and shape.num_layers != arch.num_layers:
             self.add(k, where, "stages", f"the stages cover layers [0, {shape.num_layers}) "
@@ -335,6 +346,50 @@ class _Checker:
                 stack.extend((f"{path}[{j}]", v) for j, v in enumerate(value))
 
     # ------------------------------------------------------------ the plan
+    def entries(self, payload: Mapping[str, Any]) -> None:
+        """The plan's own entries: what it was planned for and its spot or robust promise."""
+        for name in ("scenario", "level", "mode", "engine"):
+            value = payload.get(name)
+            if value is not None and (not isinstance(value, str) or not value):
+                self.add(None, "", name, f"must be a non-empty string, got {_show(value)}",
+                         f"give it as `coral plan --out` writes it, {REPLAN}")
+        nmax = payload.get("nmax")
+        if nmax is not None and (problem := _whole(nmax, 1, MAX_STAGE_NODES)):
+            self.add(None, "", "nmax", problem, f"give the templates' node limit, {REPLAN}")
+        spot = payload.get("spot")
+        if spot is not None:
+            self.promise("spot", spot, ("risk_target", "window_s"), ())
+        robust = payload.get("robust")
+        if robust is not None:
+            fields = robust if isinstance(robust, MappingABC) else {}
+            numbers = ("factor",) if fields.get("factor") is not None else ()
+            if fields.get("R") != "auto":  # `--robust auto`: each GPU type its own factor
+                numbers = ("R", *numbers)
+            self.promise("robust", robust, numbers, ("factors", "basis"))
+
+    def promise(self, name: str, raw: Any, numbers: Sequence[str],
+                maps: Sequence[str]) -> None:
+        """A spot or robust entry: an object whose `numbers` are finite numbers >= 0 and
+        whose `maps` map names to numbers (`factors`) or text (`basis`)."""
+        fix = f"give the '{name}' entry as `coral plan --{name}` writes it, {REPLAN}"
+        if not isinstance(raw, MappingABC):
+            self.add(None, "", name, f"must be an object, got {_show(raw)}", fix)
+            return
+        for key in numbers:
+            if problem := _amount(raw.get(key)):
+                self.add(None, "", f"{name}.{key}", problem, fix)
+        for key in maps:
+            value = raw.get(key)
+            if key == "basis" and value is None:
+                continue
+            ok = isinstance(value, MappingABC) and all(
+                isinstance(g, str) and (isinstance(v, str) if key == "basis"
+                                        else not _amount(v)) for g, v in value.items())
+            if not ok:
+                self.add(None, "", f"{name}.{key}", "must map GPU types to "
+                         + ("text" if key == "basis" else "numbers") + f", got {_show(value)}",
+                         fix)
+
     def demand(self, raw: Any) -> dict[str, float]:
         """The models with demand (req/s > 0) of a sound 'demand_rps'."""
         if raw is None:

@@ -39,7 +39,7 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
 
     from coral.plans.errors import PlanFileError
     from coral.plans.file import read_plan
-    from coral.planning.libraries import scenario_slo
+    from coral.allocator.scenario import scenario_slo
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
     from coral.sim.deployment import instances_from_plan

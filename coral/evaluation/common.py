@@ -183,7 +183,7 @@ def simulate_plan(ctx: EvalContext, scenario: Any, result: Any, seconds: float,
 
     `result` is Coral's `PlanResult` or a baseline's `BaselineResult` (their `instances`
     hold each template's placement)."""
-    from coral.planning.libraries import scenario_slo
+    from coral.allocator.scenario import scenario_slo
     from coral.sim import Simulator, SimConfig, instances_from_plan, summarize, synthetic
     from coral.sim.workload import merge
 

@@ -15,7 +15,8 @@ from coral.plans.file import PlanFile  # noqa: E402
 from coral.runtime.backends import EchoBackend, EngineBackend  # noqa: E402
 from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
 from coral.runtime.engine import Engine  # noqa: E402
-from coral.runtime.gateway import ServerThread, create_app  # noqa: E402
+from coral.runtime.gateway import create_app  # noqa: E402
+from coral.runtime.gateway_server import ServerThread  # noqa: E402
 from coral.runtime.messages import SamplingParams  # noqa: E402
 from coral.runtime.pipeline import LocalPipeline  # noqa: E402
 from coral.runtime.tokenizer import ByteTokenizer  # noqa: E402

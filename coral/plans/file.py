@@ -167,9 +167,6 @@ class PlanFile:
     report: Mapping[str, Any] = field(default_factory=dict)  # the rest, for people
     rejected: tuple[RejectedRow, ...] = ()
 
-    def slo(self, model: str) -> SloSpec | None:
-        return None if self.slos is None else self.slos.get(model)
-
     def to_payload(self) -> dict[str, Any]:
         """The JSON object of the file, entries in the planner's order."""
         typed: dict[str, Any] = {"level": self.level}

@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     from coral.runtime.chaos import ChaosConfig, reference_texts, run_chaos
     from coral.runtime.controller import Controller, RuntimeInstanceSpec
     from coral.runtime.tiny import TinyDeployment
-    from coral.runtime.gateway import ServerThread, create_app
+    from coral.runtime.gateway import create_app
+    from coral.runtime.gateway_server import ServerThread
     from coral.runtime.tokenizer import tokenizer_for
 
     torch.set_num_threads(1)  # as `coral serve --tiny` does

@@ -21,7 +21,8 @@ import sys
 import time
 from typing import Any
 
-from coral.planning.libraries import build_regions, scenario_slo
+from coral.allocator.scenario import scenario_slo
+from coral.planning.libraries import build_regions
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.templates.build import build_library

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
-from coral.planning.libraries import scenario_slo
+from coral.allocator.scenario import scenario_slo
 from coral.templates.operating_points import OperatingPointTables
 from coral.templates.parallel import default_perf_factory
 from coral.templates.solve import build_template

@@ -50,44 +50,44 @@ class Check:
     met: bool  # the half's SLO (aggregated: both) holds at the percentile
 
 
-def distinct_rows(plan: dict) -> list[dict]:
+def distinct_rows(plan: Any) -> list[Any]:
     """One row per template id (a template's rows in other regions run the same shape)."""
-    seen: dict[str, dict] = {}
-    for row in plan["instances"]:
-        seen.setdefault(row["template_id"], row)
+    seen: dict[str, Any] = {}
+    for row in plan.instances:
+        seen.setdefault(row.template_id, row)
     return list(seen.values())
 
 
-def _one(row: dict, count: int, tag: str, slos: dict) -> list:
-    from coral.sim.deployment import instances_from_plan
+def _one(row: Any, count: int, tag: str, slos: dict) -> list:
+    from coral.sim.deployment import instances_from_rows
 
-    specs = instances_from_plan({"instances": [dict(row, count=count, region="r")]}, slos)
+    specs = instances_from_rows([replace(row, count=count, region="r")], slos)
     return [replace(s, name=f"{tag}#{k}") for k, s in enumerate(specs)]
 
 
-def _partner(plan: dict, row: dict) -> dict | None:
+def _partner(plan: Any, row: Any) -> Any | None:
     """The plan's other half of `row`'s model with the most planned requests/s an instance."""
-    other = "decode" if row["mode"] == "prefill" else "prefill"
-    rows = [r for r in plan["instances"] if r["model"] == row["model"] and r["mode"] == other]
-    return max(rows, key=lambda r: float(r["capacity_rps"]), default=None)
+    other = "decode" if row.mode == "prefill" else "prefill"
+    rows = [r for r in plan.instances if r.model == row.model and r.mode == other]
+    return max(rows, key=lambda r: r.capacity_rps, default=None)
 
 
-def check_row(plan: dict, row: dict, slos: dict, *, factor: float, seed: int,
+def check_row(plan: Any, row: Any, slos: dict, *, factor: float, seed: int,
               duration_s: float, perf: Any, catalog: Any, lengths: str = "fixed") -> Check:
     """Simulate `row`'s template alone at `factor` x its planned rate."""
     from coral.sim.engine import SimConfig, Simulator
     from coral.sim.workload import synthetic
 
-    slo = slos[row["model"]]
-    rate = float(row["capacity_rps"])
+    slo = slos[row.model]
+    rate = row.capacity_rps
     specs = _one(row, 1, "test", slos)
-    if row["mode"] != "aggregated":
+    if row.mode != "aggregated":
         partner = _partner(plan, row)
         if partner is None:
-            raise SystemExit(f"{row['template_id']}: the plan has no other half to pair with")
-        n = max(1, math.ceil(factor * rate / (PARTNER_LOAD * float(partner["capacity_rps"]))))
+            raise SystemExit(f"{row.template_id}: the plan has no other half to pair with")
+        n = max(1, math.ceil(factor * rate / (PARTNER_LOAD * partner.capacity_rps)))
         specs += _one(partner, n, "partner", slos)
-    reqs = synthetic(row["model"], rate_rps=factor * rate, duration_s=duration_s, seed=seed,
+    reqs = synthetic(row.model, rate_rps=factor * rate, duration_s=duration_s, seed=seed,
                      prompt_tokens=slo.input_tokens, output_tokens=slo.output_tokens,
                      length_dist=lengths)  # type: ignore[arg-type]
     result = Simulator(specs, perf=perf, catalog=catalog, config=SimConfig()).run(reqs)
@@ -99,13 +99,13 @@ def check_row(plan: dict, row: dict, slos: dict, *, factor: float, seed: int,
     ttft = float(np.percentile(ttfts, q, method="higher"))
     tpot = float(np.percentile(tpots, q, method="higher"))
     ttft_ok, tpot_ok = ttfts <= slo.ttft_s + 1e-12, tpots <= slo.tpot_s + 1e-12
-    if row["mode"] == "prefill":  # judged on its half: TTFT
+    if row.mode == "prefill":  # judged on its half: TTFT
         good, met = ttft_ok, ttft <= slo.ttft_s
-    elif row["mode"] == "decode":  # TPOT holds the hand-over and the wait for a slot
+    elif row.mode == "decode":  # TPOT holds the hand-over and the wait for a slot
         good, met = tpot_ok, tpot <= slo.tpot_s
     else:
         good, met = ttft_ok & tpot_ok, ttft <= slo.ttft_s and tpot <= slo.tpot_s
-    return Check(row["template_id"], row["mode"], rate, factor, seed, len(rs),
+    return Check(row.template_id, row.mode, rate, factor, seed, len(rs),
                  ttft if math.isfinite(ttft) else None, tpot if math.isfinite(tpot) else None,
                  float(good.mean()) if len(rs) else 0.0, bool(met))
 
@@ -115,7 +115,7 @@ def _ms(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from coral.allocator.plan_file import plan_slos, read_plan_file
+    from coral.plans.file import read_plan
     from coral.catalog.loader import default_catalog
     from coral.templates.parallel import default_perf_factory
 
@@ -129,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="Only template ids containing this text.")
     ap.add_argument("--json", type=Path, default=None, help="Write every check here.")
     args = ap.parse_args(argv)
-    plan = read_plan_file(args.plan)
-    slos = plan_slos(plan, args.plan)
+    plan = read_plan(args.plan)
+    slos = plan.slos
     if slos is None:
         raise SystemExit(f"{args.plan}: the plan carries no SLOs (re-plan it)")
     catalog = default_catalog()
     perf = default_perf_factory(catalog)
     checks: list[Check] = []
-    rows = [r for r in distinct_rows(plan) if args.only in r["template_id"]]
+    rows = [r for r in distinct_rows(plan) if args.only in r.template_id]
     print(f"{args.plan.name}: {len(rows)} templates alone, seeds {args.seeds}, "
           f"{args.duration:g} s of Poisson arrivals each, {args.lengths} lengths; "
           f"attainment % (the half's own SLO for PD rows), TTFT / TPOT at the SLO percentile "
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         f"x{f:g}: attainment min-max | TTFT / TPOT" for f in args.factors) + " |"
     print(head)
     print("|" + "---|" * (3 + 2 * len(args.factors)))
-    for row in sorted(rows, key=lambda r: (r["model"], r["mode"], r["template_id"])):
+    for row in sorted(rows, key=lambda r: (r.model, r.mode, r.template_id)):
         cells = []
         for f in args.factors:
             runs = [check_row(plan, row, slos, factor=f, seed=s, duration_s=args.duration,
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             ttft = max((c.ttft_s for c in runs if c.ttft_s is not None), default=None)
             tpot = max((c.tpot_s for c in runs if c.tpot_s is not None), default=None)
             cells += [f"{lo:.1f}-{hi:.1f}{mark}", f"{_ms(ttft)} / {_ms(tpot)}"]
-        print(f"| {row['template_id']} | {row['mode']} | {float(row['capacity_rps']):.2f} | "
+        print(f"| {row.template_id} | {row.mode} | {row.capacity_rps:.2f} | "
               + " | ".join(cells) + " |", flush=True)
     base = [c for c in checks if c.factor == 1.0]
     if base:

@@ -34,7 +34,7 @@ import os
 import resource
 import time
 
-from coral.planning.libraries import scenario_slo
+from coral.allocator.scenario import scenario_slo
 from coral.planning.plan import plan_scenario
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog

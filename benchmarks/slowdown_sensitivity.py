@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 
 def simulate(plan: Path, duration: float, slowdown: str | None) -> dict:
@@ -32,20 +33,21 @@ def simulate(plan: Path, duration: float, slowdown: str | None) -> dict:
     return json.loads(out)
 
 
-def gpu_mix(plan: dict, catalog) -> tuple[Counter, Counter]:
-    """Nodes and $/hour per GPU type of the plan's instances."""
+def gpu_mix(plan: Any, catalog) -> tuple[Counter, Counter]:
+    """Nodes and $/hour per GPU type of the plan's instances (a `PlanFile`)."""
     nodes, usd = Counter(), Counter()
-    for inst in plan["instances"]:
-        for st in inst.get("stages", []):
-            node = catalog.node_type(st["node_type"])
-            n = inst["count"] * st.get("count", 1)
+    for inst in plan.instances:
+        for st in inst.shape.stages if inst.shape is not None else ():
+            node = catalog.node_type(st.node_type)
+            n = inst.count * st.count
             nodes[node.gpu] += n
-            usd[node.gpu] += n * (node.price_in(inst["region"]) or 0.0)
+            usd[node.gpu] += n * (node.price_in(inst.region) or 0.0)
     return nodes, usd
 
 
 def main(argv: list[str] | None = None) -> int:
     from coral.catalog.loader import default_catalog
+    from coral.plans.file import read_plan
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("plan", type=Path)
@@ -53,24 +55,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="slowdown of each GPU type in turn, or 'plan': the plan's own factors")
     ap.add_argument("--duration", type=float, default=300.0)
     args = ap.parse_args(argv)
-    plan = json.loads(args.plan.read_text())
-    nodes, usd = gpu_mix(plan, default_catalog())
+    catalog = default_catalog()
+    plan = read_plan(args.plan, catalog)
+    nodes, usd = gpu_mix(plan, catalog)
     total = sum(usd.values()) or 1.0
-    robust = plan.get("robust")
+    robust = plan.robust
     if args.factor == "plan":
-        if not robust:
+        if robust is None:
             ap.error(f"--factor plan: {args.plan} was not planned with --robust")
-        factors = {g: float(f) for g, f in robust["factors"].items()}
+        factors = dict(robust.factors)
     else:
         factors = {g: float(args.factor) for g in nodes}
     label = "own" if args.factor == "plan" else f"x{float(args.factor):g}"
-    if robust:
-        nominal = robust.get("nominal_cost_per_hour")
-        slow = (f"{robust['factor']:g}x" if robust.get("factor") else "by its own factor ("
-                + ", ".join(f"{g} {f:.3g}x" for g, f in robust["factors"].items()) + ")")
+    if robust is not None:
+        nominal = robust.figures.get("nominal_cost_per_hour")
+        slow = (f"{robust.factor:g}x" if robust.factor else "by its own factor ("
+                + ", ".join(f"{g} {f:.3g}x" for g, f in robust.factors.items()) + ")")
         print(f"plan {args.plan.name}: robust to any one GPU type {slow} slower "
-              f"(R = {robust['R']}); nominal plan "
-              + (f"${nominal:,.2f}/hour, robustness {100 * robust['cost_of_robustness']:+.1f}%"
+              f"(R = {robust.r}); nominal plan "
+              + (f"${nominal:,.2f}/hour, robustness "
+                 f"{100 * robust.figures['cost_of_robustness']:+.1f}%"
                  if nominal is not None else "none meeting demand"))
     base = simulate(args.plan, args.duration, None)
     print(f"plan {args.plan.name}: ${base['cost_per_hour']:,.2f}/hour; as modelled: SLO "

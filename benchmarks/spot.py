@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from coral.allocator.plan_file import plan_slos, read_plan_file
+from coral.plans.file import PlanFile, read_plan
 from coral.catalog import default_catalog
 from coral.sim import SimConfig, Simulator, instances_from_plan, summarize
 from coral.sim.preemption import (
@@ -81,9 +81,9 @@ def plan(name: str, flags: list[str], folder: Path, replan: bool) -> Path:
     return out
 
 
-def events_per_day(payload: dict, catalog, seeds: int) -> tuple[float, float]:
+def events_per_day(payload: PlanFile, catalog, seeds: int) -> tuple[float, float]:
     """(mean events hitting the plan's spot pools in 24 h, share of seeds with at least one)."""
-    pools = sorted({p for r in payload["instances"] if row_market(r) == "spot"
+    pools = sorted({p for r in payload.instances if row_market(r) == "spot"
                     for p in row_pools(r)})
     counts = []
     for seed in range(seeds):
@@ -92,18 +92,18 @@ def events_per_day(payload: dict, catalog, seeds: int) -> tuple[float, float]:
     return sum(counts) / seeds, sum(c > 0 for c in counts) / seeds
 
 
-def simulate(payload: dict, catalog, perf, *, horizon_s: float, seed: int,
+def simulate(payload: PlanFile, catalog, perf, *, horizon_s: float, seed: int,
              rate_scale: float, event: tuple[float, tuple[str, str]] | None = None
              ) -> tuple[dict, dict, float]:
-    slos = plan_slos(payload)
+    slos = payload.slos
     reqs = merge(*[synthetic(m, rate_rps=d, duration_s=horizon_s, seed=1000 * k,
                              prompt_tokens=slos[m].input_tokens,
                              output_tokens=slos[m].output_tokens)
-                   for k, (m, d) in enumerate(sorted(payload["demand_rps"].items())) if d > 0])
+                   for k, (m, d) in enumerate(sorted((payload.demand_rps or {}).items())) if d > 0])
     sim = Simulator(instances_from_plan(payload, slos), perf=perf, catalog=catalog,
                     config=SimConfig(workers=1))
     replanner = AllocatorReplanner(payload, catalog=catalog, perf=perf)
-    run = PreemptionRun(sim, payload["instances"], slos, ScaledRates(catalog, rate_scale),
+    run = PreemptionRun(sim, payload.instances, slos, ScaledRates(catalog, rate_scale),
                         replanner, PreemptionConfig(seed=seed, startup_s=replanner.startup_s))
     run.install(horizon_s, extra_pools=replanner.pools())
     if event is not None:
@@ -114,8 +114,8 @@ def simulate(payload: dict, catalog, perf, *, horizon_s: float, seed: int,
     return summarize(result, slos), run.report(result), cpu
 
 
-def spot_pools(payload: dict) -> list[tuple[str, str]]:
-    return sorted({p for r in payload["instances"] if row_market(r) == "spot"
+def spot_pools(payload: PlanFile) -> list[tuple[str, str]]:
+    return sorted({p for r in payload.instances if row_market(r) == "spot"
                    for p in row_pools(r)})
 
 
@@ -254,7 +254,7 @@ def main() -> None:
     args.plans_dir.mkdir(parents=True, exist_ok=True)
     catalog = default_catalog()
     perf = default_perf_factory(catalog)
-    payloads = {name: read_plan_file(plan(name, flags, args.plans_dir, args.replan))
+    payloads = {name: read_plan(plan(name, flags, args.plans_dir, args.replan))
                 for name, flags in PLANS.items()}
     if args.extend:
         saved = json.loads(args.extend.read_text())
@@ -266,11 +266,11 @@ def main() -> None:
           "spot pools")
     for name, payload in payloads.items():
         mean, share = events_per_day(payload, catalog, args.days_seeds)
-        spot = payload.get("spot") or {}
-        print(f"  {name:12s} ${payload['cost_per_hour']:>9,.2f}/hour planned, spot share "
+        spot = payload.spot.to_dict() if payload.spot is not None else {}
+        print(f"  {name:12s} ${payload.report['cost_per_hour']:>9,.2f}/hour planned, spot share "
               f"{spot.get('spot_share', 0.0):.1%}: {mean:.3f} events/day, a day with one or "
               f"more {share:.1%}")
-        out["plans"][name] = {"planned_usd_per_hour": payload["cost_per_hour"],
+        out["plans"][name] = {"planned_usd_per_hour": payload.report["cost_per_hour"],
                               "spot": spot, "events_per_day": mean,
                               "days_with_events": share, "runs": []}
     if args.event_windows:

@@ -21,30 +21,29 @@ from pathlib import Path
 from typing import Any
 
 
-def churn(payload: dict, replanner: Any, pool: tuple[str, str]) -> dict:
+def churn(payload: Any, replanner: Any, pool: tuple[str, str]) -> dict:
     from coral.sim.preemption import row_market, row_pools
 
     running: Counter = Counter()
     lost = 0
-    for row in payload["instances"]:
-        key = (str(row["template_id"]), str(row["region"]))
-        n = int(row["count"])
+    for row in payload.instances:
+        key = (row.template_id, row.region)
+        n = row.count
         if row_market(row) == "spot" and pool in row_pools(row):
             lost += n
             continue
         running[key] += n
     # each pool from the plan file's plan: the re-planner's last plan is that plan again
-    replanner.last = {(str(r["template_id"]), str(r["region"])): int(r["count"])
-                      for r in payload["instances"]}
+    replanner.last = {(r.template_id, r.region): r.count for r in payload.instances}
     t0 = time.process_time()
     rows = replanner(dict(running), 0.0)
     cpu = time.process_time() - t0
     target: Counter = Counter()
     for row in rows:
-        target[(str(row["template_id"]), str(row["region"]))] += int(row["count"])
+        target[(row.template_id, row.region)] += row.count
     started = sum(max(n - running.get(k, 0), 0) for k, n in target.items())
     stopped = sum(max(n - target.get(k, 0), 0) for k, n in running.items())
-    cost = sum(float(r["usd_per_hour_total"]) for r in rows)
+    cost = sum(r.usd_per_hour * r.count for r in rows)
     return {"pool": f"{pool[0]}@{pool[1]}", "reclaimed": lost, "started": started,
             "stopped": stopped, "usd_per_hour": cost, "cpu_s": cpu}
 
@@ -60,17 +59,17 @@ def main() -> None:
     if args.package_from is not None:
         sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
         sys.path.insert(0, str(args.package_from.resolve()))
-    from coral.allocator.plan_file import read_plan_file
+    from coral.plans.file import read_plan
     from coral.catalog import default_catalog
     from coral.planning.preemption_replan import AllocatorReplanner
     from coral.sim.preemption import row_market, row_pools
     from coral.templates.parallel import default_perf_factory
 
-    payload = read_plan_file(args.plan)
+    payload = read_plan(args.plan)
     catalog = default_catalog()
     replanner = AllocatorReplanner(payload, catalog=catalog,
                                    perf=default_perf_factory(catalog))
-    pools = sorted({p for r in payload["instances"] if row_market(r) == "spot"
+    pools = sorted({p for r in payload.instances if row_market(r) == "spot"
                     for p in row_pools(r)},
                    key=lambda p: (-catalog.preemption_rate_per_hour(*p), p))[:args.pools]
     rows = []

@@ -34,7 +34,8 @@ from coral.baselines import (
     slo_share,
 )
 from coral.baselines.cauchy import allocate
-from coral.baselines.common import combo_key, scenario_slo
+from coral.allocator.scenario import scenario_slo
+from coral.templates.enumerate import combo_key
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
 from coral.templates.solve import build_template

@@ -60,7 +60,7 @@ def test_input_errors_of_every_package_are_coral_errors():
     """What rejects a user's scenario, plan, timeline, library, SLO or option value is a
     `CoralError` (and still a `ValueError`), so the CLI shows it as one message."""
     from coral.allocator.headroom import HeadroomError
-    from coral.allocator.plan_file import PlanFileError
+    from coral.plans.errors import PlanFileError
     from coral.allocator.scenario import ScenarioError
     from coral.errors import InputError
     from coral.planning.adapt_report import ReportError

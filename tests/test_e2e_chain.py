@@ -3,7 +3,7 @@
 (the paper's setups at their default and scarce levels, in PD and auto).
 
 Each stage reads exactly what the stage before it wrote: every plan passes the plan-file
-check (`coral.allocator.plan_check`), every instance row of the plan is one pipeline
+check (`coral.plans.check`), every instance row of the plan is one pipeline
 (`coral.perf.pipeline`), simulated instance for instance and dollar for dollar, and
 accounted for by the deployment's dry run (served, or refused with a reason). Templates are
 built once per module at n_max 2 (pipelines of two stages and two-node data-parallel stages
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from coral.allocator.plan_check import check_plan
+from coral.plans.check import check_plan
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.cli.main import app

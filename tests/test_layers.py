@@ -1,7 +1,8 @@
 """Coral's modules import only downwards and never in a cycle.
 
 Layers, lowest first: the shared helpers at the top of the package (`coral/messages.py`,
-`coral/errors.py`, `coral/routing.py`) → `solvers` → catalog → perf → templates → allocator →
+`coral/errors.py`, `coral/routing.py`) → `solvers` → catalog → perf → templates → plans (the
+plan file) → allocator →
 baselines → (sim, runtime) → planning (runs the allocator beside the baselines, re-plans) →
 evaluation (`coral evaluate`) → cli. Each package is one layer, and a module at the top of
 `coral/` is in the lowest; sim and runtime share a layer and import neither one from the
@@ -23,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("catalog",),
     ("perf",),
     ("templates",),
+    ("plans",),
     ("allocator",),
     ("baselines",),
     ("sim", "runtime"),

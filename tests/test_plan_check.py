@@ -1,4 +1,4 @@
-"""The one plan-file check (`coral.allocator.plan_check`): every reader refuses a careless or
+"""The one plan-file check (`coral.plans.check`): every reader refuses a careless or
 hostile plan file with a clean exit naming file, instance and field, never a traceback, and
 quickly, however large the numbers in it.
 
@@ -22,13 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from coral.allocator.plan_check import (
+from coral.plans.check import (
     MAX_PLAN_INSTANCES,
     MAX_ROW_INSTANCES,
     PlanCheckError,
     check_plan,
 )
-from coral.allocator.plan_file import PlanFileError, plan_slos, read_plan_file
+from coral.plans.errors import PlanFileError
+from coral.plans.file import PlanFile, read_plan
 from coral.catalog import default_catalog
 from coral.cli.main import app
 from coral.errors import CoralError
@@ -193,17 +194,17 @@ def test_unreadable_json_is_a_plan_file_error(tmp_path, text, message):
     path = tmp_path / "plan.json"
     path.write_bytes(text.encode("latin-1"))
     with pytest.raises(PlanFileError, match=message):
-        read_plan_file(path)
+        read_plan(path)
 
 
 def test_a_file_past_the_size_bound_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
-    import coral.allocator.plan_file as plan_file
+    import coral.plans.file as plan_file
 
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(valid_plan()))
     monkeypatch.setattr(plan_file, "MAX_PLAN_FILE_BYTES", 100)
     with pytest.raises(PlanFileError, match="more than a plan file's"):
-        read_plan_file(path)
+        read_plan(path)
 
 
 def test_infinity_outside_the_rows_fields_is_named(tmp_path):
@@ -280,7 +281,7 @@ def test_the_check_raises_nothing_and_what_it_passes_every_reader_reads(plan):
             return
         assert rows.refused or all(p.row is None for p in check.problems)
         return
-    slos = plan_slos(plan) or {}
+    slos = PlanFile.from_payload(plan, CATALOG).slos or {}
     instances_from_plan(plan, slos)  # what `coral simulate` builds: no error
     if all(row["count"] == 0 for row in plan["instances"]):
         with pytest.raises(RuntimeDeploymentError, match="runs no instance"):

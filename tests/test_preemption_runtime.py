@@ -22,7 +22,8 @@ from coral.runtime.chaos import ChaosConfig, reference_texts, run_preemptions  #
 from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
 from coral.runtime.controller import (Controller, LocalProvisioner,  # noqa: E402
                                       RuntimeInstanceSpec)
-from coral.runtime.gateway import ServerThread, create_app  # noqa: E402
+from coral.runtime.gateway import create_app  # noqa: E402
+from coral.runtime.gateway_server import ServerThread  # noqa: E402
 from coral.runtime.tokenizer import ByteTokenizer  # noqa: E402
 
 TINY = ModelConfig(num_layers=4, hidden_size=32, ffn_size=64, num_heads=2, num_kv_heads=1,

@@ -19,6 +19,8 @@ from coral.sim.preemption import (
     draw_pool_events,
     pool_rng,
 )
+from coral.plans.file import PlanFile
+from coral.sim.deployment import instances_from_rows
 from coral.templates.slo import SloSpec
 
 MODEL = "llama-3.1-8b"
@@ -34,7 +36,15 @@ def row(template: str, region: str, count: int, market: str, node: str = "1x-l40
             "capacity_rps": 4.0, "usd_per_hour": 1.0 if market == "spot" else 2.0}
 
 
-ROWS = [row("1x-l40s", "r1", 2, "spot"), row("1x-l40s", "r2", 1, "on_demand")]
+ROW_DICTS = [row("1x-l40s", "r1", 2, "spot"), row("1x-l40s", "r2", 1, "on_demand")]
+
+
+def typed(rows: list[dict]) -> tuple:
+    """Plan rows as a plan file's reader gives them."""
+    return PlanFile.from_payload({"instances": rows}).instances
+
+
+ROWS = typed(ROW_DICTS)
 
 
 class Rates:
@@ -52,8 +62,8 @@ class Rates:
 
 def run(cat, perf, *, rates: Rates, seed: int = 0, events=(), duration_s: float = 120.0,
         startup_s: float = 20.0, horizon_s: float | None = None):
-    sim = Simulator(instances_from_plan({"instances": ROWS}, SLOS), perf=perf, catalog=cat,
-                    config=SimConfig(workers=1))
+    sim = Simulator(instances_from_plan({"instances": ROW_DICTS}, SLOS), perf=perf,
+                    catalog=cat, config=SimConfig(workers=1))
     reqs = synthetic(MODEL, rate_rps=6.0, duration_s=duration_s, seed=3,
                      prompt_tokens=SLO.input_tokens, output_tokens=SLO.output_tokens)
     pre = PreemptionRun(sim, ROWS, SLOS, rates, KeepPlan(ROWS),
@@ -131,7 +141,8 @@ def test_runs_are_deterministic_for_a_seed(cat, perf):
 
 
 def test_no_events_changes_nothing(cat, perf):
-    sim = Simulator(instances_from_plan({"instances": ROWS}, SLOS), perf=perf, catalog=cat)
+    sim = Simulator(instances_from_plan({"instances": ROW_DICTS}, SLOS), perf=perf,
+                    catalog=cat)
     reqs = synthetic(MODEL, rate_rps=6.0, duration_s=60.0, seed=3,
                      prompt_tokens=SLO.input_tokens, output_tokens=SLO.output_tokens)
     plain = sim.run(reqs)
@@ -160,9 +171,9 @@ def test_prefill_decode_instances_fail_over_too(cat, perf):
     """A PD deployment whose spot decode instance is reclaimed with no notice: its requests
     (all past their first token) fail, the prefill instance hands the rest to the on-demand
     decode instance, and no request is left unfinished or lost."""
-    rows = [pd_row("prefill", "on_demand", 1, 4096), pd_row("decode", "spot", 1, 64),
-            {**pd_row("decode", "on_demand", 1, 64), "template_id": f"{MODEL}|decode|od"}]
-    sim = Simulator(instances_from_plan({"instances": rows}, SLOS), perf=perf, catalog=cat,
+    rows = typed([pd_row("prefill", "on_demand", 1, 4096), pd_row("decode", "spot", 1, 64),
+                  {**pd_row("decode", "on_demand", 1, 64), "template_id": f"{MODEL}|decode|od"}])
+    sim = Simulator(instances_from_rows(rows, SLOS), perf=perf, catalog=cat,
                     config=SimConfig(workers=1))
     reqs = synthetic(MODEL, rate_rps=6.0, duration_s=60.0, seed=3,
                      prompt_tokens=SLO.input_tokens, output_tokens=SLO.output_tokens)
@@ -191,7 +202,7 @@ def test_an_unplannable_scenario_is_a_clear_error(tmp_path, cat):
     if not hasattr(cat, "preemption_rate_per_hour"):
         pytest.skip("the catalog carries no preemption figures")
     plan = {"scenario": "no-such-scenario", "demand_rps": {MODEL: 2.0},
-            "slos": {MODEL: SLO.model_dump()}, "instances": ROWS}
+            "slos": {MODEL: SLO.model_dump()}, "instances": ROW_DICTS}
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     res = CliRunner().invoke(app, ["simulate", str(path), "--preemptions", "--duration", "5",

@@ -17,7 +17,8 @@ httpx = pytest.importorskip("httpx")
 from coral.runtime.chaos import ChaosConfig, reference_texts, run_chaos  # noqa: E402
 from coral.runtime.controller import Controller, RuntimeInstanceSpec  # noqa: E402
 from coral.runtime.tiny import TinyDeployment  # noqa: E402
-from coral.runtime.gateway import ServerThread, create_app  # noqa: E402
+from coral.runtime.gateway import create_app  # noqa: E402
+from coral.runtime.gateway_server import ServerThread  # noqa: E402
 from coral.runtime.tokenizer import ByteTokenizer  # noqa: E402
 
 PROMPTS = ["The quick brown fox", "Hello", "0123456789", "pipeline", "zz", "a b c d e"]

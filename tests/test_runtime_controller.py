@@ -22,7 +22,8 @@ from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
 from coral.runtime.controller import (Controller, Instance, RuntimeInstanceSpec,  # noqa: E402
                                       LocalProvisioner, ModelRouter)
 from coral.runtime.engine import Engine  # noqa: E402
-from coral.runtime.gateway import ServerThread, create_app  # noqa: E402
+from coral.runtime.gateway import create_app  # noqa: E402
+from coral.runtime.gateway_server import ServerThread  # noqa: E402
 from coral.runtime.openai_api import RETRIABLE_CODE  # noqa: E402
 from coral.runtime.messages import SamplingParams  # noqa: E402
 from coral.runtime.pipeline import LocalPipeline  # noqa: E402

@@ -11,10 +11,12 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
+from coral.plans.file import PlanFile  # noqa: E402
 from coral.runtime.backends import EchoBackend, EngineBackend  # noqa: E402
 from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
 from coral.runtime.engine import Engine  # noqa: E402
-from coral.runtime.gateway import ServerThread, create_app  # noqa: E402
+from coral.runtime.gateway import create_app  # noqa: E402
+from coral.runtime.gateway_server import ServerThread  # noqa: E402
 from coral.runtime.messages import SamplingParams  # noqa: E402
 from coral.runtime.pipeline import LocalPipeline  # noqa: E402
 from coral.runtime.tokenizer import ByteTokenizer  # noqa: E402
@@ -289,12 +291,14 @@ def test_health_reports_each_model():
 
 
 def test_metrics_and_health_report_each_models_slo_attainment():
-    """With the plan's SLOs the gateway judges every answered request against its model's
+    """With the plan file's SLOs the gateway judges every answered request against its model's
     TTFT and TPOT bounds: a bound no request can meet gives attainment 0, a loose one 1, and a
     model without an SLO is not judged."""
+    plan = PlanFile.from_payload({"scenario": "slo-test", "instances": [], "slos": {
+        "loose": {"tpot_s": 60.0, "ttft_s": 600.0},
+        "strict": {"tpot_s": 1e-9, "ttft_s": 1e-9}}})
     app = create_app({"loose": EchoBackend(64), "strict": EchoBackend(64),
-                      "free": EchoBackend(64)},
-                     slos={"loose": (60.0, 60.0), "strict": (1e-9, 60.0)})
+                      "free": EchoBackend(64)}, slos=plan.slos)
     with ServerThread(app) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0,
                                timeout=30)
@@ -303,9 +307,11 @@ def test_metrics_and_health_report_each_models_slo_attainment():
                 client.completions.create(model=model, prompt="slo", max_tokens=4)
         client.chat.completions.create(model="loose", max_tokens=4, stream=False,
                                        messages=[{"role": "user", "content": "slo"}])
-        text = httpx.get(srv.url + "/metrics").text
-        health = httpx.get(srv.url + "/health").json()
+        root = client.with_options(base_url=srv.url)  # /metrics and /health sit beside /v1
+        text = root.get("/metrics", cast_to=httpx.Response).text
+        health = root.get("/health", cast_to=httpx.Response).json()
     assert metric_value(text, "coral_slo_bound_seconds", model="strict", bound="ttft") == 1e-9
+    assert metric_value(text, "coral_slo_bound_seconds", model="loose", bound="ttft") == 600.0
     assert metric_value(text, "coral_slo_bound_seconds", model="loose", bound="tpot") == 60.0
     assert metric_value(text, "coral_slo_requests_total", model="loose") == 4
     assert metric_value(text, "coral_slo_met_total", model="loose") == 4

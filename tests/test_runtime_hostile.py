@@ -24,7 +24,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from coral.runtime.chaos import reference_texts  # noqa: E402
 from coral.runtime.controller import Controller, RuntimeInstanceSpec  # noqa: E402
-from coral.runtime.gateway import ServerThread, create_app  # noqa: E402
+from coral.runtime.gateway import create_app  # noqa: E402
+from coral.runtime.gateway_server import ServerThread  # noqa: E402
 from coral.runtime.http_guard import GatewayLimits, default_allowed_hosts  # noqa: E402
 from coral.runtime.messages import SamplingParams  # noqa: E402
 from coral.runtime.tiny import TinyDeployment  # noqa: E402

@@ -19,7 +19,8 @@ from coral.runtime.backends import EchoBackend  # noqa: E402
 from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
 from coral.runtime.controller import (Controller, Instance, LocalProvisioner,  # noqa: E402
                                       RuntimeInstanceSpec)
-from coral.runtime.gateway import ServerThread, create_app  # noqa: E402
+from coral.runtime.gateway import create_app  # noqa: E402
+from coral.runtime.gateway_server import ServerThread  # noqa: E402
 from coral.runtime.http_guard import (GatewayLimits, bearer_token,  # noqa: E402
                                       default_allowed_hosts, host_name)
 from coral.runtime.messages import SamplingParams, WorkItem  # noqa: E402

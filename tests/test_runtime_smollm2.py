@@ -182,7 +182,8 @@ def test_tiny_deployment_serves_smollm2_over_worker_processes(model, tok, refere
     openai = pytest.importorskip("openai")
     from coral.runtime.controller import Controller, LocalProvisioner, RuntimeInstanceSpec
     from coral.runtime.tiny import TinyDeployment
-    from coral.runtime.gateway import ServerThread, create_app
+    from coral.runtime.gateway import create_app
+    from coral.runtime.gateway_server import ServerThread
 
     deployment = TinyDeployment()
     served, note = deployment.model()

@@ -99,7 +99,8 @@ def test_vllm_split_matches_corals_split(smollm2, server):
 
 def test_gateway_routes_to_vllm(smollm2, server):
     openai = pytest.importorskip("openai")
-    from coral.runtime.gateway import ServerThread, create_app
+    from coral.runtime.gateway import create_app
+    from coral.runtime.gateway_server import ServerThread
     from coral.runtime.tokenizer import GgufTokenizer
     from coral.runtime.vllm_local import VllmBackend
 

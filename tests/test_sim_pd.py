@@ -506,7 +506,8 @@ base_availability: {1x-l4: 4, 1x-l40s: 0}
 
 @pytest.fixture(scope="module")
 def pd_plan(cat, perf, tmp_path_factory):
-    from coral.planning.libraries import scenario_slo, templates_for_scenario
+    from coral.allocator.scenario import scenario_slo
+    from coral.planning.libraries import templates_for_scenario
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
 

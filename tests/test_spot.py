@@ -301,9 +301,9 @@ def test_plan_spot_end_to_end(tmp_path: Path) -> None:
     # the risk model never makes the plan cheaper than the naive one
     assert plans["0.99"]["cost_per_hour"] >= plans["0"]["cost_per_hour"] - 1e-9
     # a plan file's readers take it as it is
-    from coral.allocator.plan_file import read_plan_file
+    from coral.plans.file import read_plan
 
-    assert read_plan_file(tmp_path / "plan-0.99.json")["spot"]["risk_target"] == 0.99
+    assert read_plan(tmp_path / "plan-0.99.json").spot.risk_target == 0.99
 
 
 @pytest.mark.parametrize("mode", ["pd", "mixed"])

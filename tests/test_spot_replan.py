@@ -108,8 +108,8 @@ def test_the_replanner_starts_each_replan_from_the_last_plan(monkeypatch) -> Non
     def fake_plan(scenario, **kw):
         seen.append(kw["starts"])
         counts = next(plans)
-        rows = [SimpleNamespace(to_dict=lambda k=k, n=n: {
-            "template_id": k[0], "region": k[1], "count": n}) for k, n in counts.items()]
+        rows = [SimpleNamespace(template_id=k[0], region=k[1], count=n)
+                for k, n in counts.items()]
         return SimpleNamespace(instances=rows, cost_per_hour=1.0, status="optimal")
 
     monkeypatch.setattr(preemption_replan, "plan_scenario", fake_plan)
@@ -117,8 +117,8 @@ def test_the_replanner_starts_each_replan_from_the_last_plan(monkeypatch) -> Non
     replanner.scenario = replanner.catalog = replanner.perf = replanner.templates = None
     replanner.time_limit_s, replanner.engine, replanner.spot = 10.0, "coral", None
     replanner.last = preemption_replan._counts([
-        {"template_id": "a@spot", "region": "r1", "count": 2},
-        {"template_id": "a@spot", "region": "r1", "count": 1}])
+        SimpleNamespace(template_id="a@spot", region="r1", count=2),
+        SimpleNamespace(template_id="a@spot", region="r1", count=1)])
     replanner({("a@spot", "r1"): 1}, 10.0)
     replanner({("a@spot", "r1"): 2}, 20.0)
     assert seen == [[{("a@spot", "r1"): 3}], [{("c", "r1"): 4}]]

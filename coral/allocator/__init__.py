@@ -7,7 +7,7 @@
   parts: `presolve` (columns kept, dominance), `formulation` (variables and rows),
   `highs_runs` (HiGHS runs, the LP relaxation), `scarcity` (the goodput phases), `starts`
   (plans given beforehand).
-- `plan_file`: the plan file and its decoded instances.
+- `plan_decode`: an allocation decoded into plan-file rows (the file is `coral.plans`).
 - `bruteforce`: the exhaustive oracle for tiny problems (`solve_bruteforce`).
 - `scenario`: scenario files (models, demand, regions, availability levels) -> problems.
 

@@ -51,6 +51,7 @@ from coral.allocator.scenario_spec import (
 from coral.catalog import Catalog, default_catalog
 from coral.messages import did_you_mean
 from coral.perf.step import template_saturation
+from coral.templates.slo import SloSpec
 _TEMPLATE_MODES: dict[str, tuple[Mode, ...]] = {
     "aggregated": ("aggregated",),
     "pd": ("prefill", "decode"),
@@ -290,3 +291,9 @@ def _read_source(name_or_path: str | Path) -> tuple[str, str]:
     except UnicodeDecodeError as exc:
         raise ScenarioError(f"{path}: cannot read scenario file: not UTF-8 text ({exc.reason})"
                             ) from None
+
+
+def scenario_slo(scenario: Scenario, model: str) -> SloSpec:
+    """The SLO and request shape the scenario asks of `model` (its entry's `SloSpec`);
+    KeyError naming the models it serves."""
+    return scenario.model_spec(model).slo

@@ -59,14 +59,14 @@ import math
 from typing import Any, Iterable, Literal, Mapping
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from coral.allocator.headroom import DEFAULT_ARRIVAL_CV, DEFAULT_OUTPUT_CV
 from coral.allocator.problem import NodeRegion
 from coral.catalog import Catalog
 from coral.errors import CoralError
 from coral.messages import did_you_mean, entry_problem
+from coral.templates.slo import SloSpec
 from coral.yaml_text import safe_load
 
 SCENARIO_SCHEMA_VERSION = 1
@@ -81,16 +81,21 @@ class _Entry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+#: The fields of a model entry that make its `SloSpec` (written flat in the entry).
+SLO_FIELDS = ("tpot_s", "ttft_s", "percentile", "input_tokens", "output_tokens")
+
+
 class ScenarioModel(_Entry):
-    """One model to serve: its demand, request shape, latency SLO and priority."""
+    """One model to serve: its demand, latency SLO and request shape, and priority.
+
+    The file writes the SLO's fields (`tpot_s`, `ttft_s`, `percentile`, `input_tokens`,
+    `output_tokens`) flat in the entry; they are read into `slo`, an `SloSpec`, whose
+    checks (ttft_s >= tpot_s among them) are the only ones."""
 
     name: str = Field(min_length=1, description="Catalog model name.")
     demand_rps: float = Field(ge=0, description="Requests per second to serve.")
-    input_tokens: int = Field(default=1024, ge=1, description="Mean prompt tokens per request.")
-    output_tokens: int = Field(default=256, ge=1, description="Mean output tokens per request.")
-    tpot_s: float = Field(gt=0, le=60, description="Time per output token target, seconds.")
-    ttft_s: float = Field(gt=0, le=3600, description="Time to first token target, seconds.")
-    percentile: float = Field(default=0.9, gt=0, le=1, description="Quantile the SLO holds at.")
+    slo: SloSpec = Field(description="TTFT/TPOT targets at a percentile and the mean request "
+                         "shape (written flat in the entry).")
     priority: float = Field(default=1.0, gt=0, description="Weight of its goodput under scarcity.")
     arrival_cv: float = Field(
         default=DEFAULT_ARRIVAL_CV, ge=0, le=10,
@@ -103,27 +108,33 @@ class ScenarioModel(_Entry):
         description="The request trace this model's shape is taken from (a label for reports; "
         "`coral simulate --trace FILE` replays a trace file).")
 
-    @field_validator("ttft_s")
+    @model_validator(mode="before")
     @classmethod
-    def _ttft_not_below_tpot(cls, ttft_s: float, info: ValidationInfo) -> float:
-        # a field validator, so that the error names ttft_s (tpot_s is validated first)
-        tpot_s = info.data.get("tpot_s")
-        if tpot_s is not None and ttft_s < tpot_s:
-            raise ValueError(
-                f"ttft_s ({ttft_s:g} s) is below tpot_s ({tpot_s:g} s): the first token "
-                "cannot come faster than one decode step; to fix: raise ttft_s or lower tpot_s"
-            )
-        return ttft_s
+    def _slo_from_flat_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "slo" not in data:
+            data = dict(data)
+            data["slo"] = {k: data.pop(k) for k in SLO_FIELDS if k in data}
+        return data
 
-    def slo_values(self) -> dict[str, float | int]:
-        """The SLO and request shape, as the template builder's `SloSpec` fields."""
-        return {
-            "tpot_s": self.tpot_s,
-            "ttft_s": self.ttft_s,
-            "percentile": self.percentile,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-        }
+    @property
+    def tpot_s(self) -> float:
+        return self.slo.tpot_s
+
+    @property
+    def ttft_s(self) -> float:
+        return self.slo.ttft_s
+
+    @property
+    def percentile(self) -> float:
+        return self.slo.percentile
+
+    @property
+    def input_tokens(self) -> int:
+        return self.slo.input_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.slo.output_tokens
 
 
 class ScenarioRegion(_Entry):
@@ -251,7 +262,10 @@ def entry_label(doc: Mapping[str, Any], loc: tuple[Any, ...]) -> tuple[str, tupl
                                                                               dict):
             name = entries[loc[1]].get("name")
         label = f"{loc[0]}[{loc[1]}]" + (f" {name!r}" if name is not None else "")
-        return label, loc[2:]
+        rest = loc[2:]
+        if loc[0] == "models" and rest[:1] == ("slo",):  # the file writes the SLO flat
+            rest = rest[1:]
+        return label, rest
     if len(loc) >= 2 and loc[0] == "levels":
         return f"levels.{loc[1]}", loc[2:]
     return "", loc

@@ -25,13 +25,13 @@ from coral.allocator.problem import (
     TemplateRegion,
     make_plan,
 )
-from coral.allocator.plan_file import decode_instances
+from coral.allocator.plan_decode import decode_instances
 from coral.allocator.scenario import Scenario, ScenarioModel
 from coral.catalog.loader import Catalog
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
 from coral.templates.build import Solver, Template
 from coral.templates.placement_step import METHOD as STEP_METHOD
-from coral.templates.enumerate import Combo
+from coral.templates.enumerate import Combo, combo_key, node_counts
 from coral.templates.homogeneous import homogeneous_combos
 from coral.templates.operating_points import OperatingPointTables, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
@@ -121,11 +121,6 @@ def scenario_model(scenario: Scenario, model: str) -> ScenarioModel:
     )
 
 
-def scenario_slo(scenario: Scenario, model: str) -> SloSpec:
-    """The SLO and request shape the scenario asks of `model`, as the template builder's spec."""
-    return SloSpec.make(**scenario_model(scenario, model).slo_values())
-
-
 def same_slo(a: SloSpec, b: SloSpec) -> bool:
     """Same targets and request shape (what a placement depends on)."""
     pairs = ((a.tpot_s, b.tpot_s), (a.ttft_s, b.ttft_s),
@@ -145,7 +140,7 @@ def check_templates(
     out: dict[str, list[Template]] = {m.name: [] for m in scenario.models}
     for model, tpls in templates.items():
         scenario_model(scenario, model)
-        slo = scenario_slo(scenario, model)
+        slo = scenario_model(scenario, model).slo
         for t in tpls:
             if t.model != model:
                 raise ValueError(
@@ -162,17 +157,6 @@ def check_templates(
     return out
 
 
-def combo_key(combo: Sequence[str]) -> str:
-    """`("1x-l4", "1x-l4", "1x-t4")` -> `"1x-l4*2+1x-t4"` (stable, readable column ids)."""
-    counts = node_counts(combo)
-    return "+".join(g if n == 1 else f"{g}*{n}" for g, n in counts.items())
-
-
-def node_counts(combo: Sequence[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for g in sorted(combo):
-        out[g] = out.get(g, 0) + 1
-    return out
 
 
 def template_column(

@@ -33,22 +33,19 @@ import numpy as np
 
 from coral.allocator.ilp import solve_allocation
 from coral.allocator.problem import TemplateColumn
-from coral.allocator.scenario import Scenario
+from coral.allocator.scenario import Scenario, scenario_slo
 from coral.baselines.common import (
     BaselineResult,
     TemplateBuilder,
     check_model,
     check_node_types,
-    combo_key,
-    node_counts,
     scenario_problem,
-    scenario_slo,
     template_column,
 )
 from coral.catalog.loader import Catalog
 from coral.solvers import quiet_highs
 from coral.templates.build import Template
-from coral.templates.enumerate import Combo
+from coral.templates.enumerate import Combo, combo_key, node_counts
 from coral.templates.operating_points import OperatingPointTables, PerfLike
 from coral.templates.slo import SloSpec
 from coral.templates.types import SINK, SOURCE, Topology

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 
 from coral.allocator.ilp import solve_allocation
 from coral.allocator.problem import DEMAND_REL_TOL, TemplateColumn, TemplateRegion
-from coral.allocator.scenario import Scenario
+from coral.allocator.scenario import Scenario, scenario_slo
 from coral.baselines.common import (
     BaselineResult,
     TemplateBuilder,
@@ -42,7 +42,6 @@ from coral.baselines.common import (
     heuristic_plan,
     result_of,
     scenario_problem,
-    scenario_slo,
 )
 from coral.templates.build import Template
 from coral.templates.types import Mode

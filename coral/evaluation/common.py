@@ -183,12 +183,12 @@ def simulate_plan(ctx: EvalContext, scenario: Any, result: Any, seconds: float,
 
     `result` is Coral's `PlanResult` or a baseline's `BaselineResult` (their `instances`
     hold each template's placement)."""
-    from coral.planning.libraries import scenario_slo
+    from coral.allocator.scenario import scenario_slo
     from coral.sim import Simulator, SimConfig, instances_from_plan, summarize, synthetic
     from coral.sim.workload import merge
 
     slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
-    instances = instances_from_plan({"instances": [i.to_dict() for i in result.instances]}, slos)
+    instances = instances_from_plan(result, slos)
     demand = {m: d for m, d in result.plan.demand_rps.items() if d > 0}
     parts = [synthetic(m, rate_rps=d, duration_s=seconds, seed=seed + 1000 * k,
                        prompt_tokens=slos[m].input_tokens, output_tokens=slos[m].output_tokens)

@@ -50,7 +50,7 @@ def helix_study(ctx: Any, *, sim_s: float, helix_timeout_s: float,
                 say: Callable[[str], None] = lambda _m: None) -> HelixStudy:
     from coral.allocator.scenario import load_scenario
     from coral.baselines.scale import scaled_scenario
-    from coral.planning.libraries import scenario_slo
+    from coral.allocator.scenario import scenario_slo
     from coral.planning.plan import plan_scenario
 
     t0 = time.perf_counter()
@@ -136,7 +136,8 @@ def sensitivity_study(ctx: Any, nmaxes: Sequence[int], rhos: Sequence[float], *,
     """GPT-OSS-120B's prefill library over `nmaxes` x `rhos`, nothing written to disk, N_max
     by N_max (the library grows with it). Once the study has taken `budget_s`, the grid
     points left are skipped and listed."""
-    from coral.planning.libraries import build_regions, scenario_slo
+    from coral.allocator.scenario import scenario_slo
+    from coral.planning.libraries import build_regions
     from coral.templates.build import build_library
 
     sc = ctx.scenario("paper-extended")

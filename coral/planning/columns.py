@@ -9,22 +9,10 @@ from typing import Mapping, Sequence
 from coral.allocator.problem import TemplateColumn
 from coral.allocator.scenario import Scenario
 from coral.templates.build import Template
+from coral.templates.enumerate import combo_key, node_counts
 
 #: Separator of the parts of a column id (`model|mode|combo`).
 ID_SEP = "|"
-
-
-def combo_key(combo: Sequence[str]) -> str:
-    """`("1x-l4", "1x-l4", "1x-t4")` -> `"1x-l4*2+1x-t4"`."""
-    counts = node_counts(combo)
-    return "+".join(g if k == 1 else f"{g}*{k}" for g, k in counts.items())
-
-
-def node_counts(combo: Sequence[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for g in sorted(combo):
-        out[g] = out.get(g, 0) + 1
-    return out
 
 
 def column_id(template: Template) -> str:

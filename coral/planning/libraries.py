@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from coral.allocator.scenario import Scenario
+from coral.allocator.scenario import Scenario, scenario_slo
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
 from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
@@ -27,7 +27,6 @@ from coral.templates.build import BuildReport, Template, build_library
 from coral.templates.engine import DEFAULT_ENGINE, check_engine, engine_topology
 from coral.templates.homogeneous import cached_completions, homogeneous_combos
 from coral.templates.operating_points import DEFAULT_BATCHES, PerfLike, shared_tables
-from coral.templates.slo import SloSpec
 from coral.templates.solve import build_template
 from coral.templates.store import MANIFEST, TemplateLibrary
 
@@ -77,14 +76,6 @@ class ScenarioTemplates(MappingABC):
         return (f"templates built with n_max = {self.nmax} instead of the scenario's "
                 f"{self.scenario_nmax} (quick run): combinations of more than {self.nmax} "
                 "nodes were not considered, so costs may be higher than a full plan's",)
-
-
-def scenario_slo(scenario: Scenario, model: str) -> SloSpec:
-    """The SLO and request shape the scenario asks of `model`."""
-    for m in scenario.models:
-        if m.name == model:
-            return SloSpec.make(**m.slo_values())
-    raise KeyError(f"scenario {scenario.name!r} does not serve model {model!r}")
 
 
 def build_regions(scenario: Scenario) -> tuple[str, ...] | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from coral.allocator.ilp import infeasibility_message, solve_allocation
-from coral.allocator.plan_file import decode_instances
+from coral.allocator.plan_decode import decode_instances
 from coral.allocator.problem import (
     DEFAULT_MIP_GAP,
     DEFAULT_SCARCITY,
@@ -31,7 +31,7 @@ from coral.allocator.problem import (
     TemplateRegion,
 )
 from coral.allocator.robust import RobustPlanner
-from coral.allocator.scenario import AUTO_MODES, Scenario
+from coral.allocator.scenario import AUTO_MODES, Scenario, scenario_slo
 from coral.allocator.uniform_scale import (
     SCALE_TOL,
     goodput_tokens_per_s,
@@ -45,7 +45,6 @@ from coral.planning.columns import columns_and_templates
 from coral.planning.libraries import (
     DEFAULT_TEMPLATES_DIR,
     ScenarioTemplates,
-    scenario_slo,
     templates_for_scenario,
 )
 from coral.planning.result import PlanResult

@@ -21,6 +21,7 @@ from coral.allocator.problem import DEFAULT_TIME_LIMIT_S
 from coral.allocator.scenario import AUTO_MODES, ScenarioError, load_scenario
 from coral.planning.libraries import DEFAULT_TEMPLATES_DIR, templates_for_scenario
 from coral.planning.plan import plan_scenario
+from coral.plans.file import PlanFile
 from coral.sim.preemption import Key, PlanRow, PreemptionError
 
 log = logging.getLogger(__name__)
@@ -29,40 +30,40 @@ log = logging.getLogger(__name__)
 class AllocatorReplanner:
     """Re-plans a plan file's scenario from a surviving deployment (see the module)."""
 
-    def __init__(self, plan: Mapping[str, Any], *, catalog: Any, perf: Any,
+    def __init__(self, plan: PlanFile, *, catalog: Any, perf: Any,
                  templates_dir: str | Path = DEFAULT_TEMPLATES_DIR,
                  time_limit_s: float = DEFAULT_TIME_LIMIT_S, workers: int | None = 1,
                  scenario: str | Path | None = None):
-        """`plan`: the plan file's payload (its `scenario`, `level`, `mode`, `engine`,
-        `nmax`, `spot`); `scenario`: where its scenario is, when the plan names a scenario
-        file (a plan file holds the scenario's name only)."""
-        ref = scenario if scenario is not None else plan.get("scenario")
+        """`plan`: the plan file (its scenario, level, mode, engine, nmax and spot promise);
+        `scenario`: where its scenario is, when the plan names a scenario file (a plan file
+        holds the scenario's name only)."""
+        ref = scenario if scenario is not None else plan.scenario
         try:
-            loaded = load_scenario(ref, level=plan.get("level"), catalog=catalog)
+            loaded = load_scenario(ref, level=plan.level, catalog=catalog)
         except (ScenarioError, TypeError) as exc:
             raise PreemptionError(
                 f"cannot re-plan: the plan's scenario {ref!r} does not load ({exc}); to fix: "
                 "give the scenario file it was planned from (--replan-scenario FILE)") from None
-        mode = plan.get("mode")
+        mode = plan.mode
         if mode in AUTO_MODES:  # the mode the plan was made in, not `auto` again
             loaded = loaded.in_mode(mode)
         self.catalog, self.perf, self.time_limit_s = catalog, perf, time_limit_s
-        self.engine = str(plan.get("engine") or "coral")
+        self.engine = plan.engine or "coral"
         self.spot = None
-        if plan.get("spot"):
+        if plan.spot is not None:
             from coral.allocator.spot import SpotOptions, SpotPlanError
 
             try:
-                self.spot = SpotOptions(risk_target=plan["spot"]["risk_target"],
-                                        window_s=plan["spot"]["window_s"])
-            except (SpotPlanError, KeyError, TypeError) as exc:
+                self.spot = SpotOptions(risk_target=plan.spot.risk_target,
+                                        window_s=plan.spot.window_s)
+            except SpotPlanError as exc:
                 raise PreemptionError(f"cannot re-plan: the plan's spot options do not read "
                                       f"({exc})") from None
         self.scenario = loaded.with_perf(perf, catalog)
         self.templates = templates_for_scenario(self.scenario, catalog, perf,
                                                 out_root=templates_dir, workers=workers,
-                                                nmax=plan.get("nmax"), engine=self.engine)
-        self.last = _counts(plan.get("instances") or ())
+                                                nmax=plan.nmax, engine=self.engine)
+        self.last = _counts(plan.instances)
 
     @property
     def startup_s(self) -> float:
@@ -80,15 +81,14 @@ class AllocatorReplanner:
                                engine=self.engine, spot=self.spot,
                                starts=[self.last] if self.last else [])
         log.info("re-plan at %.0f s: $%.2f/hour, %s", t, result.cost_per_hour, result.status)
-        rows = [i.to_dict() for i in result.instances]
-        self.last = _counts(rows)
-        return rows
+        self.last = _counts(result.instances)
+        return result.instances
 
 
 def _counts(rows: Sequence[PlanRow]) -> dict[Key, int]:
     """Instances per (template id, region) of a plan's rows."""
     out: dict[Key, int] = {}
     for row in rows:
-        key = (str(row["template_id"]), str(row["region"]))
-        out[key] = out.get(key, 0) + int(row["count"])
+        key = (row.template_id, row.region)
+        out[key] = out.get(key, 0) + row.count
     return out

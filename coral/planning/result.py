@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from coral.allocator.plan_file import PlannedInstances, baseline_summary, finite
+from coral.allocator.plan_decode import baseline_summary, finite
 from coral.allocator.problem import AllocationPlan, TemplateRegion
+from coral.plans.file import PlanFile, PlannedInstances
 from coral.templates.engine import DEFAULT_ENGINE
 from coral.templates.slo import SloSpec
 
@@ -84,7 +85,12 @@ class PlanResult:
         """This deployment as the `current` of a later plan."""
         return dict(self.plan.instances)
 
+    def plan_file(self) -> PlanFile:
+        """The plan as its file holds it (`coral.plans.file.write_plan` writes it)."""
+        return PlanFile.from_payload(self.to_dict(), source=f"the plan of {self.scenario}")
+
     def to_dict(self) -> dict[str, Any]:
+        """The plan file's JSON object."""
         p = self.plan
         nodes: dict[str, dict[str, int]] = {}
         for (g, r), k in sorted(p.nodes_used.items()):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from coral.errors import CoralError
-from coral.perf.pipeline import PipelineShape, ShapeError
+from coral.plans.file import PlanFile, PlannedInstances
 from coral.routing import serving_slots
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
 from coral.runtime.instance import RuntimeInstanceSpec
@@ -117,12 +117,15 @@ class PlannedInstance:
             for s in self.stages()))
 
 
-def read_plan(path: str | Path) -> dict[str, Any]:
-    """A plan JSON file written by `coral plan --out`."""
-    from coral.allocator.plan_file import PlanFileError, read_plan_file
+def read_plan(path: str | Path, catalog: Catalog | None = None) -> PlanFile:
+    """A plan file written by `coral plan --out`, its bad rows kept aside (`rejected`) for
+    `read_instances` to list; a problem of the plan as a whole raises
+    `RuntimeDeploymentError`."""
+    from coral.plans.errors import PlanFileError
+    from coral.plans.file import read_plan as read_plan_file
 
     try:
-        return read_plan_file(path)
+        return read_plan_file(path, catalog, skip_bad_rows=True)
     except PlanFileError as exc:
         raise RuntimeDeploymentError(str(exc)) from None
 
@@ -142,7 +145,7 @@ class Refusal:
     """Whether it refuses the plan unless the caller asks to skip unservable rows; False
     for rows an engine leaves out by design (the torch engine's prefill/decode rows)."""
     invalid: bool = False
-    """Whether the row is not a valid plan row (`coral.allocator.plan_check`), which no
+    """Whether the row is not a valid plan row (`coral.plans.check`), which no
     engine runs, rather than one this engine cannot run."""
 
     def to_dict(self) -> dict[str, str]:
@@ -162,62 +165,43 @@ class PlanRows:
         return len(self.instances) + len(self.refused)
 
 
-def read_instances(plan: Mapping[str, Any], catalog: Catalog | None = None,
+def read_instances(plan: PlanFile | Mapping[str, Any], catalog: Catalog | None = None,
                    source: str = "the plan") -> PlanRows:
-    """Every row of a plan's 'instances' list, nodes in layer order, after the plan check
-    (`coral.allocator.plan_check.check_plan`, with `catalog` when given; `source` names
-    the file in its messages).
+    """Every row of a plan that runs (`count` >= 1), nodes in layer order. A `PlanFile`
+    has been checked when read; a plan's JSON object is read here (the plan check of
+    `coral.plans.check`, with `catalog` when given; `source` names the file in its
+    messages).
 
     A row the check refuses is refused with every problem found rather than failing the
     plan: which rows a deployment may leave out is the caller's choice. Raises
     `RuntimeDeploymentError` when the plan as a whole is wrong (no list of rows, SLOs,
     more instances than any deployment runs), or it has no row that runs.
     """
-    from coral.allocator.plan_check import check_plan
+    if isinstance(plan, Mapping):
+        from coral.plans.errors import PlanFileError
 
-    check = check_plan(plan, catalog, source)
-    if check.of_plan():  # listing the rows' problems too: all are fixed in one edit
-        raise RuntimeDeploymentError(check.message())
-    rows = plan["instances"]
-    out: list[PlannedInstance] = []
-    refused: list[Refusal] = []
-    for k, row in enumerate(rows):
-        where = f"instances[{k}]"
         try:
-            name = f"{row['region']}/{row['template_id']}"
-        except (KeyError, TypeError):
-            name = where
-        problems = check.of_row(k)
-        if problems:
-            refused.append(Refusal(name, f"{check.source}: {'; '.join(map(str, problems))}",
-                                   invalid=True))
-            continue
-        if int(row["count"]) < 1:
-            continue  # a row that runs nothing is not an instance
-        try:
-            inst = _instance_of(row, name)
-        except ShapeError as exc:  # the check parses the same shape: a safety net
-            refused.append(Refusal(name, f"plan {where} ({name}): {exc}", invalid=True))
-            continue
-        out.append(inst)
+            plan = PlanFile.from_payload(plan, catalog, source, skip_bad_rows=True)
+        except PlanFileError as exc:
+            raise RuntimeDeploymentError(str(exc)) from None
+    refused = [Refusal(r.name, f"{source}: {'; '.join(map(str, r.problems))}", invalid=True)
+               for r in plan.rejected]
+    out = [_instance_of(row) for row in plan.instances if row.count >= 1]
     if not out and not refused:
         raise RuntimeDeploymentError("the plan runs no instance")
     return PlanRows(tuple(out), tuple(refused))
 
 
-def _instance_of(row: Mapping[str, Any], name: str) -> PlannedInstance:
-    shape = PipelineShape.from_row(row)
+def _instance_of(row: PlannedInstances) -> PlannedInstance:
+    assert row.shape is not None  # a row read from a plan file has its stages
     nodes = tuple(PlannedNode(st.node_type, st.first_layer, st.layers, st.tp_degree, st.batch)
-                  for st in shape.stages for _ in range(st.count))
+                  for st in row.shape.stages for _ in range(st.count))
     return PlannedInstance(
-        name=name, model=str(row["model"]), region=str(row["region"]),
-        count=int(row["count"]), nodes=nodes,
-        capacity_rps=float(row.get("capacity_rps") or 1.0),
-        usd_per_hour=float(row.get("usd_per_hour") or 0.0),
-        mode=str(row.get("mode", "aggregated")))
+        name=row.name, model=row.model, region=row.region, count=row.count, nodes=nodes,
+        capacity_rps=row.capacity_rps or 1.0, usd_per_hour=row.usd_per_hour, mode=row.mode)
 
 
-def planned_instances(plan: Mapping[str, Any]) -> tuple[PlannedInstance, ...]:
+def planned_instances(plan: PlanFile | Mapping[str, Any]) -> tuple[PlannedInstance, ...]:
     """Every row of a plan's 'instances' list, nodes in layer order; a plan with a row that
     cannot be read is refused, naming every such row."""
     rows = read_instances(plan)

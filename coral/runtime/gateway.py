@@ -10,6 +10,9 @@ no ready instance, or lost it) gets HTTP 503 with `Retry-After`, which OpenAI cl
 first text is there, so that it too gets a 503 rather than a stream that ends at once; a stream
 cut after text was sent ends with an error event (`data: {"error": ...}`), which the `openai`
 client raises, never with a silent truncation.
+
+`create_app` builds the app; `coral.runtime.gateway_server` runs it (`ServerThread`,
+`run_gateway`).
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ import difflib
 import json
 import logging
 import secrets
-import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping
 
 from fastapi import FastAPI, Request
 from jinja2 import TemplateError
@@ -32,7 +34,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from coral.runtime.http_guard import GatewayLimits, GuardMiddleware, uvicorn_options
+from coral.runtime.http_guard import GatewayLimits, GuardMiddleware
 from coral.runtime.backends import (
     Backend,
     BackendError,
@@ -53,17 +55,17 @@ from coral.runtime.openai_api import (
 )
 from coral.runtime.tokenizer import ByteTokenizer, Tokenizer, fewest_tokens
 
+if TYPE_CHECKING:
+    from coral.templates.slo import SloSpec
+
 log = logging.getLogger(__name__)
 
-DEFAULT_HOST = "127.0.0.1"
 #: OpenAI's default for /v1/completions.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
 #: Chat requests without max_tokens get at most this many (OpenAI: up to the context).
 DEFAULT_CHAT_MAX_TOKENS = 256
 #: Non-streamed requests whose instance was lost mid-generation are run again this many times.
 MAX_REQUEST_RETRIES = 2
-#: How long a stopping server lets requests in flight finish before it closes them.
-GRACEFUL_SHUTDOWN_S = 30.0
 #: Retry-After of a request refused because its model's queue is full: requests of the tiny
 #: models here take about a second, so a place is usually free by then.
 QUEUE_FULL_RETRY_AFTER_S = 1
@@ -83,7 +85,7 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
                metrics: GatewayMetrics | None = None,
                preempt: Callable[[str, float], Any] | None = None,
                limits: GatewayLimits | None = None,
-               slos: Mapping[str, tuple[float, float]] | None = None) -> FastAPI:
+               slos: Mapping[str, SloSpec] | None = None) -> FastAPI:
     """The gateway over `models` (served name -> backend).
 
     `tokenizer`: one for every model, or one per served name (models not in the mapping use
@@ -93,8 +95,9 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
     serves `POST /admin/preempt {"instance": NAME, "notice_s": S}`: a preemption notice for an
     instance, as a cloud's would be delivered. `limits`: body size, timeouts, allowed Host
     names and the admission limit per model (`coral.runtime.http_guard`); the servers below
-    apply its HTTP-level ones. `slos`: each model's (TTFT, TPOT) bounds in seconds, from the
-    plan; `/metrics` and `/health` then report each model's SLO attainment.
+    apply its HTTP-level ones. `slos`: each model's SLO, from the plan file
+    (`PlanFile.slos`); `/metrics` and `/health` then report each model's SLO attainment
+    against its TTFT and TPOT bounds.
     """
     limits = limits or GatewayLimits()
     default_tok: Tokenizer = ByteTokenizer()
@@ -460,62 +463,3 @@ def create_app(models: Mapping[str, Backend], *, api_key: str | None = None,
 
 def _kept() -> None:
     """A request's place that a stream now holds (it frees it itself)."""
-
-
-# ---------------------------------------------------------------- serving helpers
-class ServerThread:
-    """Run a uvicorn server for `app` in a background thread (tests, benchmarks, `coral serve`
-    when the caller keeps the main thread)."""
-
-    def __init__(self, app: FastAPI, host: str = DEFAULT_HOST, port: int = 0,
-                 log_level: str = "warning"):
-        import uvicorn
-
-        if port == 0:
-            from coral.runtime.worker import free_tcp_port
-            port = free_tcp_port(host)
-        self.host, self.port = host, port
-        limits = getattr(app.state, "limits", None) or GatewayLimits()
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
-                                                    log_level=log_level, lifespan="off",
-                                                    **uvicorn_options(limits)))
-        self.thread = threading.Thread(target=self.server.run, name="coral-gateway",
-                                       daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def __enter__(self) -> "ServerThread":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        self.thread.start()
-        deadline = time.time() + timeout_s
-        while not self.server.started:
-            if time.time() > deadline or not self.thread.is_alive():
-                raise RuntimeError(f"gateway did not start on {self.url}")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=5)
-
-
-def run_gateway(app: FastAPI, *, host: str = DEFAULT_HOST, port: int = 8000,
-                log_level: str = "warning", graceful_s: float = GRACEFUL_SHUTDOWN_S) -> None:
-    """Serve `app` in this thread until SIGINT or SIGTERM: then stop accepting connections,
-    let the requests in flight finish (at most `graceful_s`) and return, so that the caller
-    stops its workers. Uvicorn raises the signal again once it has stopped; run this inside
-    `coral.runtime.lifecycle.stop_on_signals()` so that it unwinds instead of killing the
-    process before the caller's cleanup."""
-    import uvicorn
-
-    limits = getattr(app.state, "limits", None) or GatewayLimits()
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                  timeout_graceful_shutdown=graceful_s,
-                                  **uvicorn_options(limits))).run()

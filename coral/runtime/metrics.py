@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import defaultdict
-from typing import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -23,6 +23,9 @@ from prometheus_client.utils import floatToGoString
 
 from coral.runtime.step_times import StepRow
 from coral.runtime.step_times import families as step_families
+
+if TYPE_CHECKING:
+    from coral.templates.slo import SloSpec
 
 #: Histogram bucket upper bounds, seconds.
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -77,10 +80,11 @@ RUNTIME_METRICS = (
 
 class GatewayMetrics:
     """Request and token counters and TTFT/TPOT histograms, per model; and, for the models
-    given an SLO (`slos`: model -> (TTFT bound, TPOT bound) in seconds, the plan's), how many
-    answered requests met both bounds, as the simulator counts SLO attainment."""
+    given an SLO (`slos`: model -> the `SloSpec` of the plan file, whose TTFT and TPOT
+    bounds it judges), how many answered requests met both bounds, as the simulator counts
+    SLO attainment."""
 
-    def __init__(self, slos: Mapping[str, tuple[float, float]] | None = None) -> None:
+    def __init__(self, slos: Mapping[str, SloSpec] | None = None) -> None:
         self.slos = dict(slos or {})
         self.slo_judged: dict[str, int] = defaultdict(int)
         self.slo_met: dict[str, int] = defaultdict(int)
@@ -111,10 +115,10 @@ class GatewayMetrics:
             if tpot_s is not None:
                 self.tpot.setdefault(model, _Histogram(TPOT_BUCKETS_S)).observe(tpot_s)
             if model in self.slos and ttft_s is not None:
-                ttft_bound, tpot_bound = self.slos[model]
+                slo = self.slos[model]
                 self.slo_judged[model] += 1
                 # one generated token has no TPOT: it is judged on its TTFT alone
-                if ttft_s <= ttft_bound and (tpot_s is None or tpot_s <= tpot_bound):
+                if ttft_s <= slo.ttft_s and (tpot_s is None or tpot_s <= slo.tpot_s):
                     self.slo_met[model] += 1
 
     def slo_attainment(self) -> dict[str, float]:
@@ -192,9 +196,9 @@ class GatewayMetrics:
         share = GaugeMetricFamily("coral_slo_attainment",
                                   "Share of the judged requests that met the SLO.",
                                   labels=["model"])
-        for m, (ttft_bound, tpot_bound) in sorted(self.slos.items()):
-            bounds.add_metric([m, "ttft"], ttft_bound)
-            bounds.add_metric([m, "tpot"], tpot_bound)
+        for m, slo in sorted(self.slos.items()):
+            bounds.add_metric([m, "ttft"], slo.ttft_s)
+            bounds.add_metric([m, "tpot"], slo.tpot_s)
             n = self.slo_judged.get(m, 0)
             judged.add_metric([m], n)
             met.add_metric([m], self.slo_met.get(m, 0))

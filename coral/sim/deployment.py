@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from coral.errors import CoralError
-from coral.perf.pipeline import PipelineShape, ShapeError
+from coral.perf.pipeline import ShapeError
 from coral.perf.step import Stage, StageNode, stages_from_shape
+from coral.plans.file import PlanFile, PlannedInstances
 from coral.templates.slo import SloSpec
 
 
@@ -106,46 +107,45 @@ def instance_from_template(template: Any, *, name: str | None = None, weight: fl
         usd_per_hour=float(price), slo=template.slo, role=template.mode, region=region)
 
 
-def _instances_from_rows(rows: Iterable[Mapping[str, Any]],
-                         slos: Mapping[str, SloSpec]) -> list[InstanceSpec]:
+def instances_from_rows(rows: Iterable[PlannedInstances],
+                        slos: Mapping[str, SloSpec]) -> list[InstanceSpec]:
+    """Every instance of the plan rows `rows`, named `region/template_id#k`."""
     out = []
     for row in rows:
-        role = row.get("mode", "aggregated")
+        role = row.mode
         if role not in ROLES:
             raise DeploymentError(
-                f"instance {row.get('template_id')!r} is in unknown mode {role!r}; expected "
+                f"instance {row.template_id!r} is in unknown mode {role!r}; expected "
                 + ", ".join(ROLES))
-        try:
-            stages = stages_from_shape(PipelineShape.from_row(row))
-        except ShapeError as exc:
-            raise DeploymentError(f"instance {row.get('template_id')!r}: {exc}") from None
-        slo = slos.get(row["model"])
-        for k in range(int(row["count"])):
+        if row.shape is None:
+            raise DeploymentError(f"instance {row.template_id!r} has no stages")
+        stages = stages_from_shape(row.shape)
+        slo = slos.get(row.model)
+        for k in range(row.count):
             out.append(InstanceSpec(
-                name=f"{row['region']}/{row['template_id']}#{k}", model=row["model"],
-                stages=stages, weight=_capacity_rps(row, role, slo),
-                usd_per_hour=float(row["usd_per_hour"]), slo=slo, role=role,
-                region=str(row["region"])))
+                name=f"{row.name}#{k}", model=row.model, stages=stages,
+                weight=_capacity_rps(row, role, slo), usd_per_hour=row.usd_per_hour, slo=slo,
+                role=role, region=row.region))
     return out
 
 
-def _capacity_rps(row: Mapping[str, Any], role: str, slo: SloSpec | None) -> float:
+def _capacity_rps(row: PlannedInstances, role: str, slo: SloSpec | None) -> float:
     """A row's planned requests/s. A plan decoded without its templates writes 0 for PD rows
     (their `capacity` is in tokens/s); that is converted with the SLO's request shape."""
-    rps = float(row.get("capacity_rps") or 0.0)
-    if rps > 0 or role == "aggregated" or slo is None:
-        return rps
+    if row.capacity_rps > 0 or role == "aggregated" or slo is None:
+        return row.capacity_rps
     per_request = slo.input_tokens if role == "prefill" else slo.output_tokens
-    return float(row.get("capacity") or 0.0) / per_request
+    return row.capacity / per_request
 
 
 def instances_from_plan(result: Any, slos: Mapping[str, SloSpec]) -> list[InstanceSpec]:
-    """Every instance of a `PlanResult` (or of its `to_dict()` / `coral plan --out` JSON)."""
+    """Every instance of a plan: a `PlanFile`, a `PlanResult`, or a plan file's JSON object
+    (read into a `PlanFile` here, after the plan check)."""
     if isinstance(result, Mapping):
-        from coral.allocator.plan_check import check_plan
+        from coral.plans.errors import PlanFileError
 
-        check = check_plan(result)  # a reader with a catalog checks its names first
-        if check.problems:
-            raise DeploymentError(check.message())
-        return _instances_from_rows(result["instances"], slos)
-    return _instances_from_rows((i.to_dict() for i in result.instances), slos)
+        try:  # a reader with a catalog checks its names first (`read_plan`)
+            result = PlanFile.from_payload(result)
+        except PlanFileError as exc:
+            raise DeploymentError(str(exc)) from None
+    return instances_from_rows(result.instances, slos)

@@ -50,15 +50,16 @@ import numpy as np
 
 from coral.errors import CoralError
 from coral.sim import pd
-from coral.sim.deployment import InstanceSpec, instances_from_plan
+from coral.plans.file import PlannedInstances
+from coral.sim.deployment import InstanceSpec, instances_from_rows
 from coral.sim.engine import Simulator
 from coral.sim.results import SimResult
 from coral.sim.routing import SimRouter
 from coral.sim.scheduler import Seq, SimInstance
 from coral.templates.slo import SloSpec
 
-#: A plan file's instance row (`coral plan --out`'s `instances[k]`).
-PlanRow = Mapping[str, Any]
+#: A plan file's instance row (`coral plan --out`'s `instances[k]`), read by `coral.plans`.
+PlanRow = PlannedInstances
 #: (template id, region): what the allocator counts instances by.
 Key = tuple[str, str]
 SPOT = "spot"
@@ -92,16 +93,15 @@ def check_rates(catalog: Any) -> PreemptionRates:
 
 def row_market(row: PlanRow) -> str:
     """A row's market: `spot` or `on_demand` (missing: on demand)."""
-    market = row.get("market", ON_DEMAND) or ON_DEMAND
-    if market not in (SPOT, ON_DEMAND):
-        raise PreemptionError(f"instance {row.get('template_id')!r}: market must be 'spot' or "
-                              f"'on_demand', got {market!r}")
-    return str(market)
+    if row.market not in (SPOT, ON_DEMAND):
+        raise PreemptionError(f"instance {row.template_id!r}: market must be 'spot' or "
+                              f"'on_demand', got {row.market!r}")
+    return row.market
 
 
 def row_pools(row: PlanRow) -> frozenset[tuple[str, str]]:
     """The pools (node type, region) of a row's nodes."""
-    return frozenset((str(g), str(row["region"])) for g in (row.get("nodes") or {}))
+    return frozenset((g, row.region) for g in row.node_counts)
 
 
 def pool_rng(seed: int, pool: tuple[str, str]) -> np.random.Generator:
@@ -199,10 +199,10 @@ class PreemptionRun:
         by_name = {i.spec.name: i for i in sim.instances}
         self.lives: list[Life] = []
         for row in rows:
-            key, market = (str(row["template_id"]), str(row["region"])), row_market(row)
+            key, market = (row.template_id, row.region), row_market(row)
             pools = row_pools(row) if market == SPOT else frozenset()
-            for k in range(int(row["count"])):
-                inst = by_name.get(f"{row['region']}/{row['template_id']}#{k}")
+            for k in range(row.count):
+                inst = by_name.get(f"{row.name}#{k}")
                 if inst is None:
                     raise PreemptionError(f"the simulator has no instance {k} of row "
                                           f"{key[0]!r} in {key[1]!r}")
@@ -365,8 +365,8 @@ class PreemptionRun:
         target: Counter[Key] = Counter()
         row_of: dict[Key, PlanRow] = {}
         for row in rows:
-            key = (str(row["template_id"]), str(row["region"]))
-            target[key] += int(row["count"])
+            key = (row.template_id, row.region)
+            target[key] += row.count
             row_of[key] = row
         started = stopped = 0
         for key, want in sorted(target.items()):
@@ -401,11 +401,11 @@ class PreemptionRun:
 
     def _start(self, row: PlanRow, t: float) -> None:
         self._serial += 1
-        spec = instances_from_plan({"instances": [dict(row, count=1)]}, self.slos)[0]
-        spec = replace(spec, name=f"{row['region']}/{row['template_id']}#r{self._serial}")
+        spec = instances_from_rows([replace(row, count=1)], self.slos)[0]
+        spec = replace(spec, name=f"{row.name}#r{self._serial}")
         inst = self.sim.add_instance(spec)
         market = row_market(row)
-        lf = Life(inst, (str(row["template_id"]), str(row["region"])), market,
+        lf = Life(inst, (row.template_id, row.region), market,
                   row_pools(row) if market == SPOT else frozenset(), t, state="starting")
         self.lives.append(lf)
         self.life_of[id(inst)] = lf

@@ -9,48 +9,49 @@
 - `template`: what a solved template is (`Template`); `solve`: one combination
   (`build_template`); `build`: a whole library (`build_library`).
 - `store`: the on-disk, resumable library; `parallel`: process-pool and Ray backends.
+
+The names below load their module on first use, so that reading `coral.templates.slo` (every
+plan file's SLOs) does not import the template builder and its solvers.
 """
 
-from coral.templates.build import BuildReport, build_library
-from coral.templates.solve import build_template
-from coral.templates.template import Template, TemplateNode
-from coral.templates.enumerate import Enumeration, enumerate_combinations, parse_combo
-from coral.templates.store import LibraryInputs, TemplateLibrary
-from coral.templates.operating_points import OperatingPointTables
-from coral.templates.slo import SloSpec, Workload, default_slo, resolve_slo
-from coral.templates.types import (
-    Mode,
-    NodePlacement,
-    NodeSpec,
-    OperatingPoint,
-    Placement,
-    PlacementProblem,
-    SolveStatus,
-    Topology,
-)
+from __future__ import annotations
 
-__all__ = [
-    "BuildReport",
-    "Enumeration",
-    "LibraryInputs",
-    "Mode",
-    "NodePlacement",
-    "NodeSpec",
-    "OperatingPoint",
-    "OperatingPointTables",
-    "Placement",
-    "PlacementProblem",
-    "SloSpec",
-    "SolveStatus",
-    "Template",
-    "TemplateLibrary",
-    "TemplateNode",
-    "Topology",
-    "Workload",
-    "build_library",
-    "build_template",
-    "default_slo",
-    "enumerate_combinations",
-    "parse_combo",
-    "resolve_slo",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "BuildReport": "build",
+    "build_library": "build",
+    "build_template": "solve",
+    "Template": "template",
+    "TemplateNode": "template",
+    "Enumeration": "enumerate",
+    "enumerate_combinations": "enumerate",
+    "parse_combo": "enumerate",
+    "LibraryInputs": "store",
+    "TemplateLibrary": "store",
+    "OperatingPointTables": "operating_points",
+    "SloSpec": "slo",
+    "Workload": "slo",
+    "default_slo": "slo",
+    "resolve_slo": "slo",
+    "Mode": "types",
+    "NodePlacement": "types",
+    "NodeSpec": "types",
+    "OperatingPoint": "types",
+    "Placement": "types",
+    "PlacementProblem": "types",
+    "SolveStatus": "types",
+    "Topology": "types",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

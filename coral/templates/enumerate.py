@@ -98,6 +98,20 @@ def parse_combo(text: str) -> list[str]:
     return names
 
 
+def combo_key(combo: Sequence[str]) -> str:
+    """`("1x-l4", "1x-l4", "1x-t4")` -> `"1x-l4*2+1x-t4"`: the stable, readable name of a
+    combination in every template column id (the planner's and the baselines' alike)."""
+    return "+".join(g if n == 1 else f"{g}*{n}" for g, n in node_counts(combo).items())
+
+
+def node_counts(combo: Sequence[str]) -> dict[str, int]:
+    """`("1x-l4", "1x-t4", "1x-l4")` -> `{"1x-l4": 2, "1x-t4": 1}`, node types sorted."""
+    out: dict[str, int] = {}
+    for g in sorted(combo):
+        out[g] = out.get(g, 0) + 1
+    return out
+
+
 def enumerate_combinations(
     model: ModelArch | str,
     catalog: Catalog,

@@ -48,7 +48,7 @@ class SloSpec(BaseModel):
         if tpot_s is not None and ttft_s < tpot_s:
             raise ValueError(
                 f"ttft_s ({ttft_s:g} s) is below tpot_s ({tpot_s:g} s): the first token "
-                "cannot come faster than one decode step"
+                "cannot come faster than one decode step; to fix: raise ttft_s or lower tpot_s"
             )
         return ttft_s
 

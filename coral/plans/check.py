@@ -13,11 +13,13 @@ What is checked:
   or has demand for to a valid SLO (`SloSpec`); 'demand_rps' maps models to finite rates;
   the plan's instances and nodes in all stay within `MAX_PLAN_INSTANCES` and
   `MAX_PLAN_NODES` (a bound a real deployment stays far below, that a simulation or a
-  deployment can still hold in memory);
+  deployment can still hold in memory); scenario, level, mode and engine are text and nmax
+  a whole number; a `spot` or `robust` promise has the numbers its readers take;
 - each row: model, region and template_id are strings; `count` is a whole number from 0
   (a row that runs nothing) to `MAX_ROW_INSTANCES`; `mode` and `market` are known values;
   its price (`usd_per_hour`, which the simulator adds up) and capacities are finite and not
-  negative; its `stages` (or the older per-node `placement`) have whole, bounded counts,
+  negative; `nodes` maps node types to whole numbers; its `stages` (or the older per-node
+  `placement`) have whole, bounded counts,
   layers, batches and tensor-parallel degrees, and tile the model's layers [0, L) exactly
   once (no gap, no overlap);
 - given a catalog: each model and node type is in it, a stage's `tp_degree` fits its node
@@ -39,7 +41,8 @@ from typing import Any, Mapping, Sequence
 
 from pydantic import ValidationError
 
-from coral.allocator.plan_file import PlanFileError
+from coral.plans.errors import PlanFileError
+from coral.plans.json_values import amount_problem, short, show, whole_problem
 from coral.catalog import Catalog
 from coral.messages import did_you_mean, field_problem
 from coral.perf.pipeline import PipelineShape, ShapeError
@@ -133,13 +136,13 @@ def check_plan(payload: Any, catalog: Catalog | None = None, source: str = "the 
     of each model's layer count. Never raises on any JSON value."""
     c = _Checker(catalog)
     if not isinstance(payload, MappingABC):
-        c.add(None, "", "(plan)", f"must be a JSON object, got {_show(payload)}",
+        c.add(None, "", "(plan)", f"must be a JSON object, got {show(payload)}",
               "give a file written by `coral plan SCENARIO --out FILE`")
         return PlanCheck(str(source), tuple(c.problems))
     rows = payload.get("instances")
     if not isinstance(rows, list):
         c.add(None, "", "instances", "missing (the plan has no 'instances' list)"
-              if rows is None else f"must be a list of instance rows, got {_show(rows)}",
+              if rows is None else f"must be a list of instance rows, got {show(rows)}",
               f"give the rows as `coral plan --out` writes them, {REPLAN}")
         rows = []
     elif len(rows) > MAX_ROWS:
@@ -167,6 +170,7 @@ def check_plan(payload: Any, catalog: Catalog | None = None, source: str = "the 
               f"{MAX_PLAN_NODES}", f"lower the rows' 'count', {REPLAN}")
     demand = c.demand(payload.get("demand_rps"))
     c.slos(payload, served, demand)
+    c.entries(payload)
     c.non_finite(payload)
     return PlanCheck(str(source), tuple(c.problems))
 
@@ -186,7 +190,7 @@ class _Checker:
         """Check row `k`; (model, count, nodes per instance) when it can be believed."""
         where = _row_where(k, row)
         if not isinstance(row, MappingABC):
-            self.add(k, where, "(row)", f"must be an object, got {_show(row)}",
+            self.add(k, where, "(row)", f"must be an object, got {show(row)}",
                      f"write the row as `coral plan --out` does, {REPLAN}")
             return None
         model = row.get("model")
@@ -195,36 +199,44 @@ class _Checker:
             value = row.get(name)
             if not isinstance(value, str) or not value:
                 self.add(k, where, name, "missing" if value is None else
-                         f"must be a non-empty string, got {_show(value)}",
+                         f"must be a non-empty string, got {show(value)}",
                          f"give the row's {name} as `coral plan --out` writes it")
         arch = None
         if isinstance(model, str) and model and self.catalog is not None:
             arch = self.catalog.models.get(model)
             if arch is None:
-                self.add(k, where, "model", f"unknown model {_short(model)!r}"
+                self.add(k, where, "model", f"unknown model {short(model)!r}"
                          f"{_close(model, self.catalog.models)}",
                          "name a model of the catalog (`coral catalog list`), or pass the "
                          "catalog the plan was made with (--catalog FILE)")
         count = row.get("count")
-        problem = _whole(count, 0, MAX_ROW_INSTANCES)
+        problem = whole_problem(count, 0, MAX_ROW_INSTANCES)
         if problem:
             self.add(k, where, "count", problem, "give the number of instances to run (0 "
                      f"runs none, at most {MAX_ROW_INSTANCES}), {REPLAN}")
         mode = row.get("mode", "aggregated")
         if mode not in MODES:
-            self.add(k, where, "mode", f"must be one of {', '.join(MODES)}, got {_show(mode)}",
+            self.add(k, where, "mode", f"must be one of {', '.join(MODES)}, got {show(mode)}",
                      "give the row's mode as `coral plan --out` writes it")
         market = row.get("market", "on_demand")
         if market not in MARKETS:
             self.add(k, where, "market", f"must be one of {', '.join(MARKETS)}, got "
-                     f"{_show(market)}", "leave it out for on-demand nodes")
+                     f"{show(market)}", "leave it out for on-demand nodes")
         for name in ("usd_per_hour", "capacity", "capacity_rps", "utilisation"):
             value = row.get(name)
             if value is None and name == "usd_per_hour":  # the simulator's cost of the row
                 self.add(k, where, name, "missing", f"give one instance's price in USD/hour, "
                          f"{REPLAN}")
-            elif value is not None and (problem := _amount(value)):
+            elif value is not None and (problem := amount_problem(value)):
                 self.add(k, where, name, problem, f"give a finite number >= 0, {REPLAN}")
+        nodes = row.get("nodes")
+        fix = f"leave 'nodes' out (the stages give it), {REPLAN}"
+        if nodes is not None and not isinstance(nodes, MappingABC):
+            self.add(k, where, "nodes", f"must map node types to numbers of nodes, got "
+                     f"{show(nodes)}", fix)
+        for g, n in (nodes.items() if isinstance(nodes, MappingABC) else ()):
+            if problem := whole_problem(n, 0, MAX_PLAN_NODES):
+                self.add(k, where, f"nodes.{g}", problem, fix)
         shape = self.shape(k, where, row)
         if shape is not None and arch is not None and shape.num_layers != arch.num_layers:
             self.add(k, where, "stages", f"the stages cover layers [0, {shape.num_layers}) "
@@ -242,7 +254,7 @@ class _Checker:
             stages = row["stages"]
             if not isinstance(stages, list) or not stages:
                 self.add(k, where, "stages", "must be a non-empty list of stages, got "
-                         f"{_show(stages)}", f"give the row's stages, {REPLAN}")
+                         f"{show(stages)}", f"give the row's stages, {REPLAN}")
                 return None
             for j, st in enumerate(stages):
                 self.node(k, where, f"stages[{j}]", st, stage=True)
@@ -250,7 +262,7 @@ class _Checker:
             nodes = row["placement"]
             if not isinstance(nodes, list) or not nodes:
                 self.add(k, where, "placement", "must be a non-empty list of nodes, got "
-                         f"{_show(nodes)}", f"give the row's nodes, {REPLAN}")
+                         f"{show(nodes)}", f"give the row's nodes, {REPLAN}")
                 return None
             if len(nodes) > MAX_STAGE_NODES * 16:
                 self.add(k, where, "placement", f"has {len(nodes)} nodes, more than "
@@ -277,19 +289,19 @@ class _Checker:
         """Check one stage, or one node of a `placement` (which may be idle: no layers,
         and has no count)."""
         if not isinstance(node, MappingABC):
-            self.add(k, where, field, f"must be an object, got {_show(node)}",
+            self.add(k, where, field, f"must be an object, got {show(node)}",
                      f"write it as `coral plan --out` does, {REPLAN}")
             return
         node_type = node.get("node_type")
         gpus = MAX_TP_DEGREE
         if not isinstance(node_type, str) or not node_type:
             self.add(k, where, f"{field}.node_type", "missing" if node_type is None else
-                     f"must be a node type's name, got {_show(node_type)}",
+                     f"must be a node type's name, got {show(node_type)}",
                      "name a node type of the catalog (`coral catalog list`)")
         elif self.catalog is not None:
             known = self.catalog.node_types.get(node_type)
             if known is None:
-                self.add(k, where, f"{field}.node_type", f"unknown node type {_short(node_type)!r}"
+                self.add(k, where, f"{field}.node_type", f"unknown node type {short(node_type)!r}"
                          f"{_close(node_type, self.catalog.node_types)}",
                          "name a node type of the catalog (`coral catalog list`), or pass "
                          "the catalog the plan was made with (--catalog FILE)")
@@ -304,7 +316,7 @@ class _Checker:
             value = node.get(name)
             if value is None and not required:
                 continue
-            if problem := _whole(value, lo, hi):
+            if problem := whole_problem(value, lo, hi):
                 self.add(k, where, f"{field}.{name}", problem,
                          f"give a whole number from {lo} to {hi}, {REPLAN}")
 
@@ -326,7 +338,7 @@ class _Checker:
                     continue
                 rows = payload.get("instances")
                 where = "" if row is None else _row_where(row, rows[row])
-                self.add(row, where, field, f"is {_show(value)}, which JSON does not have",
+                self.add(row, where, field, f"is {show(value)}, which JSON does not have",
                          f"give a finite number (or null), {REPLAN}")
             elif isinstance(value, MappingABC):
                 stack.extend((f"{path}.{key}" if path else str(key), v)
@@ -335,18 +347,62 @@ class _Checker:
                 stack.extend((f"{path}[{j}]", v) for j, v in enumerate(value))
 
     # ------------------------------------------------------------ the plan
+    def entries(self, payload: Mapping[str, Any]) -> None:
+        """The plan's own entries: what it was planned for and its spot or robust promise."""
+        for name in ("scenario", "level", "mode", "engine"):
+            value = payload.get(name)
+            if value is not None and (not isinstance(value, str) or not value):
+                self.add(None, "", name, f"must be a non-empty string, got {show(value)}",
+                         f"give it as `coral plan --out` writes it, {REPLAN}")
+        nmax = payload.get("nmax")
+        if nmax is not None and (problem := whole_problem(nmax, 1, MAX_STAGE_NODES)):
+            self.add(None, "", "nmax", problem, f"give the templates' node limit, {REPLAN}")
+        spot = payload.get("spot")
+        if spot is not None:
+            self.promise("spot", spot, ("risk_target", "window_s"), ())
+        robust = payload.get("robust")
+        if robust is not None:
+            fields = robust if isinstance(robust, MappingABC) else {}
+            numbers = ("factor",) if fields.get("factor") is not None else ()
+            if fields.get("R") != "auto":  # `--robust auto`: each GPU type its own factor
+                numbers = ("R", *numbers)
+            self.promise("robust", robust, numbers, ("factors", "basis"))
+
+    def promise(self, name: str, raw: Any, numbers: Sequence[str],
+                maps: Sequence[str]) -> None:
+        """A spot or robust entry: an object whose `numbers` are finite numbers >= 0 and
+        whose `maps` map names to numbers (`factors`) or text (`basis`)."""
+        fix = f"give the '{name}' entry as `coral plan --{name}` writes it, {REPLAN}"
+        if not isinstance(raw, MappingABC):
+            self.add(None, "", name, f"must be an object, got {show(raw)}", fix)
+            return
+        for key in numbers:
+            if problem := amount_problem(raw.get(key)):
+                self.add(None, "", f"{name}.{key}", problem, fix)
+        for key in maps:
+            value = raw.get(key)
+            if key == "basis" and value is None:
+                continue
+            ok = isinstance(value, MappingABC) and all(
+                isinstance(g, str) and (isinstance(v, str) if key == "basis"
+                                        else not amount_problem(v)) for g, v in value.items())
+            if not ok:
+                self.add(None, "", f"{name}.{key}", "must map GPU types to "
+                         + ("text" if key == "basis" else "numbers") + f", got {show(value)}",
+                         fix)
+
     def demand(self, raw: Any) -> dict[str, float]:
         """The models with demand (req/s > 0) of a sound 'demand_rps'."""
         if raw is None:
             return {}
         fix = "map each model to its requests/s (a number >= 0), or leave 'demand_rps' out"
         if not isinstance(raw, MappingABC):
-            self.add(None, "", "demand_rps", f"must map models to requests/s, got {_show(raw)}",
+            self.add(None, "", "demand_rps", f"must map models to requests/s, got {show(raw)}",
                      fix)
             return {}
         out = {}
         for model, rps in raw.items():
-            if problem := _amount(rps, MAX_DEMAND_RPS):
+            if problem := amount_problem(rps, MAX_DEMAND_RPS):
                 self.add(None, "", f"demand_rps[{model!r}]", problem, fix)
             elif rps > 0:
                 out[str(model)] = float(rps)
@@ -361,12 +417,12 @@ class _Checker:
         fix = ("give each model's SLO as {\"tpot_s\": ..., \"ttft_s\": ...} (ttft_s >= "
                "tpot_s > 0), or leave 'slos' out to use the scenario's")
         if not isinstance(raw, MappingABC):
-            self.add(None, "", "slos", f"must map each model to its SLO, got {_show(raw)}", fix)
+            self.add(None, "", "slos", f"must map each model to its SLO, got {show(raw)}", fix)
             return
         for model, values in raw.items():
             field = f"slos[{model!r}]"
             if not isinstance(values, MappingABC):
-                self.add(None, "", field, f"must be an object, got {_show(values)}", fix)
+                self.add(None, "", field, f"must be an object, got {show(values)}", fix)
                 continue
             try:
                 SloSpec(**{str(key): v for key, v in values.items()})
@@ -387,9 +443,9 @@ def _row_where(k: int, row: Any) -> str:
     if not isinstance(row, MappingABC):
         return f"instances[{k}]"
     model, region, tid = row.get("model"), row.get("region"), row.get("template_id")
-    named = [f"model {_short(model)!r}"] if isinstance(model, str) else []
+    named = [f"model {short(model)!r}"] if isinstance(model, str) else []
     if isinstance(region, str) and isinstance(tid, str):
-        named.append(f"{_short(region)}/{_short(tid)}")
+        named.append(f"{short(region)}/{short(tid)}")
     return f"instances[{k}] ({', '.join(named)})" if named else f"instances[{k}]"
 
 
@@ -397,56 +453,3 @@ def _close(name: str, known: Any) -> str:
     """" (did you mean 'x'?)" for the catalog names close to `name`, or nothing."""
     hint = did_you_mean(name, known).strip()
     return f" ({hint[0].lower()}{hint[1:]})" if hint else ""
-
-
-def _short(text: str, most: int = 80) -> str:
-    return text if len(text) <= most else text[:most - 3] + "..."
-
-
-def _whole(value: Any, lo: int, hi: int) -> str | None:
-    """What is wrong with `value` as a whole number in [lo, hi] (None: nothing); a float
-    with no fraction (8.0) is whole."""
-    want = f"must be a whole number from {lo} to {hi}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"{want}, got {_show(value)}" if value is not None else f"missing ({want})"
-    if isinstance(value, float) and not value.is_integer():
-        return f"{want}, got {_show(value)}"
-    if not lo <= value <= hi:
-        return f"{want}, got {_show(value)}"
-    return None
-
-
-def _amount(value: Any, hi: float = math.inf) -> str | None:
-    """What is wrong with `value` as a finite number in [0, hi] (None: nothing)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"must be a number >= 0, got {_show(value)}"
-    if not (isinstance(value, int) or math.isfinite(value)) or not 0 <= value <= hi:
-        return (f"must be a finite number from 0 to {hi:g}, got {_show(value)}"
-                if math.isfinite(hi) else f"must be a finite number >= 0, got {_show(value)}")
-    return None
-
-
-def _show(value: Any) -> str:
-    """A JSON value, short, as the file spells it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return f"{value:g}"
-    if isinstance(value, int):
-        if value.bit_length() > 60:  # str() of a huge int is slow, or refused
-            return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
-        return str(value)
-    if isinstance(value, str):
-        text = value if len(value) <= 40 else value[:37] + "..."
-        return f"the string {text!r}"
-    if isinstance(value, list):
-        return f"a list of {len(value)}"
-    if isinstance(value, MappingABC):
-        return "an object"
-    return type(value).__name__

@@ -39,9 +39,11 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
     from coral.allocator.plan_check import check_plan
     from coral.allocator.plan_file import PlanFileError, plan_slos, read_plan_file
     from coral.planning.libraries import scenario_slo
+    from coral.planning.options import PlanOptions
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
     from coral.sim.deployment import instances_from_plan
+    from coral.templates.build_options import BuildOptions
     from coral.templates.parallel import default_perf_factory
 
     path = Path(ref)
@@ -60,14 +62,16 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
                 dict(payload.get("demand_rps") or {}), payload)
     scenario = load_scenario(ref, level=level, catalog=cat)
     perf = default_perf_factory(cat)
+    options = PlanOptions(build=BuildOptions(workers=os.cpu_count() or 1),
+                          out_root=templates_dir, nmax=nmax)
     with native_stdout_to_stderr(quiet_stdout):
         if show:
             with err_console.status(f"planning {scenario.name} (templates n_max {nmax})..."):
-                result = plan_scenario(scenario, catalog=cat, perf=perf, out_root=templates_dir,
-                                       workers=os.cpu_count() or 1, nmax=nmax, baselines=False)
+                result = plan_scenario(scenario, catalog=cat, options=options, perf=perf,
+                                       baselines=False)
         else:
-            result = plan_scenario(scenario, catalog=cat, perf=perf, out_root=templates_dir,
-                                   workers=os.cpu_count() or 1, nmax=nmax, baselines=False)
+            result = plan_scenario(scenario, catalog=cat, options=options, perf=perf,
+                                   baselines=False)
     slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
     payload = {"scenario": ref, "level": result.level, "mode": result.mode,
                "engine": result.engine, "nmax": result.nmax,
@@ -211,7 +215,7 @@ def simulate_plan_summary(plan: Path, cat: Any, *, factors: dict[str, float] | N
                      lengths="fixed")
     perf = default_perf_factory(cat)
     if factors:
-        from coral.sim.slowdown import SlowedPerf
+        from coral.perf.slowdown import SlowedPerf
 
         perf = SlowedPerf(perf, cat, factors)
     cfg = SimConfig(workers=min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
@@ -291,7 +295,7 @@ def simulate(
         cat = open_catalog(catalog)
         factors = None
         if slowdown is not None:
-            from coral.sim.slowdown import parse_slowdown
+            from coral.perf.slowdown import parse_slowdown
 
             factors = parse_slowdown(slowdown, cat.gpus)
         name, instances, slos, demand, payload = _load_deployment(
@@ -313,7 +317,7 @@ def simulate(
                         workers or min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
         perf = default_perf_factory(cat)
         if factors:
-            from coral.sim.slowdown import SlowedPerf
+            from coral.perf.slowdown import SlowedPerf
 
             perf = SlowedPerf(perf, cat, factors)
         sim = Simulator(instances, perf=perf, catalog=cat, config=cfg)

@@ -270,6 +270,7 @@ def build(
 ) -> None:
     """Build (or resume) the template library of a model: enumerate, solve, prune."""
     from coral.templates.build import build_library
+    from coral.templates.build_options import BuildOptions
     from coral.templates.store import default_library_dir
 
     reports = []
@@ -297,6 +298,9 @@ def build(
         for r in region_list or ():
             cat.region(r)
         show_progress = sys.stderr.isatty() if progress is None else progress
+        options = BuildOptions(engine=eng, topology=topology,  # type: ignore[arg-type]
+                               batches=_batches(batches), workers=workers, ray_address=ray,
+                               time_limit_s=time_limit, method=method)
 
         def say(msg: str) -> None:
             err_console.print(f"[dim]{msg}[/]", highlight=False, soft_wrap=True)
@@ -304,12 +308,10 @@ def build(
         for m in _modes(mode):
             with native_stdout_to_stderr(json):
                 _, report = build_library(
-                    arch, cat, slo=slo, mode=m, topology=topology,  # type: ignore[arg-type]
-                    engine=eng, nmax=nmax, rho=rho, node_types=node_list,
-                    regions=region_list, batches=_batches(batches),
+                    arch, cat, slo=slo, mode=m, nmax=nmax, rho=rho,  # type: ignore[arg-type]
+                    node_types=node_list, regions=region_list, options=options,
                     out=default_library_dir(out, arch.name, m, eng),
-                    workers=workers, ray_address=ray, time_limit_s=time_limit,
-                    method=method, progress=show_progress, on_message=say,
+                    progress=show_progress, on_message=say,
                 )
             reports.append(report)
     if json:

@@ -74,9 +74,10 @@ class PaperContext(EvalContext):
         # or counts: one load per scenario (an extended library takes minutes to load)
         key = (scenario.name, build_regions(scenario), scenario.mode, f"{engine}/{n}")
         if key not in self._templates:
+            options = self.options(engine, nmax=n)
             self._templates[key] = templates_for_scenario(
-                scenario, self.catalog, self.perf, out_root=self.cfg.templates_dir,
-                workers=self.cfg.workers, nmax=n, engine=engine)
+                scenario, self.catalog, self.perf, options=options.build,
+                out_root=options.out_root, nmax=options.nmax)
         return self._templates[key]
 
 

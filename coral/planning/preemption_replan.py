@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from coral.allocator.problem import DEFAULT_TIME_LIMIT_S
 from coral.allocator.scenario import AUTO_MODES, ScenarioError, load_scenario
 from coral.planning.libraries import DEFAULT_TEMPLATES_DIR, templates_for_scenario
+from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.sim.preemption import Key, PlanRow, PreemptionError
+from coral.templates.build_options import BuildOptions
+
+if TYPE_CHECKING:  # the spot planner loads only when a plan asks for spot
+    from coral.allocator.spot_market import SpotOptions
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +51,8 @@ class AllocatorReplanner:
         mode = plan.get("mode")
         if mode in AUTO_MODES:  # the mode the plan was made in, not `auto` again
             loaded = loaded.in_mode(mode)
-        self.catalog, self.perf, self.time_limit_s = catalog, perf, time_limit_s
-        self.engine = str(plan.get("engine") or "coral")
-        self.spot = None
+        self.catalog, self.perf = catalog, perf
+        self.spot: SpotOptions | None = None
         if plan.get("spot"):
             from coral.allocator.spot import SpotOptions, SpotPlanError
 
@@ -58,10 +62,15 @@ class AllocatorReplanner:
             except (SpotPlanError, KeyError, TypeError) as exc:
                 raise PreemptionError(f"cannot re-plan: the plan's spot options do not read "
                                       f"({exc})") from None
+        self.options = PlanOptions(
+            build=BuildOptions(engine=str(plan.get("engine") or "coral"), workers=workers),
+            out_root=templates_dir, nmax=plan.get("nmax"), time_limit_s=time_limit_s,
+            spot=self.spot)
         self.scenario = loaded.with_perf(perf, catalog)
         self.templates = templates_for_scenario(self.scenario, catalog, perf,
-                                                out_root=templates_dir, workers=workers,
-                                                nmax=plan.get("nmax"), engine=self.engine)
+                                                options=self.options.build,
+                                                out_root=self.options.out_root,
+                                                nmax=self.options.nmax)
         self.last = _counts(plan.get("instances") or ())
 
     @property
@@ -74,11 +83,9 @@ class AllocatorReplanner:
         return sorted(self.scenario.node_prices)
 
     def __call__(self, running: Mapping[Key, int], t: float) -> Sequence[PlanRow]:
-        result = plan_scenario(self.scenario, catalog=self.catalog, perf=self.perf,
-                               templates=self.templates, current=dict(running),
-                               time_limit_s=self.time_limit_s, baselines=False,
-                               engine=self.engine, spot=self.spot,
-                               starts=[self.last] if self.last else [])
+        result = plan_scenario(self.scenario, catalog=self.catalog, options=self.options,
+                               perf=self.perf, templates=self.templates, baselines=False,
+                               current=dict(running), starts=[self.last] if self.last else [])
         log.info("re-plan at %.0f s: $%.2f/hour, %s", t, result.cost_per_hour, result.status)
         rows = [i.to_dict() for i in result.instances]
         self.last = _counts(rows)

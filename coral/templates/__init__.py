@@ -5,11 +5,13 @@
 - `enumerate`: the node combinations worth solving.
 - `placement` / `verify`: the exact placement solver and its independent checker.
 - `template`: what a solved template is (`Template`); `solve`: one combination
-  (`build_template`); `build`: a whole library (`build_library`).
+  (`build_template`); `build`: a whole library (`build_library`), built as a
+  `build_options.BuildOptions` says.
 - `store`: the on-disk, resumable library; `parallel`: process-pool and Ray backends.
 """
 
 from coral.templates.build import BuildReport, build_library
+from coral.templates.build_options import BuildOptions
 from coral.templates.solve import build_template
 from coral.templates.template import Template, TemplateNode
 from coral.templates.enumerate import Enumeration, enumerate_combinations, parse_combo
@@ -28,6 +30,7 @@ from coral.templates.types import (
 )
 
 __all__ = [
+    "BuildOptions",
     "BuildReport",
     "Enumeration",
     "LibraryInputs",

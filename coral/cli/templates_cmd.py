@@ -99,10 +99,13 @@ def _topology(engine: EngineChoice, topology: str | None) -> str:
     return check_topology(engine_topology(EngineChoice(engine).value, topology))
 
 
-def _slo(cat: Any, model: str, **overrides: Any) -> Any:
+def _slo(cat: Any, model: str, *, tpot_s: float | None, ttft_s: float | None,
+         input_tokens: int | None, output_tokens: int | None) -> Any:
+    """The model's default SLO with the flags given overriding it."""
     from coral.templates.slo import resolve_slo
 
-    return resolve_slo(cat.model(model), **overrides)
+    return resolve_slo(cat.model(model), tpot_s=tpot_s, ttft_s=ttft_s,
+                       input_tokens=input_tokens, output_tokens=output_tokens)
 
 
 def _ms(seconds: float | None) -> str:

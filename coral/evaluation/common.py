@@ -50,14 +50,14 @@ class EvalConfig:
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
 
     @classmethod
-    def preset(cls, quick: bool, out: Path, **kw: Any) -> "EvalConfig":
+    def preset(cls, quick: bool, out: Path) -> "EvalConfig":
+        """The quick preset (the defaults), or the full one; the CLI sets its flags on it
+        with `dataclasses.replace`."""
         if quick:
-            return cls(out=out, quick=True, **kw)
-        base = dict(quick=False, nmax=3, scenarios=("core", "advanced"),
-                    demand_scales=(0.5, 1.0, 2.0), sim_seconds=1800.0,
-                    cluster_scales=(1, 4, 16), helix_timeout_s=300.0, timeline_periods=None)
-        base.update(kw)
-        return cls(out=out, **base)
+            return cls(out=out, quick=True)
+        return cls(out=out, quick=False, nmax=3, scenarios=("core", "advanced"),
+                   demand_scales=(0.5, 1.0, 2.0), sim_seconds=1800.0,
+                   cluster_scales=(1, 4, 16), helix_timeout_s=300.0, timeline_periods=None)
 
 
 @dataclass

@@ -10,7 +10,7 @@ data, not a branch in the planning loop).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from coral.allocator.ilp import solve_allocation
 from coral.allocator.problem import (
@@ -57,6 +57,7 @@ class Decoding:
     note: str | None = None
 
 
+@runtime_checkable
 class Planner(Protocol):
     """How `plan_scenario` solves each serving mode's allocation and decodes the kept one."""
 

@@ -171,12 +171,14 @@ def _preemptions(sim: Any, payload: dict, slos: dict, *, cat: Any, perf: Any,
                  scenario: str | None) -> Any:
     """A `PreemptionRun` on `sim`, re-planning as the adaptation loop does."""
     from coral.sim.preemption import PreemptionConfig, PreemptionError, PreemptionRun, check_rates
+    from coral.planning.options import PlanOptions
     from coral.planning.preemption_replan import AllocatorReplanner
 
     try:
         rates = check_rates(cat)
         replanner = AllocatorReplanner(payload, catalog=cat, perf=perf,
-                                       templates_dir=templates_dir, scenario=scenario)
+                                       options=PlanOptions(out_root=templates_dir),
+                                       scenario=scenario)
         run = PreemptionRun(sim, payload["instances"], slos, rates, replanner,
                             PreemptionConfig(seed=seed, startup_s=replanner.startup_s),
                             on_event=None if quiet else

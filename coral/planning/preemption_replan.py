@@ -14,16 +14,15 @@ the planner that runs it.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from coral.allocator.problem import DEFAULT_TIME_LIMIT_S
 from coral.allocator.scenario import AUTO_MODES, ScenarioError, load_scenario
-from coral.planning.libraries import DEFAULT_TEMPLATES_DIR, templates_for_scenario
+from coral.planning.libraries import templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.sim.preemption import Key, PlanRow, PreemptionError
-from coral.templates.build_options import BuildOptions
 
 if TYPE_CHECKING:  # the spot planner loads only when a plan asks for spot
     from coral.allocator.spot_market import SpotOptions
@@ -35,12 +34,12 @@ class AllocatorReplanner:
     """Re-plans a plan file's scenario from a surviving deployment (see the module)."""
 
     def __init__(self, plan: Mapping[str, Any], *, catalog: Any, perf: Any,
-                 templates_dir: str | Path = DEFAULT_TEMPLATES_DIR,
-                 time_limit_s: float = DEFAULT_TIME_LIMIT_S, workers: int | None = 1,
-                 scenario: str | Path | None = None):
+                 options: PlanOptions = PlanOptions(), scenario: str | Path | None = None):
         """`plan`: the plan file's payload (its `scenario`, `level`, `mode`, `engine`,
-        `nmax`, `spot`); `scenario`: where its scenario is, when the plan names a scenario
-        file (a plan file holds the scenario's name only)."""
+        `nmax`, `spot`); `options`: the caller's (template root, workers, time limit), the
+        plan's engine, `nmax` and spot options taking the place of theirs; `scenario`: where
+        its scenario is, when the plan names a scenario file (a plan file holds the
+        scenario's name only)."""
         ref = scenario if scenario is not None else plan.get("scenario")
         try:
             loaded = load_scenario(ref, level=plan.get("level"), catalog=catalog)
@@ -62,10 +61,9 @@ class AllocatorReplanner:
             except (SpotPlanError, KeyError, TypeError) as exc:
                 raise PreemptionError(f"cannot re-plan: the plan's spot options do not read "
                                       f"({exc})") from None
-        self.options = PlanOptions(
-            build=BuildOptions(engine=str(plan.get("engine") or "coral"), workers=workers),
-            out_root=templates_dir, nmax=plan.get("nmax"), time_limit_s=time_limit_s,
-            spot=self.spot)
+        self.options = replace(
+            options, build=replace(options.build, engine=str(plan.get("engine") or "coral")),
+            nmax=plan.get("nmax"), spot=self.spot)
         self.scenario = loaded.with_perf(perf, catalog)
         self.templates = templates_for_scenario(self.scenario, catalog, perf,
                                                 options=self.options.build,

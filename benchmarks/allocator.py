@@ -214,12 +214,14 @@ def real_templates(scenario: Scenario, catalog: Catalog, nmax: int) -> list[Temp
     (reused from `out/templates` when their inputs match)."""
     from coral.planning.columns import columns_from_templates
     from coral.planning.libraries import templates_for_scenario
+    from coral.templates.build_options import BuildOptions
     from coral.templates.parallel import default_perf_factory
 
     perf = default_perf_factory(catalog)
     scenario = scenario.with_perf(perf, catalog)
     templates = templates_for_scenario(scenario, catalog, perf, out_root="out/templates",
-                                       workers=os.cpu_count() or 1, nmax=nmax)
+                                       options=BuildOptions(workers=os.cpu_count() or 1),
+                                       nmax=nmax)
     return columns_from_templates(scenario, templates)
 
 

@@ -20,8 +20,10 @@ import sys
 import time
 
 from coral.planning.plan import plan_scenario
+from coral.planning.options import PlanOptions
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
+from coral.templates.build_options import BuildOptions
 from coral.templates.parallel import default_perf_factory
 
 
@@ -40,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         for level in args.levels or load_scenario(name, catalog=catalog).levels:
             t0 = time.perf_counter()
             scenario = load_scenario(name, level=level, catalog=catalog).in_mode("auto")
-            result = plan_scenario(scenario, catalog=catalog, perf=perf, nmax=args.nmax,
-                                   workers=args.workers)
+            result = plan_scenario(scenario, catalog=catalog, perf=perf, options=PlanOptions(
+                build=BuildOptions(workers=args.workers), nmax=args.nmax))
             priority = {m.name: m.priority for m in scenario.models}
             demand = result.plan.demand_rps
 

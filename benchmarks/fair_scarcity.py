@@ -44,13 +44,15 @@ def plan_figures(name: str, templates_dir: Path, workers: int) -> None:
     """`coral plan NAME` at its defaults, summarised."""
     from coral.planning.libraries import templates_for_scenario
     from coral.planning.plan import plan_scenario
+    from coral.templates.build_options import BuildOptions
     from coral.templates.parallel import default_perf_factory
 
     cat = default_catalog()
     scenario = load_scenario(name, catalog=cat)
     perf = default_perf_factory(cat)
     templates = templates_for_scenario(scenario, cat, perf, out_root=templates_dir,
-                                       workers=workers, nmax=None, progress=False)
+                                       options=BuildOptions(workers=workers), nmax=None,
+                                       progress=False)
     warm_up()
     t = time.perf_counter()
     res = plan_scenario(scenario, catalog=cat, perf=perf, templates=templates)

@@ -26,6 +26,7 @@ from coral.planning.libraries import build_regions
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.templates.build import build_library
+from coral.templates.build_options import BuildOptions
 from coral.templates.engine import engine_topology
 from coral.templates.parallel import default_perf_factory
 from coral.templates.template import Template
@@ -125,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             w0, c0 = time.perf_counter(), _cpu_s()
             kept, report = build_library(
-                model, catalog, slo=slo, mode=mode, topology=topology, engine=args.engine,
-                nmax=nmax, rho=scenario.spec.rho, node_types=scenario.node_types,
-                regions=build_regions(scenario), out=None, workers=args.workers, perf=perf)
+                model, catalog, slo=slo, mode=mode, nmax=nmax, rho=scenario.spec.rho,
+                node_types=scenario.node_types, regions=build_regions(scenario),
+                options=BuildOptions(topology=topology, engine=args.engine,
+                                     workers=args.workers),
+                out=None, perf=perf)
             wall, cpu = time.perf_counter() - w0, _cpu_s() - c0
             name = f"{model}/{mode}"
             print(f"{name:<34} {wall:8.1f} {cpu:8.1f} {len(kept):6d} {report.solved:7d} "

@@ -20,14 +20,17 @@ import sys
 
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
+from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
+from coral.templates.build_options import BuildOptions
 
 
 def main(scenario: str, margin: float, nmax: int | None = None,
          baseline: str = "homo") -> None:
     cat = default_catalog()
     sc = load_scenario(scenario, level="default", catalog=cat)
-    result = plan_scenario(sc, catalog=cat, workers=None, nmax=nmax)
+    result = plan_scenario(sc, catalog=cat, options=PlanOptions(
+        build=BuildOptions(workers=None), nmax=nmax))
     base = result.baselines[baseline]
     if not base.meets_demand:
         raise SystemExit(f"{baseline} does not serve all demand at the default level")

@@ -17,7 +17,9 @@ from collections import defaultdict
 
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
+from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
+from coral.templates.build_options import BuildOptions
 
 
 def per_model(instances) -> dict[str, float]:
@@ -31,7 +33,8 @@ def main(name: str, nmax: int | None, levels: list[str]) -> None:
     cat = default_catalog()
     for level in levels or load_scenario(name, catalog=cat).levels:
         sc = load_scenario(name, level=level, catalog=cat).in_mode("auto")
-        res = plan_scenario(sc, catalog=cat, workers=None, nmax=nmax)
+        res = plan_scenario(sc, catalog=cat, options=PlanOptions(
+            build=BuildOptions(workers=None), nmax=nmax))
         models = [m.name for m in sc.models]
         coral_split = per_model(res.instances)
         print(f"\n{name} level {level} (n_max {res.nmax}, Coral's mode {res.mode})")

@@ -35,6 +35,7 @@ import resource
 import time
 
 from coral.allocator.scenario import scenario_slo
+from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
@@ -134,7 +135,8 @@ def main() -> None:
     perf = PerfModel(cat)
     scenario = load_scenario("core", catalog=cat)
     t0 = time.perf_counter()
-    result = plan_scenario(scenario, catalog=cat, perf=perf, nmax=args.nmax, baselines=False)
+    result = plan_scenario(scenario, catalog=cat, options=PlanOptions(nmax=args.nmax), perf=perf,
+                           baselines=False)
     plan_s = time.perf_counter() - t0
     slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
     instances = instances_from_plan(result, slos)

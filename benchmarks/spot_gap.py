@@ -28,6 +28,7 @@ from coral.allocator.scenario import load_scenario
 from coral.allocator.spot_ilp import ScenarioFamily, solve_round
 from coral.allocator.spot_market import expected_price_problem, spot_arrays, spot_columns
 from coral.catalog import default_catalog
+from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 
 
@@ -45,8 +46,8 @@ def captured(mode: str, time_limit: float) -> tuple[tuple, spot.SpotPlan]:
     try:
         cat = default_catalog()
         scenario = load_scenario("core", catalog=cat).in_mode(mode)
-        plan_scenario(scenario, catalog=cat, nmax=3, baselines=False,
-                      time_limit_s=time_limit, spot=spot.SpotOptions())
+        plan_scenario(scenario, catalog=cat, baselines=False, options=PlanOptions(
+            nmax=3, time_limit_s=time_limit, spot=spot.SpotOptions()))
     finally:
         spot.plan_spot = original
     return seen[-1]

@@ -37,6 +37,7 @@ def main() -> None:
     from coral.allocator import spot
     from coral.allocator.scenario import load_scenario
     from coral.catalog import default_catalog
+    from coral.planning.options import PlanOptions
     from coral.planning.plan import plan_scenario
 
     print(f"coral from {Path(spot.__file__).parents[2]}", flush=True)
@@ -45,8 +46,8 @@ def main() -> None:
     for mode in args.modes:
         scenario = load_scenario("core", catalog=catalog).in_mode(mode)
         cpu, wall = time.process_time(), time.perf_counter()
-        result = plan_scenario(scenario, catalog=catalog, nmax=3, baselines=False,
-                               time_limit_s=args.time_limit, spot=spot.SpotOptions())
+        options = PlanOptions(nmax=3, time_limit_s=args.time_limit, spot=spot.SpotOptions())
+        result = plan_scenario(scenario, catalog=catalog, options=options, baselines=False)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         summary = result.extras["spot"]
         phases = summary.get("phases", [])

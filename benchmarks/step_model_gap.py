@@ -20,6 +20,7 @@ from coral.planning.libraries import templates_for_scenario
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.perf.step import template_saturation
+from coral.templates.build_options import BuildOptions
 from coral.templates.parallel import default_perf_factory
 
 
@@ -41,7 +42,8 @@ def main() -> None:
         scenario = load_scenario(args.scenario, catalog=cat)
         scenario = scenario.in_mode(scenario_mode)
         st = templates_for_scenario(scenario, cat, perf, out_root=args.templates_dir,
-                                    nmax=args.nmax, workers=2, engine=args.engine)
+                                    nmax=args.nmax,
+                                    options=BuildOptions(engine=args.engine, workers=2))
         for mode in scenario.template_modes:
             rate, step, busy_miss, multi = [], [], 0, 0
             for tpls in st.by_model.values():

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from coral.catalog import default_catalog
 from coral.templates.build import build_library
+from coral.templates.build_options import BuildOptions
 from coral.templates.solve import DOMINANCE_RTOL, build_template
 from coral.templates.enumerate import DEFAULT_NMAX, DEFAULT_RHO, enumerate_combinations
 from coral.templates.operating_points import DEFAULT_BATCHES, OperatingPointTables
@@ -185,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         slo = default_slo(cat.model(m))
         cpu0 = _cpu_s()
         _, report = build_library(
-            m, cat, slo=slo, nmax=args.nmax, rho=args.rho, node_types=nodes, batches=batches,
-            topology=args.topology, out=root / m / "aggregated", workers=args.workers,
-            time_limit_s=args.time_limit, progress=not args.no_progress and sys.stderr.isatty(),
+            m, cat, slo=slo, nmax=args.nmax, rho=args.rho, node_types=nodes,
+            options=BuildOptions(batches=batches, topology=args.topology, workers=args.workers,
+                                 time_limit_s=args.time_limit),
+            out=root / m / "aggregated",
+            progress=not args.no_progress and sys.stderr.isatty(),
             on_message=lambda msg: print(msg, file=sys.stderr),
         )
         cpu.append(_cpu_since(cpu0))

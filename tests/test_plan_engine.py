@@ -18,12 +18,14 @@ import pytest
 from typer.testing import CliRunner
 
 from coral.planning.libraries import library_dir, templates_for_scenario
+from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.allocator.scenario import load_scenario
 from coral.catalog import default_catalog
 from coral.cli.main import app
 from coral.perf.pipeline import PipelineShape
 from coral.templates.build import build_library
+from coral.templates.build_options import BuildOptions
 from coral.templates.solve import build_template
 from coral.templates.engine import engine_violations
 from coral.templates.parallel import default_perf_factory
@@ -65,11 +67,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     plans = {}
     templates = {}
     for engine in ("coral", "vllm"):
+        options = PlanOptions(build=BuildOptions(engine=engine))
         templates[engine] = templates_for_scenario(scenario, catalog, perf, out_root=root,
-                                                   workers=1, engine=engine)
-        plans[engine] = plan_scenario(scenario, catalog=catalog, perf=perf,
-                                      templates=templates[engine], baselines=False,
-                                      engine=engine)
+                                                   options=options.build)
+        plans[engine] = plan_scenario(scenario, catalog=catalog, options=options, perf=perf,
+                                      templates=templates[engine], baselines=False)
     return types.SimpleNamespace(folder=folder, path=path, catalog=catalog, perf=perf,
                                  scenario=scenario, root=root, plans=plans, templates=templates)
 
@@ -149,7 +151,8 @@ def test_engine_is_part_of_the_library_key(setup):
     # reading back the other engine's templates for a plan is refused
     with pytest.raises(ValueError, match="engine"):
         plan_scenario(setup.scenario, catalog=setup.catalog, perf=setup.perf,
-                      templates=setup.templates["coral"], baselines=False, engine="vllm")
+                      templates=setup.templates["coral"], baselines=False,
+                      options=PlanOptions(build=BuildOptions(engine="vllm")))
 
 
 def test_plan_cli_engine(setup):
@@ -191,8 +194,9 @@ def test_vllm_library_keeps_only_deployable_combinations():
     catalog = default_catalog()
     perf = default_perf_factory(catalog)
     slo = SloSpec.make(tpot_s=0.1, ttft_s=2.0, input_tokens=1024, output_tokens=256)
-    kept, report = build_library("llama-3.1-8b", catalog, slo=slo, engine="vllm", nmax=3,
-                                 node_types=["1x-l4", "2x-l4", "1x-a10g"], perf=perf)
+    kept, report = build_library("llama-3.1-8b", catalog, slo=slo, nmax=3,
+                                 node_types=["1x-l4", "2x-l4", "1x-a10g"],
+                                 options=BuildOptions(engine="vllm"), perf=perf)
     assert report.enumeration["pruned_engine"] > 0
     assert kept
     for t in kept:

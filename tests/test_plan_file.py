@@ -5,6 +5,7 @@ the planner's `to_dict` always wrote, and its SLOs come back as checked `SloSpec
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from coral.allocator.scenario import load_scenario
 from coral.allocator.spot import SpotOptions
 from coral.catalog import default_catalog
 from coral.planning.libraries import templates_for_scenario
+from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.plans.errors import PlanFileError
 from coral.plans.file import PlanFile, plan_json, read_plan, write_plan
@@ -47,16 +49,17 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict:
     catalog = default_catalog()
     perf = default_perf_factory(catalog)
     scenario = load_scenario(path, catalog=catalog).with_perf(perf, catalog)
-    templates = templates_for_scenario(scenario, catalog, perf, out_root=folder / "templates",
-                                       workers=1)
-    common = dict(catalog=catalog, perf=perf, templates=templates, baselines=False,
-                  time_limit_s=10.0)
+    templates = templates_for_scenario(scenario, catalog, perf, out_root=folder / "templates")
+    plain = PlanOptions(time_limit_s=10.0)
+    common = dict(catalog=catalog, perf=perf, templates=templates, baselines=False)
     return {
-        "aggregated": plan_scenario(scenario.in_mode("aggregated"), **common),
-        "pd": plan_scenario(scenario.in_mode("pd"), **common),
+        "aggregated": plan_scenario(scenario.in_mode("aggregated"), options=plain, **common),
+        "pd": plan_scenario(scenario.in_mode("pd"), options=plain, **common),
         "spot": plan_scenario(scenario.in_mode("aggregated"),
-                              spot=SpotOptions(risk_target=0.99), **common),
-        "robust": plan_scenario(scenario.in_mode("aggregated"), robust=0.2, **common),
+                              options=replace(plain, spot=SpotOptions(risk_target=0.99)),
+                              **common),
+        "robust": plan_scenario(scenario.in_mode("aggregated"),
+                                options=replace(plain, robust=0.2), **common),
     }
 
 

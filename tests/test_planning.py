@@ -22,6 +22,7 @@ from coral.planning.adapt import run_timeline
 from coral.planning.adapt_report import write_outputs
 from coral.planning.columns import column_id, columns_from_templates
 from coral.planning.libraries import ScenarioTemplates, templates_for_scenario
+from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.planning.timeline import TimelineError, apply_period, load_timeline, parse_timeline
 from coral.allocator.problem import fair_levels
@@ -69,8 +70,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     perf = default_perf_factory(catalog)
     scenario_path = _write_scenario(folder)
     scenario = load_scenario(scenario_path, catalog=catalog)
-    templates = templates_for_scenario(scenario, catalog, perf, out_root=folder / "templates",
-                                       workers=1)
+    templates = templates_for_scenario(scenario, catalog, perf, out_root=folder / "templates")
     return types.SimpleNamespace(folder=folder, catalog=catalog, perf=perf,
                                  scenario_path=scenario_path, scenario=scenario,
                                  templates=templates, templates_dir=folder / "templates")
@@ -113,7 +113,7 @@ def _ok_json(result) -> dict:
 
 def test_templates_are_reused_and_columns_have_stable_ids(setup):
     again = templates_for_scenario(setup.scenario, setup.catalog, setup.perf,
-                                   out_root=setup.templates_dir, workers=1)
+                                   out_root=setup.templates_dir)
     assert all(r.solved == 0 and r.reused > 0 for r in again.reports)  # nothing solved twice
     assert not again.reduced and again.notes() == ()
     cols = columns_from_templates(setup.scenario, setup.templates)
@@ -138,7 +138,7 @@ def test_homogeneous_completions_are_stored_beside_the_library(setup, monkeypatc
 
     monkeypatch.setattr(libraries, "build_template", no_solve)
     again = templates_for_scenario(setup.scenario, setup.catalog, setup.perf,
-                                   out_root=setup.templates_dir, workers=1)
+                                   out_root=setup.templates_dir)
     assert [t.to_dict() for t in again[MODEL]] == [t.to_dict() for t in setup.templates[MODEL]]
 
 
@@ -165,7 +165,7 @@ def test_stale_or_unreadable_completions_are_solved_again(tmp_path, setup):
 
 def test_nmax_override_is_reported(setup):
     small = templates_for_scenario(setup.scenario, setup.catalog, setup.perf,
-                                   out_root=setup.templates_dir, workers=1, nmax=1)
+                                   out_root=setup.templates_dir, nmax=1)
     assert isinstance(small, ScenarioTemplates) and small.reduced
     assert small.nmax == 1 and small.scenario_nmax == 2
     assert all(len(t.combo) == 1 for t in small[MODEL])
@@ -177,7 +177,7 @@ def test_nmax_override_is_reported(setup):
     assert any("n_max = 1" in n for n in payload["notes"])
     # the full libraries were not disturbed by the quick build
     full = templates_for_scenario(setup.scenario, setup.catalog, setup.perf,
-                                  out_root=setup.templates_dir, workers=1)
+                                  out_root=setup.templates_dir)
     assert all(r.solved == 0 for r in full.reports)
 
 
@@ -273,10 +273,15 @@ def test_one_default_gap_and_time_limit_everywhere():
     fields = {f.name: f.default for f in problem_mod.AllocationProblem.__dataclass_fields__.values()}
     assert fields["mip_gap"] == problem_mod.DEFAULT_MIP_GAP
     assert fields["time_limit_s"] == problem_mod.DEFAULT_TIME_LIMIT_S
-    for fn in (plan_scenario, run_timeline, Scenario.problem, scenario_problem, run_baselines):
+    for fn in (Scenario.problem, scenario_problem, run_baselines):
         params = inspect.signature(fn).parameters
         assert params["mip_gap"].default == problem_mod.DEFAULT_MIP_GAP, fn
         assert params["time_limit_s"].default == problem_mod.DEFAULT_TIME_LIMIT_S, fn
+    # plan_scenario and run_timeline take theirs from the one options object
+    for fn in (plan_scenario, run_timeline):
+        assert inspect.signature(fn).parameters["options"].default == PlanOptions(), fn
+    assert PlanOptions().mip_gap == problem_mod.DEFAULT_MIP_GAP
+    assert PlanOptions().time_limit_s == problem_mod.DEFAULT_TIME_LIMIT_S
     for fn in (plan_cmd.plan, plan_cmd.demo):
         params = inspect.signature(fn).parameters
         assert params["gap"].default == problem_mod.DEFAULT_MIP_GAP
@@ -292,7 +297,7 @@ def test_auto_mode_plans_every_mode_and_keeps_the_best(setup):
     the cheaper single-mode plan; and the instances are all of the chosen mode."""
     auto = setup.scenario.in_mode("auto")
     templates = templates_for_scenario(auto, setup.catalog, setup.perf,
-                                       out_root=setup.templates_dir, workers=1)
+                                       out_root=setup.templates_dir)
     alone = {m: plan_scenario(auto.in_mode(m), catalog=setup.catalog, perf=setup.perf,
                               templates=templates, baselines=False)
              for m in ("aggregated", "pd", "mixed")}
@@ -558,7 +563,7 @@ def two_models(tmp_path_factory: pytest.TempPathFactory, setup):
     path.write_text(TWO_MODELS)
     auto = load_scenario(path, catalog=setup.catalog).in_mode("auto")
     templates = templates_for_scenario(auto, setup.catalog, setup.perf,
-                                       out_root=folder / "templates", workers=1)
+                                       out_root=folder / "templates")
     return path, templates
 
 
@@ -572,7 +577,8 @@ def test_the_default_plan_is_never_beaten_by_a_baseline(setup, two_models, level
     path, templates = two_models
     scenario = load_scenario(path, catalog=setup.catalog, level=level).in_mode("auto")
     result = plan_scenario(scenario, catalog=setup.catalog, perf=setup.perf,
-                           templates=templates, mip_gap=1e-6, time_limit_s=60.0)
+                           templates=templates,
+                           options=PlanOptions(mip_gap=1e-6, time_limit_s=60.0))
     assert set(result.baselines) == {"homo", "homo-joint", "melange", "cauchy", "helix"}
     priority = {m.name: m.priority for m in scenario.models}
     demand = result.plan.demand_rps
@@ -625,6 +631,7 @@ def test_baseline_plans_start_coral_so_a_search_cut_short_still_wins(setup, two_
     from coral.allocator import ilp
     from coral.planning import baseline_runs
     from coral.planning import plan as plan_module
+    from coral.planning import planners
     from coral.allocator.problem import PlanStatus, make_plan
     from coral.allocator.starts import best_start
 
@@ -638,6 +645,7 @@ def test_baseline_plans_start_coral_so_a_search_cut_short_still_wins(setup, two_
             return solve(problem, **kwargs)
 
     monkeypatch.setattr(plan_module, "solve_allocation", cut_short)
+    monkeypatch.setattr(planners, "solve_allocation", cut_short)
     path, templates = two_models
     scenario = load_scenario(path, catalog=setup.catalog, level=level).in_mode("auto")
     result = plan_scenario(scenario, catalog=setup.catalog, perf=setup.perf,

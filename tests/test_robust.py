@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from coral.allocator.headroom import planned_capacity
 from coral.planning.columns import columns_and_templates
 from coral.planning.libraries import templates_for_scenario
+from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.allocator.problem import AllocationProblem, ModelDemand, PlanStatus, TemplateColumn
 from coral.allocator.robust import (
@@ -53,7 +54,7 @@ from coral.perf.step import (
     saturation,
     stages_from_shape,
 )
-from coral.sim.slowdown import SlowedPerf
+from coral.perf.slowdown import SlowedPerf
 from coral.templates.parallel import default_perf_factory
 
 MODEL = "llama-3.1-8b"
@@ -86,8 +87,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):
         paths[mode] = folder / f"tiny-{mode}.yaml"
         paths[mode].write_text(SCENARIO.format(mode=mode))
     mixed = load_scenario(paths["mixed"], catalog=catalog).with_perf(perf, catalog)
-    templates = templates_for_scenario(mixed, catalog, perf, out_root=folder / "templates",
-                                       workers=1)
+    templates = templates_for_scenario(mixed, catalog, perf, out_root=folder / "templates")
     return folder, catalog, perf, paths, mixed, templates
 
 
@@ -102,7 +102,7 @@ def test_unslowed_ratings_are_the_planned_capacities(tiny):
     cols, chosen = columns_and_templates(mixed, templates)
     assert {c.mode for c in cols} == {"aggregated", "prefill", "decode"}
     caps = scenario_capacities(robust_columns(mixed, chosen, 1.0,
-                                               RatingStore(perf, catalog, SlowedPerf)))
+                                               RatingStore(perf, catalog)))
     for col in cols:
         gpus = gpu_types_of(chosen[col.id], catalog)
         assert gpus
@@ -205,9 +205,9 @@ def test_robust_plan_holds_demand_in_every_scenario_rerated_independently(tiny):
     _, catalog, perf, paths, _, templates = tiny
     scenario = load_scenario(paths["aggregated"], catalog=catalog)
     result = plan_scenario(scenario, catalog=catalog, perf=perf, templates=templates,
-                           baselines=False, robust=0.2, mip_gap=0.0)
+                           baselines=False, options=PlanOptions(robust=0.2, mip_gap=0.0))
     nominal = plan_scenario(scenario, catalog=catalog, perf=perf, templates=templates,
-                            baselines=False, mip_gap=0.0)
+                            baselines=False, options=PlanOptions(mip_gap=0.0))
     rated = scenario.with_perf(perf, catalog)
     _, chosen = columns_and_templates(rated, templates)
     gpus = sorted({g for t in chosen.values() for g in gpu_types_of(t, catalog)})
@@ -236,13 +236,13 @@ def test_ratings_are_stored_beside_each_library(tiny):
     """A second store over the same libraries reads every rating back, computing none."""
     _, catalog, perf, _, mixed, templates = tiny
     _, chosen = columns_and_templates(mixed, templates)
-    first = RatingStore(perf, catalog, SlowedPerf, templates.template_dirs)
+    first = RatingStore(perf, catalog, templates.template_dirs)
     caps = scenario_capacities(robust_columns(mixed, chosen, 1.35, first))
     first.save()
     assert first.computed > 0
     for folder in templates.template_dirs.values():
         assert (Path(folder) / RATINGS_FILE).exists()
-    again = RatingStore(perf, catalog, SlowedPerf, templates.template_dirs)
+    again = RatingStore(perf, catalog, templates.template_dirs)
     assert scenario_capacities(robust_columns(mixed, chosen, 1.35, again)) == caps
     assert again.computed == 0
 
@@ -339,7 +339,7 @@ def test_no_robust_plan_is_a_clear_error(tiny):
                          baselines=False).plan.meets_demand
     with pytest.raises(RobustError, match="To fix"):
         plan_scenario(scenario, catalog=catalog, perf=perf, templates=templates,
-                      baselines=False, robust=10.0)
+                      baselines=False, options=PlanOptions(robust=10.0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,7 +385,7 @@ def test_plan_cli_robust_auto_plans_each_card_against_its_own_uncertainty(tiny):
         assert "borrowed from" in entry["basis"][gpu]
     scenario = load_scenario(paths["aggregated"], catalog=catalog)
     plan = plan_scenario(scenario, catalog=catalog, perf=perf, templates=templates,
-                         baselines=False, robust="auto", mip_gap=0.0)
+                         baselines=False, options=PlanOptions(robust="auto", mip_gap=0.0))
     rated = scenario.with_perf(perf, catalog)
     _, chosen = columns_and_templates(rated, templates)
     demand = scenario.model_spec(MODEL).demand_rps
@@ -410,7 +410,7 @@ def test_planner_summary_names_each_scenario(tiny):
     _, catalog, perf, paths, _, templates = tiny
     scenario = load_scenario(paths["aggregated"], catalog=catalog).with_perf(perf, catalog)
     cols, chosen = columns_and_templates(scenario, templates)
-    planner = RobustPlanner(0.35, perf=perf, catalog=catalog, slowed_perf=SlowedPerf)
+    planner = RobustPlanner(0.35, perf=perf, catalog=catalog)
     plan = planner.solve(scenario, scenario.problem(cols), chosen)
     planner.check("aggregated", plan)
     s = planner.summary("aggregated")
@@ -514,7 +514,7 @@ def test_the_slowed_instance_the_simulator_runs_is_the_one_rated(tiny):
     The template's own batch, run the same way, misses TPOT: the cut is what holds it."""
     _, catalog, perf, _, mixed, templates = tiny
     _, chosen = columns_and_templates(mixed, templates)
-    store = RatingStore(perf, catalog, SlowedPerf)
+    store = RatingStore(perf, catalog)
     columns = robust_columns(mixed, chosen, 1.2, store)
     cut = {cid: col for cid, col in columns.items()
            if col.micro_batch and col.deployed.mode == "aggregated"}

@@ -514,7 +514,7 @@ def pd_plan(cat, perf, tmp_path_factory):
     path = tmp_path_factory.mktemp("pd") / "tiny-pd.yaml"
     path.write_text(PD_SCENARIO)
     scenario = load_scenario(path, catalog=cat)
-    templates = templates_for_scenario(scenario, cat, perf, out_root=None, workers=1)
+    templates = templates_for_scenario(scenario, cat, perf, out_root=None)
     result = plan_scenario(scenario, catalog=cat, perf=perf, templates=templates,
                            baselines=False)
     slos = {m.name: scenario_slo(scenario, m.name) for m in scenario.models}
@@ -604,7 +604,7 @@ def test_a_decode_half_that_falls_behind_pushes_prompts_to_the_other_instances(c
     alone, the pair keeps its share and its decode queue grows, and TPOT with it; counted as
     queued at the prefill instance while they wait for a decode slot, its requests push new
     prompts to the aggregated instance, and the model holds its SLO."""
-    from coral.sim.slowdown import SlowedPerf
+    from coral.perf.slowdown import SlowedPerf
     from coral.templates.solve import build_template
 
     pt, dt = _pair("1x-l40s", "1x-a10g", cat, perf)

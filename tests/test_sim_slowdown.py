@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from coral.catalog import load_catalog
 from coral.cli.main import app
 from coral.perf.model import PerfModel
-from coral.sim.slowdown import SlowdownError, SlowedPerf, parse_slowdown
+from coral.perf.slowdown import SlowdownError, SlowedPerf, parse_slowdown
 
 CATALOG = load_catalog()
 

@@ -100,6 +100,7 @@ def test_the_replanner_starts_each_replan_from_the_last_plan(monkeypatch) -> Non
     from types import SimpleNamespace
 
     from coral.planning import preemption_replan
+    from coral.planning.options import PlanOptions
     from coral.planning.preemption_replan import AllocatorReplanner
 
     seen: list = []
@@ -115,7 +116,7 @@ def test_the_replanner_starts_each_replan_from_the_last_plan(monkeypatch) -> Non
     monkeypatch.setattr(preemption_replan, "plan_scenario", fake_plan)
     replanner = AllocatorReplanner.__new__(AllocatorReplanner)
     replanner.scenario = replanner.catalog = replanner.perf = replanner.templates = None
-    replanner.time_limit_s, replanner.engine, replanner.spot = 10.0, "coral", None
+    replanner.options, replanner.spot = PlanOptions(time_limit_s=10.0), None
     replanner.last = preemption_replan._counts([
         SimpleNamespace(template_id="a@spot", region="r1", count=2),
         SimpleNamespace(template_id="a@spot", region="r1", count=1)])

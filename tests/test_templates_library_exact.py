@@ -17,6 +17,7 @@ import pytest
 
 from coral.perf.model import PerfModel
 from coral.templates.build import build_library
+from coral.templates.build_options import BuildOptions
 from coral.templates.slo import SloSpec
 
 MODELS = ("llama-3.1-8b", "qwen3-14b", "qwen3-30b-a3b")
@@ -54,8 +55,12 @@ def test_shortcuts_keep_the_library(real, seed):
     cat, perf = real
     inst = _instance(cat, seed)
     model = inst.pop("model")
-    fast, rep_fast = build_library(model, cat, perf=perf, **inst)
-    slow, rep_slow = build_library(model, cat, perf=perf, bound_skip=False, **inst)
+    topology = inst.pop("topology")
+    fast, rep_fast = build_library(model, cat, perf=perf,
+                                   options=BuildOptions(topology=topology), **inst)
+    slow, rep_slow = build_library(model, cat, perf=perf,
+                                   options=BuildOptions(topology=topology, bound_skip=False),
+                                   **inst)
     want, got = _sig(slow), _sig(fast)
     assert set(got) == set(want), (sorted(set(got) ^ set(want)), inst)
     for combo, thr in want.items():
@@ -72,7 +77,8 @@ def test_instances_keep_and_drop_something(real):
     for seed in range(8):
         inst = _instance(cat, seed)
         model = inst.pop("model")
-        _, rep = build_library(model, cat, perf=perf, **inst)
+        options = BuildOptions(topology=inst.pop("topology"))
+        _, rep = build_library(model, cat, perf=perf, options=options, **inst)
         kept += rep.kept
         dropped += rep.outcomes["dominated"] + rep.outcomes["bound"]
     assert kept > 50 and dropped > 50

@@ -17,6 +17,7 @@ from test_templates_support import (
 
 from coral.perf.model import PerfModel
 from coral.templates.build import build_library, classify
+from coral.templates.build_options import BuildOptions
 from coral.templates.solve import Outcome, build_template
 from coral.templates.template import Template
 from coral.templates.types import upper_bound_of
@@ -31,10 +32,12 @@ def tiny(tmp_path):
     return cat, PerfModel(cat)
 
 
-def _build(cat, perf, out=None, solver=reference_solve, **kw):
-    args = dict(slo=tiny_slo(), nmax=2, batches=TINY_BATCHES, perf=perf, solver=solver, out=out)
-    args.update(kw)
-    return build_library("tiny-4l", cat, **args)
+def _build(cat, perf, out=None, solver=reference_solve, *, slo=None, node_types=None,
+           bound_skip=True, workers=1, ray_address=None):
+    options = BuildOptions(batches=TINY_BATCHES, solver=solver, bound_skip=bound_skip,
+                           workers=workers, ray_address=ray_address)
+    return build_library("tiny-4l", cat, slo=slo or tiny_slo(), nmax=2, node_types=node_types,
+                         options=options, perf=perf, out=out)
 
 
 def _sig(templates):
@@ -176,10 +179,9 @@ def _real_build(real, out=None, **kw):
     from coral.templates.slo import default_slo
 
     cat, perf = real
-    args = dict(slo=default_slo(cat.model("llama-3.1-8b")), nmax=3, node_types=REAL_NODES,
-                topology="chain", perf=perf, out=out)
-    args.update(kw)
-    return build_library("llama-3.1-8b", cat, **args)
+    return build_library("llama-3.1-8b", cat, slo=default_slo(cat.model("llama-3.1-8b")),
+                         nmax=3, node_types=REAL_NODES,
+                         options=BuildOptions(topology="chain", **kw), perf=perf, out=out)
 
 
 def _below(combo):
@@ -305,8 +307,9 @@ def test_not_a_library(tmp_path):
     (tmp_path / "junk.txt").write_text("x")
     cat = tiny_catalog(tmp_path)
     with pytest.raises(LibraryError, match="not a template library"):
-        build_library("tiny-4l", cat, slo=tiny_slo(), nmax=1, batches=TINY_BATCHES,
-                      perf=PerfModel(cat), solver=reference_solve, out=tmp_path)
+        build_library("tiny-4l", cat, slo=tiny_slo(), nmax=1,
+                      options=BuildOptions(batches=TINY_BATCHES, solver=reference_solve),
+                      perf=PerfModel(cat), out=tmp_path)
 
 
 def test_ray_backend_reports_missing_dependency(tiny):

@@ -76,7 +76,6 @@ from coral.allocator.robust_problem import (  # noqa: F401  (the robust API, one
 from coral.allocator.robust_rating import (
     RatingStore,
     RobustColumn,
-    SlowedPerfFactory,
     robust_columns,
     scenario_capacities,
 )
@@ -250,7 +249,7 @@ class RobustPlanner:
     """
 
     def __init__(self, r: float | Mapping[str, float], *, perf: Any, catalog: Any,
-                 slowed_perf: SlowedPerfFactory, template_dirs: Mapping[str, str] | None = None,
+                 template_dirs: Mapping[str, str] | None = None,
                  threads: int | None = None, basis: Mapping[str, str] | None = None) -> None:
         """`r`: one R for every GPU type, or each type's own (`--robust auto`: how sure the
         perf model is of each, `coral.perf.uncertainty`; `basis` says why, per type)."""
@@ -266,7 +265,7 @@ class RobustPlanner:
             self.r = check_robust_r(r)
         self.basis = dict(basis or {})
         self.threads = threads
-        self.store = RatingStore(perf, catalog, slowed_perf, template_dirs)
+        self.store = RatingStore(perf, catalog, template_dirs)
         self.solved: dict[str, tuple[RobustProblem, AllocationPlan, AllocationPlan]] = {}
         self.deployed: dict[str, dict[str, RobustColumn]] = {}  # mode -> column id -> ...
 

@@ -1,7 +1,7 @@
 """What a template column delivers when one GPU type is slower than modelled (`--robust R`).
 
 Scenario "g slow": every iteration on a node of GPU type `g` takes `F = 1 + R` times what the
-perf model says (`coral.sim.slowdown.SlowedPerf`, the wrapper `coral simulate --slowdown`
+perf model says (`coral.perf.slowdown.SlowedPerf`, the wrapper `coral simulate --slowdown`
 runs). A column is re-rated on the **same placement** — same stages, layer ranges and batches,
 as the plan deploys it and the simulator runs it — with the rating the planner gives it
 nominally (`Scenario.planned_capacity`: `coral.allocator.headroom.planned_capacity` fed with
@@ -51,11 +51,12 @@ import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from coral.allocator.headroom import planned_capacity
 from coral.allocator.scenario import Scenario
 from coral.perf.pipeline import PipelineShape
+from coral.perf.slowdown import SlowedPerf
 from coral.routing import LOAD_SLACK
 from coral.perf.step import Saturation, build_step_model, busy_steps, saturation, stages_from_shape
 from coral.templates.store import MANIFEST, TemplateLibrary
@@ -68,11 +69,6 @@ RATINGS_FILE = "robust.json"
 #: 5: per template key, per rating key ("nominal" or "GPU=F", "/as-deployed" when not cut to a
 #: smaller batch, "@N" at N sequences per stage), the `StepRating` fields.
 RATINGS_FORMAT = 5
-
-#: perf, catalog, {GPU type: factor} -> the perf model with those GPU types slowed
-#: (`coral.sim.slowdown.SlowedPerf`; passed in, as the simulator sits above the allocator).
-SlowedPerfFactory = Callable[[Any, Any, Mapping[str, float]], Any]
-
 
 @dataclass(frozen=True)
 class StepRating:
@@ -240,9 +236,9 @@ class RatingStore:
     """`StepRating`s of templates, nominal and under single-GPU slowdowns, kept in memory and
     in each library's `robust.json` (written by `save`)."""
 
-    def __init__(self, perf: Any, catalog: Any, slowed_perf: SlowedPerfFactory,
+    def __init__(self, perf: Any, catalog: Any,
                  template_dirs: Mapping[str, str] | None = None) -> None:
-        self.perf, self.catalog, self.slowed_perf = perf, catalog, slowed_perf
+        self.perf, self.catalog = perf, catalog
         self.template_dirs = dict(template_dirs or {})
         self._perfs: dict[str, Any] = {}
         self._tables: dict[str, dict[str, dict[str, list[float]]]] = {}  # dir -> key -> ...
@@ -257,7 +253,7 @@ class RatingStore:
                 p = self.perf
             else:
                 gpu, _, factor = slowdown.partition("=")
-                p = self.slowed_perf(self.perf, self.catalog, {gpu: float(factor)})
+                p = SlowedPerf(self.perf, self.catalog, {gpu: float(factor)})
             self._perfs[slowdown] = p
         return p
 

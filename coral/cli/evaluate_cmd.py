@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -41,19 +42,18 @@ def evaluate(
         _paper(quick, out, sections, templates_dir, workers)
         return
     with user_errors():
-        kw = {"templates_dir": templates_dir}
+        cfg = replace(EvalConfig.preset(quick, out), templates_dir=templates_dir)
         if workers is not None:
             if workers < 1:
                 raise UserError(f"--workers must be >= 1, got {workers}")
-            kw["workers"] = workers
+            cfg = replace(cfg, workers=workers)
         if sections:
             chosen = tuple(s.strip() for s in sections.split(",") if s.strip())
             bad = [s for s in chosen if s not in SECTIONS]
             if bad:
                 raise UserError(f"unknown section(s) {', '.join(bad)}; choose from "
                                 f"{', '.join(SECTIONS)}")
-            kw["sections"] = chosen
-        cfg = EvalConfig.preset(quick, out, **kw)
+            cfg = replace(cfg, sections=chosen)
 
         def say(msg: str) -> None:
             err_console.print(f"[dim]{escape(msg)}[/]", highlight=False, soft_wrap=True)
@@ -79,8 +79,8 @@ def _paper(quick: bool, out: Path, sections: Optional[str], templates_dir: Path,
                             "paper's Results; drop --sections")
         if workers is not None and workers < 1:
             raise UserError(f"--workers must be >= 1, got {workers}")
-        cfg = PaperConfig.preset(quick, out, templates_dir=templates_dir,
-                                 workers=workers or os.cpu_count() or 1)
+        cfg = replace(PaperConfig.preset(quick, out), templates_dir=templates_dir,
+                      workers=workers or os.cpu_count() or 1)
 
         def say(msg: str) -> None:
             err_console.print(f"[dim]{escape(msg)}[/]", highlight=False, soft_wrap=True)

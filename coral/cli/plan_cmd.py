@@ -7,7 +7,7 @@ import sys
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Iterator, Optional
 
 import typer
 from rich.markup import escape
@@ -31,6 +31,9 @@ from coral.cli.common import (
     user_errors,
 )
 from coral.cli.plan_view import pct, print_plan
+
+if TYPE_CHECKING:  # the planner loads when a command runs, not when the CLI starts
+    from coral.planning.options import PlanOptions
 
 #: Node limit of `coral demo`'s templates. The `core` scenario asks for 6, which takes far
 #: longer than a demo should; 3 is the largest whose whole demo (templates from scratch,
@@ -131,23 +134,41 @@ def parse_robust(text: str | float) -> str | float:
     return check_robust_r(value)
 
 
-def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: int | None,
-          templates_dir: Path, time_limit: float, progress: bool | None, baselines: bool,
-          catalog: list[Path] | None, quiet_stdout: bool, mode: str | None = None,
-          gap: float = DEFAULT_MIP_GAP, engine: str = "coral",
-          robust: str | float | None = None, spot: Any = None,
-          scarcity: str = DEFAULT_SCARCITY) -> Any:
-    from coral.planning.libraries import templates_for_scenario
-    from coral.planning.plan import plan_scenario
-    from coral.allocator.scenario import load_scenario
-    from coral.templates.parallel import default_perf_factory
+def _plan_options(*, nmax: int | None, workers: int | None, templates_dir: Path,
+                  time_limit: float, gap: float = DEFAULT_MIP_GAP, engine: str = "coral",
+                  robust: str | None = None, spot: bool = False,
+                  risk_target: float = 0.99, risk_window: float = 3600.0,
+                  scarcity: str = DEFAULT_SCARCITY) -> PlanOptions:
+    """The `PlanOptions` of `coral plan`'s (and `coral demo`'s) flags, checked."""
+    from coral.planning.options import PlanOptions
+    from coral.templates.build_options import BuildOptions
 
     _check_common(nmax, workers, time_limit, gap)
     if scarcity not in SCARCITY_OBJECTIVES:
         raise UserError(f"--scarcity must be one of {', '.join(SCARCITY_OBJECTIVES)}, got "
                         f"{scarcity!r}")
-    if robust is not None:
-        robust = parse_robust(robust)  # before the templates are built
+    spot_options = None
+    if spot:
+        from coral.allocator.spot import SpotOptions
+
+        spot_options = SpotOptions(risk_target=risk_target, window_s=risk_window)
+    return PlanOptions(
+        build=BuildOptions(engine=engine, workers=workers or os.cpu_count() or 1),
+        out_root=templates_dir, nmax=nmax, time_limit_s=time_limit, mip_gap=gap,
+        scarcity=scarcity,  # type: ignore[arg-type]
+        robust=parse_robust(robust) if robust is not None else None,  # before any build
+        spot=spot_options)
+
+
+def _plan(scenario_ref: str, options: PlanOptions, *, level: str | None, progress: bool | None,
+          baselines: bool, catalog: list[Path] | None, quiet_stdout: bool,
+          mode: str | None = None) -> Any:
+    """Plan a scenario as `options` say, with progress on stderr."""
+    from coral.planning.libraries import templates_for_scenario
+    from coral.planning.plan import plan_scenario
+    from coral.allocator.scenario import load_scenario
+    from coral.templates.parallel import default_perf_factory
+
     cat = open_catalog(catalog)
     scenario = load_scenario(scenario_ref, level=level, catalog=cat)
     if mode is not None:
@@ -158,9 +179,8 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
     perf = default_perf_factory(cat)
     with native_stdout_to_stderr(quiet_stdout):
         templates = templates_for_scenario(
-            scenario, cat, perf, out_root=templates_dir,
-            workers=workers or os.cpu_count() or 1, nmax=nmax, progress=show,
-            on_message=_say, engine=engine,
+            scenario, cat, perf, options=options.build, out_root=options.out_root,
+            nmax=options.nmax, progress=show, on_message=_say,
         )
         from coral.allocator.jit import warm_up
 
@@ -168,10 +188,8 @@ def _plan(scenario_ref: str, *, level: str | None, nmax: int | None, workers: in
             warm_up(on_message=_say)  # once per install it compiles them: said on stderr
         what = "allocating" + (" and running the baselines" if baselines else "")
         with _busy(f"{what}...", show):
-            return plan_scenario(scenario, catalog=cat, perf=perf, templates=templates,
-                                 time_limit_s=time_limit, mip_gap=gap, baselines=baselines,
-                                 engine=engine, robust=robust, spot=spot,
-                                 scarcity=scarcity)  # type: ignore[arg-type]
+            return plan_scenario(scenario, catalog=cat, options=options, perf=perf,
+                                 templates=templates, baselines=baselines)
 
 
 def _write_plan(result: Any, path: Path) -> None:
@@ -231,16 +249,13 @@ def plan(
     serve all demand are compared on cost.
     """
     with user_errors():
-        spot_options = None
-        if spot:
-            from coral.allocator.spot import SpotOptions
-
-            spot_options = SpotOptions(risk_target=risk_target, window_s=risk_window)
-        result = _plan(scenario, level=level, nmax=nmax, workers=workers,
-                       templates_dir=templates_dir, time_limit=time_limit, progress=progress,
-                       baselines=baselines, catalog=catalog, quiet_stdout=json, mode=mode,
-                       gap=gap, engine=EngineChoice(engine).value, robust=robust,
-                       spot=spot_options, scarcity=scarcity)
+        options = _plan_options(nmax=nmax, workers=workers, templates_dir=templates_dir,
+                                time_limit=time_limit, gap=gap,
+                                engine=EngineChoice(engine).value, robust=robust, spot=spot,
+                                risk_target=risk_target, risk_window=risk_window,
+                                scarcity=scarcity)
+        result = _plan(scenario, options, level=level, progress=progress, baselines=baselines,
+                       catalog=catalog, quiet_stdout=json, mode=mode)
         payload = result.to_dict()
         if out is not None:
             _write_plan(result, out)
@@ -291,10 +306,11 @@ def demo(
             console.print(f"[bold]Coral demo[/]: scenario '{escape(scenario.name)}' "
                           f"({escape(scenario.spec.description)}). {escape(how)}",
                           highlight=False)
-        result = _plan(DEMO_SCENARIO, level=None, nmax=nmax, workers=workers,
-                       templates_dir=templates_dir, time_limit=time_limit, progress=progress,
-                       baselines=True, catalog=None, quiet_stdout=json, mode=mode, gap=gap,
-                       engine=EngineChoice(engine).value)
+        options = _plan_options(nmax=nmax, workers=workers, templates_dir=templates_dir,
+                                time_limit=time_limit, gap=gap,
+                                engine=EngineChoice(engine).value)
+        result = _plan(DEMO_SCENARIO, options, level=None, progress=progress, baselines=True,
+                       catalog=None, quiet_stdout=json, mode=mode)
         payload = result.to_dict()
         _write_plan(result, out)
     if json:
@@ -330,7 +346,8 @@ def adapt(
     from coral.planning.timeline import load_timeline
 
     with user_errors():
-        _check_common(nmax, workers, time_limit)
+        options = _plan_options(nmax=nmax, workers=workers, templates_dir=templates_dir,
+                                time_limit=time_limit)
         cat = open_catalog(catalog)
         tl = load_timeline(timeline, catalog=cat)
         show = sys.stderr.isatty() if progress is None else progress
@@ -342,11 +359,8 @@ def adapt(
                          f"{pct(r.served_fraction)} served, {r.started} started, "
                          f"{r.stopped} stopped ({r.status}, {r.solve_s:.1f} s)")
 
-            result = run_timeline(
-                tl, catalog=cat, out_root=templates_dir,
-                workers=workers or os.cpu_count() or 1, nmax=nmax, progress=show,
-                time_limit_s=time_limit, on_message=_say, on_period=said,
-            )
+            result = run_timeline(tl, catalog=cat, options=options, progress=show,
+                                  on_message=_say, on_period=said)
             result = write_outputs(result, folder)
     if json:
         print_json(result.to_dict())

@@ -188,15 +188,18 @@ def _load_plan(target: str, cat: Any, *, nmax: int, templates_dir: Path
     path = Path(target)
     if path.suffix == ".json":
         return path.stem, read_plan(path, cat), target
+    from coral.planning.options import PlanOptions
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
+    from coral.templates.build_options import BuildOptions
     from coral.templates.parallel import default_perf_factory
 
     scenario = load_scenario(target, catalog=cat)
     with err_console.status(f"planning {scenario.name} (templates n_max {nmax})..."):
-        result = plan_scenario(scenario, catalog=cat, perf=default_perf_factory(cat),
-                               out_root=templates_dir, workers=os.cpu_count() or 1,
-                               nmax=nmax, baselines=False)
+        options = PlanOptions(build=BuildOptions(workers=os.cpu_count() or 1),
+                              out_root=templates_dir, nmax=nmax)
+        result = plan_scenario(scenario, catalog=cat, options=options,
+                               perf=default_perf_factory(cat), baselines=False)
     say(f"planned {scenario.name}: ${result.cost_per_hour:,.2f}/hour, "
          f"{result.plan.total_instances} instances (templates n_max {nmax})")
     from coral.plans.file import PlanFile

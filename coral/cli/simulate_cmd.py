@@ -40,9 +40,11 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
     from coral.plans.errors import PlanFileError
     from coral.plans.file import read_plan
     from coral.allocator.scenario import scenario_slo
+    from coral.planning.options import PlanOptions
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario import load_scenario
     from coral.sim.deployment import instances_from_plan
+    from coral.templates.build_options import BuildOptions
     from coral.templates.parallel import default_perf_factory
 
     path = Path(ref)
@@ -59,14 +61,16 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
                 dict(plan.demand_rps or {}), plan)
     scenario = load_scenario(ref, level=level, catalog=cat)
     perf = default_perf_factory(cat)
+    options = PlanOptions(build=BuildOptions(workers=os.cpu_count() or 1),
+                          out_root=templates_dir, nmax=nmax)
     with native_stdout_to_stderr(quiet_stdout):
         if show:
             with err_console.status(f"planning {scenario.name} (templates n_max {nmax})..."):
-                result = plan_scenario(scenario, catalog=cat, perf=perf, out_root=templates_dir,
-                                       workers=os.cpu_count() or 1, nmax=nmax, baselines=False)
+                result = plan_scenario(scenario, catalog=cat, options=options, perf=perf,
+                                       baselines=False)
         else:
-            result = plan_scenario(scenario, catalog=cat, perf=perf, out_root=templates_dir,
-                                   workers=os.cpu_count() or 1, nmax=nmax, baselines=False)
+            result = plan_scenario(scenario, catalog=cat, options=options, perf=perf,
+                                   baselines=False)
     plan = replace(result.plan_file(), scenario=ref)
     return (scenario.name, instances_from_plan(plan, plan.slos), dict(plan.slos),
             dict(result.plan.demand_rps), plan)
@@ -163,12 +167,14 @@ def _preemptions(sim: Any, plan: Any, slos: dict, *, cat: Any, perf: Any,
                  scenario: str | None) -> Any:
     """A `PreemptionRun` on `sim`, re-planning as the adaptation loop does."""
     from coral.sim.preemption import PreemptionConfig, PreemptionError, PreemptionRun, check_rates
+    from coral.planning.options import PlanOptions
     from coral.planning.preemption_replan import AllocatorReplanner
 
     try:
         rates = check_rates(cat)
         replanner = AllocatorReplanner(plan, catalog=cat, perf=perf,
-                                       templates_dir=templates_dir, scenario=scenario)
+                                       options=PlanOptions(out_root=templates_dir),
+                                       scenario=scenario)
         run = PreemptionRun(sim, plan.instances, slos, rates, replanner,
                             PreemptionConfig(seed=seed, startup_s=replanner.startup_s),
                             on_event=None if quiet else
@@ -207,7 +213,7 @@ def simulate_plan_summary(plan: Path, cat: Any, *, factors: dict[str, float] | N
                      lengths="fixed")
     perf = default_perf_factory(cat)
     if factors:
-        from coral.sim.slowdown import SlowedPerf
+        from coral.perf.slowdown import SlowedPerf
 
         perf = SlowedPerf(perf, cat, factors)
     cfg = SimConfig(workers=min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
@@ -287,7 +293,7 @@ def simulate(
         cat = open_catalog(catalog)
         factors = None
         if slowdown is not None:
-            from coral.sim.slowdown import parse_slowdown
+            from coral.perf.slowdown import parse_slowdown
 
             factors = parse_slowdown(slowdown, cat.gpus)
         name, instances, slos, demand, plan = _load_deployment(
@@ -309,7 +315,7 @@ def simulate(
                         workers or min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
         perf = default_perf_factory(cat)
         if factors:
-            from coral.sim.slowdown import SlowedPerf
+            from coral.perf.slowdown import SlowedPerf
 
             perf = SlowedPerf(perf, cat, factors)
         sim = Simulator(instances, perf=perf, catalog=cat, config=cfg)

@@ -99,10 +99,13 @@ def _topology(engine: EngineChoice, topology: str | None) -> str:
     return check_topology(engine_topology(EngineChoice(engine).value, topology))
 
 
-def _slo(cat: Any, model: str, **overrides: Any) -> Any:
+def _slo(cat: Any, model: str, *, tpot_s: float | None, ttft_s: float | None,
+         input_tokens: int | None, output_tokens: int | None) -> Any:
+    """The model's default SLO with the flags given overriding it."""
     from coral.templates.slo import resolve_slo
 
-    return resolve_slo(cat.model(model), **overrides)
+    return resolve_slo(cat.model(model), tpot_s=tpot_s, ttft_s=ttft_s,
+                       input_tokens=input_tokens, output_tokens=output_tokens)
 
 
 def _ms(seconds: float | None) -> str:
@@ -270,6 +273,7 @@ def build(
 ) -> None:
     """Build (or resume) the template library of a model: enumerate, solve, prune."""
     from coral.templates.build import build_library
+    from coral.templates.build_options import BuildOptions
     from coral.templates.store import default_library_dir
 
     reports = []
@@ -297,6 +301,9 @@ def build(
         for r in region_list or ():
             cat.region(r)
         show_progress = sys.stderr.isatty() if progress is None else progress
+        options = BuildOptions(engine=eng, topology=topology,  # type: ignore[arg-type]
+                               batches=_batches(batches), workers=workers, ray_address=ray,
+                               time_limit_s=time_limit, method=method)
 
         def say(msg: str) -> None:
             err_console.print(f"[dim]{msg}[/]", highlight=False, soft_wrap=True)
@@ -304,12 +311,10 @@ def build(
         for m in _modes(mode):
             with native_stdout_to_stderr(json):
                 _, report = build_library(
-                    arch, cat, slo=slo, mode=m, topology=topology,  # type: ignore[arg-type]
-                    engine=eng, nmax=nmax, rho=rho, node_types=node_list,
-                    regions=region_list, batches=_batches(batches),
+                    arch, cat, slo=slo, mode=m, nmax=nmax, rho=rho,  # type: ignore[arg-type]
+                    node_types=node_list, regions=region_list, options=options,
                     out=default_library_dir(out, arch.name, m, eng),
-                    workers=workers, ray_address=ray, time_limit_s=time_limit,
-                    method=method, progress=show_progress, on_message=say,
+                    progress=show_progress, on_message=say,
                 )
             reports.append(report)
     if json:

@@ -50,14 +50,14 @@ class EvalConfig:
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
 
     @classmethod
-    def preset(cls, quick: bool, out: Path, **kw: Any) -> "EvalConfig":
+    def preset(cls, quick: bool, out: Path) -> "EvalConfig":
+        """The quick preset (the defaults), or the full one; the CLI sets its flags on it
+        with `dataclasses.replace`."""
         if quick:
-            return cls(out=out, quick=True, **kw)
-        base = dict(quick=False, nmax=3, scenarios=("core", "advanced"),
-                    demand_scales=(0.5, 1.0, 2.0), sim_seconds=1800.0,
-                    cluster_scales=(1, 4, 16), helix_timeout_s=300.0, timeline_periods=None)
-        base.update(kw)
-        return cls(out=out, **base)
+            return cls(out=out, quick=True)
+        return cls(out=out, quick=False, nmax=3, scenarios=("core", "advanced"),
+                   demand_scales=(0.5, 1.0, 2.0), sim_seconds=1800.0,
+                   cluster_scales=(1, 4, 16), helix_timeout_s=300.0, timeline_periods=None)
 
 
 @dataclass
@@ -149,24 +149,33 @@ class EvalContext:
 
         return load_scenario(name, level=level, catalog=self.catalog)
 
+    def options(self, engine: str = "coral", nmax: int | None = None) -> Any:
+        """The `PlanOptions` of this evaluation's config (`nmax`: the config's unless given)."""
+        from coral.planning.options import PlanOptions
+        from coral.templates.build_options import BuildOptions
+
+        return PlanOptions(build=BuildOptions(engine=engine, workers=self.cfg.workers),
+                           out_root=self.cfg.templates_dir,
+                           nmax=self.cfg.nmax if nmax is None else nmax,
+                           time_limit_s=self.cfg.time_limit_s)
+
     def templates(self, scenario: Any, engine: str = "coral") -> Any:
         from coral.planning.libraries import templates_for_scenario
 
         key = (scenario.name, scenario.level, scenario.mode, engine)
         if key not in self._templates:
+            options = self.options(engine)
             self._templates[key] = templates_for_scenario(
-                scenario, self.catalog, self.perf, out_root=self.cfg.templates_dir,
-                workers=self.cfg.workers, nmax=self.cfg.nmax, engine=engine)
+                scenario, self.catalog, self.perf, options=options.build,
+                out_root=options.out_root, nmax=options.nmax)
         return self._templates[key]
 
     def plan(self, scenario: Any, templates: Any, baselines: bool = True,
              engine: str = "coral") -> Any:
         from coral.planning.plan import plan_scenario
 
-        return plan_scenario(scenario, catalog=self.catalog, perf=self.perf,
-                             templates=templates, nmax=self.cfg.nmax,
-                             time_limit_s=self.cfg.time_limit_s, baselines=baselines,
-                             engine=engine)
+        return plan_scenario(scenario, catalog=self.catalog, options=self.options(engine),
+                             perf=self.perf, templates=templates, baselines=baselines)
 
 
 def scaled(scenario: Any, demand: float = 1.0, availability: float = 1.0) -> Any:

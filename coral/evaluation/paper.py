@@ -49,15 +49,14 @@ class PaperConfig:
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
 
     @classmethod
-    def preset(cls, quick: bool, out: Path, **kw: Any) -> "PaperConfig":
+    def preset(cls, quick: bool, out: Path) -> "PaperConfig":
+        """The quick preset (the defaults), or the full one; the CLI sets its flags on it
+        with `dataclasses.replace`."""
         if quick:
-            return cls(out=out, **kw)
-        base: dict[str, Any] = dict(
-            quick=False, scenarios=("paper-core", "paper-extended"), epochs=5, epoch_s=360.0,
-            helix_nmax=None, helix_timeout_s=300.0, sens_nmax=(1, 2, 3, 4, 5, 6, 7, 8),
-            sens_budget_s=600.0)
-        base.update(kw)
-        return cls(out=out, **base)
+            return cls(out=out)
+        return cls(out=out, quick=False, scenarios=("paper-core", "paper-extended"), epochs=5,
+                   epoch_s=360.0, helix_nmax=None, helix_timeout_s=300.0,
+                   sens_nmax=(1, 2, 3, 4, 5, 6, 7, 8), sens_budget_s=600.0)
 
 
 class PaperContext(EvalContext):
@@ -74,9 +73,10 @@ class PaperContext(EvalContext):
         # or counts: one load per scenario (an extended library takes minutes to load)
         key = (scenario.name, build_regions(scenario), scenario.mode, f"{engine}/{n}")
         if key not in self._templates:
+            options = self.options(engine, nmax=n)
             self._templates[key] = templates_for_scenario(
-                scenario, self.catalog, self.perf, out_root=self.cfg.templates_dir,
-                workers=self.cfg.workers, nmax=n, engine=engine)
+                scenario, self.catalog, self.perf, options=options.build,
+                out_root=options.out_root, nmax=options.nmax)
         return self._templates[key]
 
 

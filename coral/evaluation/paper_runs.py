@@ -289,6 +289,5 @@ def ctx_plan(ctx: Any, scenario: Scenario, templates: Any,
     the baselines' plans (so it is never worse than one of them)."""
     from coral.planning.plan import plan_scenario
 
-    return plan_scenario(scenario, catalog=ctx.catalog, perf=ctx.perf, templates=templates,
-                         time_limit_s=ctx.cfg.time_limit_s, baselines=False,
-                         current=current, starts=starts)
+    return plan_scenario(scenario, catalog=ctx.catalog, options=ctx.options(), perf=ctx.perf,
+                         templates=templates, baselines=False, current=current, starts=starts)

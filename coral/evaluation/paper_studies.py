@@ -61,20 +61,21 @@ def helix_study(ctx: Any, *, sim_s: float, helix_timeout_s: float,
     cluster_cost = sum(sc.node_prices[k] * n for k, n in cluster)
     tpl = ctx.templates(sc)
     say(f"[paper] helix: Coral on the cluster at {model.demand_rps:g} req/s")
-    res = plan_scenario(sc, catalog=ctx.catalog, perf=ctx.perf, templates=tpl,
-                        time_limit_s=ctx.cfg.time_limit_s, baselines=False)
+    options = ctx.options()
+    res = plan_scenario(sc, catalog=ctx.catalog, options=options, perf=ctx.perf, templates=tpl,
+                        baselines=False)
     sim = simulate_plan(ctx, sc, res, sim_s) if res.instances else {}
     used: dict[str, int] = {}
     for (g, _r), n in res.plan.nodes_used.items():
         used[g] = used.get(g, 0) + int(n)
     flood = scaled_scenario(sc, HELIX_FLOOD)
     say("[paper] helix: Coral's most goodput on the cluster")
-    big = plan_scenario(flood, catalog=ctx.catalog, perf=ctx.perf, templates=tpl,
-                        time_limit_s=ctx.cfg.time_limit_s, baselines=False)
+    big = plan_scenario(flood, catalog=ctx.catalog, options=options, perf=ctx.perf,
+                        templates=tpl, baselines=False)
     served = sum(big.plan.served_rps.values())
     # simulated at the rate it plans to serve (the rest would be turned away)
     at = plan_scenario(scaled_scenario(sc, served / model.demand_rps), catalog=ctx.catalog,
-                       perf=ctx.perf, templates=tpl, time_limit_s=ctx.cfg.time_limit_s,
+                       options=options, perf=ctx.perf, templates=tpl,
                        baselines=False) if served > 0 else big
     big_sim = simulate_plan(ctx, sc, at, sim_s) if served > 0 and at.instances else {}
     nodes = [g for (g, _r), n in cluster for _ in range(n)]
@@ -152,8 +153,9 @@ def sensitivity_study(ctx: Any, nmaxes: Sequence[int], rhos: Sequence[float], *,
             t0 = time.perf_counter()
             kept, report = build_library(model, ctx.catalog, slo=slo, mode="prefill",
                                          nmax=n, rho=rho, node_types=sc.node_types,
-                                         regions=build_regions(sc), out=None,
-                                         workers=ctx.cfg.workers, perf=ctx.perf)
+                                         regions=build_regions(sc),
+                                         options=ctx.options().build, out=None,
+                                         perf=ctx.perf)
             wall = time.perf_counter() - t0
             best = max((t.throughput_tokens_per_s / t.min_usd_per_hour() for t in kept
                         if t.feasible and t.min_usd_per_hour()), default=0.0)

@@ -358,8 +358,8 @@ def section_adapt(ctx: EvalContext, head: dict[str, Any]) -> Section:
             update={"periods": list(tl.spec.periods[:cfg.timeline_periods])}))
     tpl = ctx.templates(tl.scenario)
     ctx.say(f"[adapt] timeline {tl.name}: {len(tl.periods)} periods")
-    res = run_timeline(tl, catalog=ctx.catalog, perf=ctx.perf, templates=tpl,
-                       time_limit_s=cfg.time_limit_s)
+    res = run_timeline(tl, catalog=ctx.catalog, options=ctx.options(), perf=ctx.perf,
+                       templates=tpl)
     res = write_outputs(res, cfg.out / "adapt")
     sec.body.append(
         f"Ran: `run_timeline` on timeline `{tl.name}` over `{res.scenario}` "

@@ -18,15 +18,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from coral.allocator.ilp import solve_allocation
-from coral.allocator.problem import (
-    DEFAULT_MIP_GAP,
-    DEFAULT_TIME_LIMIT_S,
-    AllocationPlan,
-    TemplateRegion,
-)
+from coral.allocator.problem import AllocationPlan, TemplateRegion
 from coral.catalog.loader import Catalog
+from coral.errors import InputError
 from coral.planning.columns import columns_from_templates
-from coral.planning.libraries import DEFAULT_TEMPLATES_DIR, ScenarioTemplates, templates_for_scenario
+from coral.planning.libraries import ScenarioTemplates, templates_for_scenario
+from coral.planning.options import PlanOptions
 from coral.planning.timeline import Timeline, apply_period
 from coral.templates.build import Template
 from coral.templates.operating_points import PerfLike
@@ -137,33 +134,33 @@ def run_timeline(
     timeline: Timeline,
     *,
     catalog: Catalog,
+    options: PlanOptions = PlanOptions(),
     perf: PerfLike | None = None,
     templates: Mapping[str, Sequence[Template]] | None = None,
-    out_root: str | Path | None = DEFAULT_TEMPLATES_DIR,
-    workers: int | None = 1,
-    nmax: int | None = None,
     progress: bool = False,
-    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-    mip_gap: float = DEFAULT_MIP_GAP,
     on_message: Callable[[str], None] | None = None,
     on_period: Callable[[PeriodRecord], None] | None = None,
 ) -> AdaptResult:
-    """Re-plan every period of `timeline`, each against the previous period's deployment.
+    """Re-plan every period of `timeline`, each against the previous period's deployment,
+    as `options` say (nominal on-demand plans: robust and spot re-planning is not offered).
 
     Templates are built once for the scenario (its SLOs do not change over the timeline), at
-    `nmax` nodes if given, else the timeline's `nmax`, else the scenario's.
+    `options.nmax` nodes if given, else the timeline's `nmax`, else the scenario's.
     """
+    if options.robust is not None or options.spot is not None:
+        raise InputError(f"timeline {timeline.name!r}: periods are re-planned nominally on "
+                         "demand; to fix: plan without robust or spot options")
     scenario = timeline.scenario
-    n = nmax if nmax is not None else timeline.spec.nmax
+    n = options.nmax if options.nmax is not None else timeline.spec.nmax
     if perf is None:
         from coral.templates.parallel import default_perf_factory
 
         perf = default_perf_factory(catalog)
     scenario = scenario.with_perf(perf, catalog)
     if templates is None:
-        templates = templates_for_scenario(scenario, catalog, perf, out_root=out_root,
-                                           workers=workers, nmax=n, progress=progress,
-                                           on_message=on_message)
+        templates = templates_for_scenario(scenario, catalog, perf, options=options.build,
+                                           out_root=options.out_root, nmax=n,
+                                           progress=progress, on_message=on_message)
     if isinstance(templates, ScenarioTemplates):
         n_used, notes = templates.nmax, templates.notes()
     else:
@@ -177,8 +174,8 @@ def run_timeline(
     for i, period in enumerate(timeline.periods):
         here = apply_period(scenario, period)
         columns = columns_from_templates(here, templates)
-        problem = here.problem(columns, current=current, time_limit_s=time_limit_s,
-                               mip_gap=mip_gap)
+        problem = here.problem(columns, current=current, time_limit_s=options.time_limit_s,
+                               mip_gap=options.mip_gap, scarcity=options.scarcity)
         t0 = time.perf_counter()
         plan = solve_allocation(problem)
         log.info("period %d: $%.2f/hour, %s in %.2f s", i, plan.cost_usd_per_hour,

@@ -22,11 +22,11 @@ from typing import Any, Callable, Iterator, Mapping
 from coral.allocator.scenario import Scenario, scenario_slo
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
-from coral.templates.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
 from coral.templates.build import BuildReport, Template, build_library
+from coral.templates.build_options import BuildOptions
 from coral.templates.engine import DEFAULT_ENGINE, check_engine, engine_topology
 from coral.templates.homogeneous import cached_completions, homogeneous_combos
-from coral.templates.operating_points import DEFAULT_BATCHES, PerfLike, shared_tables
+from coral.templates.operating_points import PerfLike, shared_tables
 from coral.templates.solve import build_template
 from coral.templates.store import MANIFEST, TemplateLibrary
 
@@ -118,33 +118,30 @@ def templates_for_scenario(
     catalog: Catalog,
     perf: PerfLike,
     *,
+    options: BuildOptions = BuildOptions(),
     out_root: str | Path | None = DEFAULT_TEMPLATES_DIR,
-    workers: int | None = 1,
     nmax: int | None = None,
     progress: bool = False,
     on_message: Callable[[str], None] | None = None,
-    engine: str = DEFAULT_ENGINE,
-    **build_options: Any,
 ) -> ScenarioTemplates:
     """Build (or reuse) one library per model and template mode of `scenario`.
 
-    `nmax` overrides the scenario's `n_max` (quick runs); the result says so (`reduced`,
-    `notes()`). With `out_root=None` nothing is written and everything is solved afresh.
-    `build_options` go to `build_library` as they are (e.g. `batches`, `time_limit_s`).
-    `engine` limits every template, the homogeneous completions included, to the shapes that
-    engine runs (`coral.templates.engine`; `vllm` solves in topology `chain`). Coral's own
+    The scenario says which libraries (SLO, modes, node types, regions, `rho`, `n_max`);
+    `options` how they are built, handed to `build_library` whole. `nmax` overrides the
+    scenario's `n_max` (quick runs); the result says so (`reduced`, `notes()`). With
+    `out_root=None` nothing is written and everything is solved afresh. `options.engine`
+    limits every template, the homogeneous completions included, to the shapes that engine
+    runs (`coral.templates.engine`; `vllm` solves in topology `chain`). Coral's own
     templates need no vLLM-shaped ones beside them: both are searched under the one step
     model, and Coral's space holds every vLLM pipeline.
     """
     n = int(scenario.spec.n_max if nmax is None else nmax)
     if n < 1:
         raise InputError(f"nmax must be >= 1, got {n}")
-    engine = check_engine(engine)
+    engine = options.engine
     regions = build_regions(scenario)
-    build_options = dict(build_options)
-    topology = engine_topology(engine, build_options.pop("topology", None))
-    tables = shared_tables(perf, catalog, build_options.get("batches", DEFAULT_BATCHES))
-    time_limit_s = build_options.get("time_limit_s", DEFAULT_PLACEMENT_TIME_LIMIT_S)
+    topology = engine_topology(engine, options.topology)
+    tables = shared_tables(perf, catalog, options.batches)
     by_model: dict[str, tuple[Template, ...]] = {}
     reports: list[BuildReport] = []
     dirs: dict[str, str] = {}
@@ -155,10 +152,9 @@ def templates_for_scenario(
             out = None if out_root is None else library_dir(out_root, scenario, m.name,
                                                              mode, n, engine)
             kept, report = build_library(
-                m.name, catalog, slo=slo, mode=mode, topology=topology, engine=engine,
-                nmax=n, rho=scenario.spec.rho, node_types=scenario.node_types,
-                regions=regions, out=out, workers=workers, perf=perf, progress=progress,
-                on_message=on_message, **build_options,
+                m.name, catalog, slo=slo, mode=mode, nmax=n, rho=scenario.spec.rho,
+                node_types=scenario.node_types, regions=regions, options=options, out=out,
+                perf=perf, progress=progress, on_message=on_message,
             )
             kept_all.extend(kept)
             # the k x g combinations the library dropped by throughput: one instance
@@ -171,7 +167,7 @@ def templates_for_scenario(
                 out, library_digest(out), kept, combos,
                 lambda c, mode=mode: build_template(
                     m.name, c, slo, mode, topology, perf, catalog, tables=tables,
-                    time_limit_s=time_limit_s, solver=build_options.get("solver"),
+                    time_limit_s=options.time_limit_s, solver=options.solver,
                     floor=0.0, engine=engine)))
             reports.append(report)
             if out is not None:

@@ -8,7 +8,8 @@ This is the whole planner in three calls, each usable alone:
    column priced in the scenario's regions (its price overrides included).
 3. `plan_scenario` (here): the allocation ILP over those columns (with the start-up penalty
    against a `current` deployment), in each serving mode the scenario allows, on spot
-   (`--spot`) or robust to model error (`--robust`), decoded into a `PlanResult`: instances
+   (`--spot`) or robust to model error (`--robust`) as the options' `Planner` solves it
+   (`coral.planning.planners`), decoded into a `PlanResult`: instances
    per region with each template's node mix and layer placement, $/hour, status, proven gap,
    solve time, served share and headroom per model, and the baselines run on the same
    templates (`coral.planning.baseline_runs`).
@@ -16,21 +17,15 @@ This is the whole planner in three calls, each usable alone:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from coral.allocator.ilp import infeasibility_message, solve_allocation
 from coral.allocator.plan_decode import decode_instances
 from coral.allocator.problem import (
-    DEFAULT_MIP_GAP,
-    DEFAULT_SCARCITY,
-    DEFAULT_TIME_LIMIT_S,
     SCARCITY_DESCRIPTIONS,
     AllocationPlan,
-    Scarcity,
     TemplateRegion,
 )
-from coral.allocator.robust import RobustPlanner
 from coral.allocator.scenario import AUTO_MODES, Scenario, scenario_slo
 from coral.allocator.uniform_scale import (
     SCALE_TOL,
@@ -42,16 +37,12 @@ from coral.catalog.loader import Catalog
 from coral.errors import InputError
 from coral.planning.baseline_runs import baseline_start, baselines_beside
 from coral.planning.columns import columns_and_templates
-from coral.planning.libraries import (
-    DEFAULT_TEMPLATES_DIR,
-    ScenarioTemplates,
-    templates_for_scenario,
-)
+from coral.planning.libraries import ScenarioTemplates, templates_for_scenario
+from coral.planning.options import PlanOptions
+from coral.planning.planners import ModePlan, planner_for
 from coral.planning.result import PlanResult
-from coral.perf.uncertainty import card_uncertainty
-from coral.sim.slowdown import SlowedPerf
 from coral.templates.build import Template
-from coral.templates.engine import DEFAULT_ENGINE, check_engine, engine_violations
+from coral.templates.engine import engine_violations
 from coral.templates.operating_points import PerfLike
 
 
@@ -59,42 +50,34 @@ def plan_scenario(
     scenario: Scenario,
     *,
     catalog: Catalog,
+    options: PlanOptions = PlanOptions(),
     perf: PerfLike | None = None,
     templates: Mapping[str, Sequence[Template]] | None = None,
-    out_root: str | Path | None = DEFAULT_TEMPLATES_DIR,
-    workers: int | None = 1,
-    nmax: int | None = None,
-    progress: bool = False,
-    current: Mapping[TemplateRegion, int] | None = None,
-    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-    mip_gap: float = DEFAULT_MIP_GAP,
     baselines: bool = True,
-    on_message: Callable[[str], None] | None = None,
-    engine: str = DEFAULT_ENGINE,
-    robust: float | str | None = None,
-    spot: Any = None,
+    current: Mapping[TemplateRegion, int] | None = None,
     starts: Sequence[Mapping[TemplateRegion, int]] = (),
-    scarcity: Scarcity = DEFAULT_SCARCITY,
+    progress: bool = False,
+    on_message: Callable[[str], None] | None = None,
 ) -> PlanResult:
-    """Plan `scenario`: templates (built or reused unless given), allocation, baselines.
+    """Plan `scenario` as `options` say: templates (built or reused unless given),
+    allocation, baselines.
 
     `current` is the deployment running now (column id, region) -> instances; instances
-    beyond it pay the scenario's start-up penalty. `nmax` overrides the scenario's `n_max` for
-    template building (and the baselines), and the result says so. `engine`: every instance
-    of the plan is deployable on it (templates built for it; given `ScenarioTemplates` must
-    have been built for it, and given templates it cannot run are left out). The baselines
-    are not engine-restricted. `robust`: R of a plan that keeps every demand covered with any
-    one GPU type `1 + R` times slower than modelled (`coral.allocator.robust`), or "auto":
-    each GPU type as much slower as the perf model is unsure of it (`coral.perf.uncertainty`);
-    the plan file then says so (`robust`), with the nominal plan's cost beside it. `spot`: a
-    `coral.allocator.spot.SpotOptions`, plan every mode's templates on spot and on-demand
-    instances under a chance constraint (the plan file's `spot` object says what it risks).
-    `starts`: plans known beforehand ((column id, region) -> instances; a re-plan's last plan),
-    which start every mode's search beside the baselines' plans. `scarcity`: what the
-    allocation maximises when demand cannot be met (`AllocationProblem.scarcity`; the plan
-    file's `scarcity` names it).
+    beyond it pay the scenario's start-up penalty. `options.nmax` overrides the scenario's
+    `n_max` for template building (and the baselines), and the result says so. The options'
+    engine: every instance of the plan is deployable on it (templates built for it; given
+    `ScenarioTemplates` must have been built for it, and given templates it cannot run are
+    left out). The baselines are not engine-restricted. `options.robust` and `options.spot`
+    choose the `Planner` (`coral.planning.planners`): a plan robust to model error, the plan
+    file then saying so (`robust`) with the nominal plan's cost beside it; or one on spot and
+    on-demand instances under a chance constraint (the plan file's `spot` object says what
+    it risks). `starts`: plans known beforehand ((column id, region) -> instances; a
+    re-plan's last plan), which start every mode's search beside the baselines' plans.
+    `options.scarcity`: what the allocation maximises when demand cannot be met
+    (`AllocationProblem.scarcity`; the plan file's `scarcity` names it).
     """
-    engine = check_engine(engine)
+    engine = options.engine
+    time_limit_s, mip_gap, nmax = options.time_limit_s, options.mip_gap, options.nmax
     if perf is None:
         from coral.templates.parallel import default_perf_factory
 
@@ -103,8 +86,8 @@ def plan_scenario(
         scenario = scenario.with_perf(perf, catalog)
     if templates is None:
         templates = templates_for_scenario(
-            scenario, catalog, perf, out_root=out_root, workers=workers, nmax=nmax,
-            progress=progress, on_message=on_message, engine=engine,
+            scenario, catalog, perf, options=options.build, out_root=options.out_root,
+            nmax=nmax, progress=progress, on_message=on_message,
         )
     if isinstance(templates, ScenarioTemplates):
         if templates.engine != engine:
@@ -140,59 +123,36 @@ def plan_scenario(
                          "runs them; Helix's candidate clusters are the homogeneous ones only)")
     given = [*starts, *(start for start in (baseline_start(b) for b in results.values())
                         if start)]
-    robust_planner = None
-    if robust is not None:
-        basis: dict[str, str] = {}
-        if robust == "auto":
-            cards = card_uncertainty(catalog, perf)
-            robust = {g: c.r for g, c in cards.items()}
-            basis = {g: c.describe() for g, c in cards.items()}
-        robust_planner = RobustPlanner(
-            robust, perf=perf, catalog=catalog, slowed_perf=SlowedPerf,
-            template_dirs=getattr(templates, "template_dirs", None), basis=basis)
-    spot_planner = None
-    if spot is not None:
-        from coral.allocator.spot import SpotPlanError, SpotPlanner
-
-        if robust is not None:
-            raise SpotPlanError("--spot and --robust cannot be combined (yet)")
-        spot_planner = SpotPlanner(spot, catalog)
+    planner = planner_for(options, catalog=catalog, perf=perf,
+                          template_dirs=getattr(templates, "template_dirs", None))
     modes = AUTO_MODES if scenario.mode == "auto" else (scenario.mode,)
-    tried = []
+    tried: list[ModePlan] = []
     for mode in modes:
         sub = scenario.in_mode(mode)
         cols, chosen = columns_and_templates(sub, templates)
         prob = sub.problem(cols, current=current, time_limit_s=time_limit_s, mip_gap=mip_gap,
-                           scarcity=scarcity)
+                           scarcity=options.scarcity)
         # mode auto plans mixed last: it holds every plan of the other modes, which start it
-        starts = given + [dict(t[4].instances) for t in tried]
-        plan = (spot_planner.solve(prob, starts) if spot_planner is not None
-                else solve_allocation(prob, starts=starts) if robust_planner is None
-                else robust_planner.solve(sub, prob, chosen, starts=starts))
-        tried.append((mode, cols, chosen, prob, plan))
-    mode, columns, chosen, problem, plan = min(tried, key=lambda t: _plan_rank(t[4]))
-    extras: dict[str, Any] = {}
-    if robust_planner is not None:
-        robust_planner.check(mode, plan)
-        columns, chosen = robust_planner.columns(mode)
-        extras["robust"] = robust_planner.summary(mode)
-        notes.append(robust_planner.note(mode))
-    markets = None
-    if spot_planner is not None:
-        columns, chosen = spot_planner.columns(columns, chosen)
-        markets = spot_planner.markets()
-        extras["spot"] = spot_planner.summary()
-        notes.append(spot_planner.note())
+        mode_starts = given + [dict(t.plan.instances) for t in tried]
+        tried.append(ModePlan(mode, cols, chosen, prob,
+                              planner.solve(sub, prob, chosen, mode_starts)))
+    kept = min(tried, key=lambda t: _plan_rank(t.plan))
+    mode, problem, plan = kept.mode, kept.problem, kept.plan
+    decoded = planner.decode(kept)
+    extras: dict[str, Any] = dict(decoded.extras)
+    if decoded.note is not None:
+        notes.append(decoded.note)
     if len(tried) > 1:
         notes.append("mode auto: " + "; ".join(
-            f"{m} ${p.cost_usd_per_hour:,.2f}/hour serving {_served_share(p):.1%}"
-            for m, _, _, _, p in tried) + f" -> {mode}")
+            f"{t.mode} ${t.plan.cost_usd_per_hour:,.2f}/hour serving "
+            f"{_served_share(t.plan):.1%}" for t in tried) + f" -> {mode}")
     _fill_scarcity(extras, plan, scenario)
     if not plan.meets_demand:
         notes.append(infeasibility_message(problem, plan))
-        if robust_planner is None and spot_planner is None:
+        if planner.scarcity_rule:
             extras["uniform_scale"], scaled = uniform_scale(problem, plan, scenario)
-            if scarcity == "fair" and extras["uniform_scale"]["factor"] > plan.fair_level:
+            if (options.scarcity == "fair"
+                    and extras["uniform_scale"]["factor"] > plan.fair_level):
                 # the rule's plan holds a higher floor than the fair search reached in its
                 # time: the fair phases run again from it (phase A starts from the best plan
                 # given), so Coral's plan never starves a model further than the rule does
@@ -211,11 +171,11 @@ def plan_scenario(
         scenario=scenario.name,
         level=scenario.level,
         plan=plan,
-        instances=decode_instances(plan, columns, chosen, markets),
+        instances=decode_instances(plan, decoded.columns, decoded.chosen, decoded.markets),
         nmax=n_used,
         scenario_nmax=n_scenario,
         templates=sum(len(t) for t in templates.values()),
-        columns=len(columns),
+        columns=len(decoded.columns),
         baselines=results,
         notes=tuple(notes),
         mode=mode,

@@ -14,15 +14,19 @@ the planner that runs it.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from coral.allocator.problem import DEFAULT_TIME_LIMIT_S
 from coral.allocator.scenario import AUTO_MODES, ScenarioError, load_scenario
-from coral.planning.libraries import DEFAULT_TEMPLATES_DIR, templates_for_scenario
+from coral.planning.libraries import templates_for_scenario
+from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.plans.file import PlanFile
 from coral.sim.preemption import Key, PlanRow, PreemptionError
+
+if TYPE_CHECKING:  # the spot planner loads only when a plan asks for spot
+    from coral.allocator.spot_market import SpotOptions
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +35,11 @@ class AllocatorReplanner:
     """Re-plans a plan file's scenario from a surviving deployment (see the module)."""
 
     def __init__(self, plan: PlanFile, *, catalog: Any, perf: Any,
-                 templates_dir: str | Path = DEFAULT_TEMPLATES_DIR,
-                 time_limit_s: float = DEFAULT_TIME_LIMIT_S, workers: int | None = 1,
-                 scenario: str | Path | None = None):
+                 options: PlanOptions = PlanOptions(), scenario: str | Path | None = None):
         """`plan`: the plan file (its scenario, level, mode, engine, nmax and spot promise);
-        `scenario`: where its scenario is, when the plan names a scenario file (a plan file
-        holds the scenario's name only)."""
+        `options`: the caller's (template root, workers, time limit), the plan's engine,
+        `nmax` and spot options taking the place of theirs; `scenario`: where its scenario
+        is, when the plan names a scenario file (a plan file holds the scenario's name only)."""
         ref = scenario if scenario is not None else plan.scenario
         try:
             loaded = load_scenario(ref, level=plan.level, catalog=catalog)
@@ -47,9 +50,8 @@ class AllocatorReplanner:
         mode = plan.mode
         if mode in AUTO_MODES:  # the mode the plan was made in, not `auto` again
             loaded = loaded.in_mode(mode)
-        self.catalog, self.perf, self.time_limit_s = catalog, perf, time_limit_s
-        self.engine = plan.engine or "coral"
-        self.spot = None
+        self.catalog, self.perf = catalog, perf
+        self.spot: SpotOptions | None = None
         if plan.spot is not None:
             from coral.allocator.spot import SpotOptions, SpotPlanError
 
@@ -59,10 +61,14 @@ class AllocatorReplanner:
             except SpotPlanError as exc:
                 raise PreemptionError(f"cannot re-plan: the plan's spot options do not read "
                                       f"({exc})") from None
+        self.options = replace(
+            options, build=replace(options.build, engine=str(plan.engine or "coral")),
+            nmax=plan.nmax, spot=self.spot)
         self.scenario = loaded.with_perf(perf, catalog)
         self.templates = templates_for_scenario(self.scenario, catalog, perf,
-                                                out_root=templates_dir, workers=workers,
-                                                nmax=plan.nmax, engine=self.engine)
+                                                options=self.options.build,
+                                                out_root=self.options.out_root,
+                                                nmax=self.options.nmax)
         self.last = _counts(plan.instances)
 
     @property
@@ -75,11 +81,9 @@ class AllocatorReplanner:
         return sorted(self.scenario.node_prices)
 
     def __call__(self, running: Mapping[Key, int], t: float) -> Sequence[PlanRow]:
-        result = plan_scenario(self.scenario, catalog=self.catalog, perf=self.perf,
-                               templates=self.templates, current=dict(running),
-                               time_limit_s=self.time_limit_s, baselines=False,
-                               engine=self.engine, spot=self.spot,
-                               starts=[self.last] if self.last else [])
+        result = plan_scenario(self.scenario, catalog=self.catalog, options=self.options,
+                               perf=self.perf, templates=self.templates, baselines=False,
+                               current=dict(running), starts=[self.last] if self.last else [])
         log.info("re-plan at %.0f s: $%.2f/hour, %s", t, result.cost_per_hour, result.status)
         self.last = _counts(result.instances)
         return result.instances

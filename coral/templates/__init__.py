@@ -7,7 +7,8 @@
 - `enumerate`: the node combinations worth solving.
 - `placement` / `verify`: the exact placement solver and its independent checker.
 - `template`: what a solved template is (`Template`); `solve`: one combination
-  (`build_template`); `build`: a whole library (`build_library`).
+  (`build_template`); `build`: a whole library (`build_library`), built as a
+  `build_options.BuildOptions` says.
 - `store`: the on-disk, resumable library; `parallel`: process-pool and Ray backends.
 
 The names below load their module on first use, so that reading `coral.templates.slo` (every
@@ -20,6 +21,7 @@ import importlib
 from typing import Any
 
 _WHERE = {
+    "BuildOptions": "build_options",
     "BuildReport": "build",
     "build_library": "build",
     "build_template": "solve",

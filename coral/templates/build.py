@@ -36,8 +36,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch
-from coral.errors import InputError
-from coral.templates.engine import DEFAULT_ENGINE, check_engine, deployable_combo, engine_topology
+from coral.templates.build_options import BuildOptions
+from coral.templates.engine import deployable_combo, engine_topology
 from coral.templates.enumerate import (
     DEFAULT_NMAX,
     DEFAULT_RHO,
@@ -47,9 +47,7 @@ from coral.templates.enumerate import (
     sub_combos,
 )
 from coral.templates.operating_points import (
-    DEFAULT_BATCHES,
     PerfLike,
-    check_batches,
     check_mode,
     check_topology,
     shared_tables,
@@ -57,7 +55,7 @@ from coral.templates.operating_points import (
 from coral.templates.slo import SloSpec
 from coral.templates.solve import DEFAULT_TIME_LIMIT_S, DOMINANCE_RTOL, Outcome, Solver, Task
 from coral.templates.template import Template
-from coral.templates.types import Mode, SolveStatus, Topology
+from coral.templates.types import Mode, SolveStatus
 
 log = logging.getLogger(__name__)
 
@@ -209,45 +207,37 @@ def build_library(
     *,
     slo: SloSpec,
     mode: Mode = "aggregated",
-    topology: Topology | None = None,
-    engine: str = DEFAULT_ENGINE,
     nmax: int = DEFAULT_NMAX,
     rho: float = DEFAULT_RHO,
     node_types: Sequence[str] | None = None,
     regions: Sequence[str] | None = None,
-    batches: Sequence[int] = DEFAULT_BATCHES,
+    options: BuildOptions = BuildOptions(),
     out: str | Path | None = None,
-    workers: int | None = 1,
-    ray_address: str | None = None,
-    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-    method: str = "auto",
-    bound_skip: bool = True,
     perf: PerfLike | None = None,
-    perf_factory: Callable[[Catalog], PerfLike] | None = None,
-    solver: Solver | None = None,
     progress: bool = False,
     on_message: Callable[[str], None] | None = None,
 ) -> tuple[list[Template], BuildReport]:
     """Enumerate, solve and prune every combination of `model`; persist to `out` if given.
 
-    Returns the kept templates (size, then combination order) and the report. With `out`, an
-    existing library with the same inputs is reused (resumed when incomplete); one with other
-    inputs is moved aside and rebuilt. `workers` > 1 or `ray_address` solve in parallel (each
-    worker builds its own perf model with `perf_factory`, default `PerfModel(catalog)`).
-    `engine` restricts the library to the shapes that engine runs (`coral.templates.engine`;
-    `vllm`: topology `chain`, the default then, and only combinations of one GPU count, which
-    the report counts as `combos_pruned_engine`); `topology` defaults to `flow` otherwise.
+    The keywords before `options` say which library (its SLO, mode, size and pools); the
+    `BuildOptions` say how it is built. Returns the kept templates (size, then combination
+    order) and the report. With `out`, an existing library with the same inputs is reused
+    (resumed when incomplete); one with other inputs is moved aside and rebuilt.
+    `options.workers` > 1 or `options.ray_address` solve in parallel (each worker builds its
+    own perf model with `options.perf_factory`, default `PerfModel(catalog)`).
+    `options.engine` restricts the library to the shapes that engine runs
+    (`coral.templates.engine`; `vllm`: topology `chain`, the default then, and only
+    combinations of one GPU count, which the report counts as `combos_pruned_engine`); the
+    topology defaults to `flow` otherwise.
     """
     from coral.templates import store as lib_mod
     from coral.templates import parallel as par
 
     arch = catalog.model(model) if isinstance(model, str) else model
     mode = check_mode(mode)
-    engine = check_engine(engine)
-    topology = check_topology(engine_topology(engine, topology))
-    batches = check_batches(batches)
-    if time_limit_s <= 0:
-        raise InputError(f"time limit must be > 0 s, got {time_limit_s}")
+    engine = options.engine
+    topology = check_topology(engine_topology(engine, options.topology))
+    batches = options.batches
     say = on_message or (lambda msg: log.info("%s", msg))
     t_start = time.perf_counter()
 
@@ -264,7 +254,7 @@ def build_library(
             return kept, report
 
     if perf is None:
-        perf = (perf_factory or par.default_perf_factory)(catalog)
+        perf = (options.perf_factory or par.default_perf_factory)(catalog)
     tables = shared_tables(perf, catalog, batches)
 
     # node types that can hold no layer at any operating point are useless everywhere
@@ -294,12 +284,8 @@ def build_library(
     )
 
     # the backend first: a missing optional dependency fails before anything is written
-    backend = par.make_backend(
-        workers=workers, ray_address=ray_address, catalog=catalog, perf=perf,
-        perf_factory=perf_factory, model=arch.name, slo=slo, mode=mode, topology=topology,
-        batches=batches, time_limit_s=time_limit_s, method=method, bound_skip=bound_skip,
-        solver=solver, engine=engine,
-    )
+    backend = par.make_backend(options, catalog=catalog, perf=perf, model=arch.name, slo=slo,
+                               mode=mode, topology=topology)
 
     library = None
     done: dict[Combo, dict[str, Any]] = {}

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
+from coral.templates.build_options import BuildOptions
 from coral.templates.solve import Outcome, Solver, Task, solve_task
 from coral.errors import CoralError
 from coral.templates.operating_points import OperatingPointTables, PerfLike, shared_tables
@@ -230,29 +231,24 @@ class RayBackend:
 
 
 def make_backend(
+    options: BuildOptions,
     *,
-    workers: int | None,
-    ray_address: str | None,
     catalog: Catalog,
     perf: PerfLike,
-    perf_factory: Callable[[Catalog], PerfLike] | None,
     model: str,
     slo: SloSpec,
     mode: Mode,
     topology: Topology,
-    batches: tuple[int, ...],
-    time_limit_s: float,
-    method: str,
-    bound_skip: bool,
-    solver: Solver | None = None,
-    engine: str = "coral",
 ) -> SerialBackend | ProcessBackend | RayBackend:
-    """The backend for `workers` (None: one per CPU) / `ray_address`."""
+    """The backend for `options.workers` (None: one per CPU) / `options.ray_address`;
+    `topology` is the one the build resolved from the options' engine."""
     spec = WorkerSpec(
-        catalog=catalog, perf_factory=perf_factory, model=model, slo=slo, mode=mode,
-        topology=topology, batches=batches, time_limit_s=time_limit_s, method=method,
-        bound_skip=bound_skip, solver=solver, engine=engine,
+        catalog=catalog, perf_factory=options.perf_factory, model=model, slo=slo, mode=mode,
+        topology=topology, batches=options.batches, time_limit_s=options.time_limit_s,
+        method=options.method, bound_skip=options.bound_skip, solver=options.solver,
+        engine=options.engine,
     )
+    workers, ray_address = options.workers, options.ray_address
     if ray_address:
         return RayBackend(spec, ray_address, workers)
     if workers is None:

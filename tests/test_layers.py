@@ -8,6 +8,11 @@ evaluation (`coral evaluate`) → cli. Each package is one layer, and a module a
 `coral/` is in the lowest; sim and runtime share a layer and import neither one from the
 other. Every import is read from the source (those inside functions too), so neither a
 back-edge nor a cycle can hide behind a late import.
+
+Inside `allocator/` and `templates/` the same holds one level down: their sub-packages (and
+the few modules kept at the package's top) have an order of their own (`INNER_LAYERS`), and
+every `__init__.py` there is a docstring and nothing else, so that importing one module never
+loads its siblings.
 """
 
 from __future__ import annotations
@@ -32,6 +37,26 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("evaluation",),
     ("cli",),
 )
+
+#: Inside a package: its sub-packages and top-level modules, lowest first; names in one tuple
+#: share a layer (and may not import each other).
+INNER_LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "allocator": (
+        ("problem",),
+        ("kernels", "plan", "scenario"),
+        ("decomposition",),
+        ("core",),
+        ("scarcity",),
+        ("solve",),
+        ("spot", "robust"),
+    ),
+    "templates": (
+        ("types", "slo"),
+        ("space",),
+        ("template", "placement", "step"),
+        ("library",),
+    ),
+}
 
 #: Upward (or sideways) imports still to be removed, each with why it is there today and who
 #: owns the fix.
@@ -148,9 +173,85 @@ def _cycles() -> list[frozenset[str]]:
     return found
 
 
+def _inner(mod: str) -> tuple[str, str] | None:
+    """(package, sub-package or top-level module) of a module inside a package with
+    `INNER_LAYERS`; None for a module elsewhere and for the package's own `__init__`."""
+    parts = mod.split(".")
+    if len(parts) < 3 or parts[1] not in INNER_LAYERS:
+        return None
+    return parts[1], parts[2]
+
+
+def _inner_rank(package: str, unit: str) -> int:
+    for k, names in enumerate(INNER_LAYERS[package]):
+        if unit in names:
+            return k
+    raise AssertionError(f"coral.{package}.{unit} is in no entry of INNER_LAYERS[{package!r}] "
+                         "(tests/test_layers.py): add it to the layer it belongs to")
+
+
+def _inner_upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(module, target) for each import inside a package that goes up or sideways between
+    its sub-packages."""
+    out = set()
+    for mod, targets in graph.items():
+        own = _inner(mod)
+        if own is None:
+            continue
+        for target in targets:
+            other = _inner(target)
+            if other is None or other[0] != own[0] or other[1] == own[1]:
+                continue
+            if _inner_rank(*other) >= _inner_rank(*own):
+                out.add((mod, target))
+    return out
+
+
 def test_every_module_has_a_layer():
     for mod in _modules():
         _rank(_layer(mod))
+        if _inner(mod) is not None:
+            _inner_rank(*_inner(mod))
+
+
+def test_every_inner_layer_is_there():
+    """An entry of `INNER_LAYERS` names a sub-package or module that exists."""
+    root = Path(coral.__file__).parent
+    for package, layers in INNER_LAYERS.items():
+        for unit in (u for names in layers for u in names):
+            where = root / package
+            assert (where / unit / "__init__.py").exists() or (where / f"{unit}.py").exists(), (
+                f"INNER_LAYERS[{package!r}] names {unit!r}, which is not in coral/{package}/")
+
+
+def test_sub_packages_import_only_downwards():
+    found = _inner_upward_imports(_import_graph())
+    assert found == set(), sorted(found)
+
+
+def test_the_inner_check_finds_an_upward_import():
+    graph = {"coral.allocator.problem": {"coral.allocator.solve.ilp"},
+             "coral.allocator.spot.planner": {"coral.allocator.robust.planner",
+                                              "coral.allocator.spot.market",
+                                              "coral.allocator.solve.ilp"},
+             "coral.templates.library.build": {"coral.templates.step.search"}}
+    assert _inner_upward_imports(graph) == {
+        ("coral.allocator.problem", "coral.allocator.solve.ilp"),
+        ("coral.allocator.spot.planner", "coral.allocator.robust.planner")}
+
+
+def test_package_inits_are_docstrings_only():
+    """The one `__init__` convention of the walled packages: a docstring that says what the
+    package holds, no imports and no re-exports (callers import the defining module)."""
+    root = Path(coral.__file__).parent
+    for package in INNER_LAYERS:
+        for init in sorted((root / package).rglob("__init__.py")):
+            body = ast.parse(init.read_text()).body
+            assert len(body) == 1 and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and \
+                isinstance(body[0].value.value, str), (
+                    f"{init.relative_to(root.parent)}: an __init__ here holds its docstring "
+                    "only; import names from the module that defines them")
 
 
 def test_modules_import_only_downwards():

@@ -64,11 +64,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from coral.allocator import AllocationPlan, TemplateColumn, solve_allocation
-from coral.allocator.branch_price import relative_gap
-from coral.allocator.jit import warm_up
+from coral.allocator.problem import AllocationPlan, TemplateColumn
+from coral.allocator.solve.ilp import solve_allocation
+from coral.allocator.decomposition.branch_price import relative_gap
+from coral.allocator.kernels.jit import warm_up
 from coral.allocator.problem import DEFAULT_MIP_GAP, DEFAULT_TIME_LIMIT_S
-from coral.allocator.scenario import Scenario, load_scenario
+from coral.allocator.scenario.load import Scenario, load_scenario
 from coral.catalog import Catalog, default_catalog
 
 #: Targets (issue 20): with `--reference`, the median time to a plan within `NEAR` of the
@@ -214,8 +215,8 @@ def real_templates(scenario: Scenario, catalog: Catalog, nmax: int) -> list[Temp
     (reused from `out/templates` when their inputs match)."""
     from coral.planning.columns import columns_from_templates
     from coral.planning.libraries import templates_for_scenario
-    from coral.templates.build_options import BuildOptions
-    from coral.templates.parallel import default_perf_factory
+    from coral.templates.library.build_options import BuildOptions
+    from coral.templates.library.parallel import default_perf_factory
 
     perf = default_perf_factory(catalog)
     scenario = scenario.with_perf(perf, catalog)

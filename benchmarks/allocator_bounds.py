@@ -47,13 +47,13 @@ from typing import Callable
 import highspy
 import numpy as np
 
-from coral.allocator.plan_search import (
+from coral.allocator.decomposition.plan_search import (
     best_pattern_plan,
     feasible,
     improve_by_model,
     round_and_repair,
 )
-from coral.allocator.formulation import (
+from coral.allocator.core.formulation import (
     LpArrays,
     LpBuilder,
     Vars,
@@ -62,14 +62,20 @@ from coral.allocator.formulation import (
     add_variables,
     decomposition_of,
 )
-from coral.allocator.highs_runs import lp_relaxation
-from coral.allocator.jit import warm_up
-from coral.allocator.knapsack import knapsack_dp
-from coral.allocator.lagrange import Bounds, Decomposition, Master, Pricer, column_generation
-from coral.allocator.presolve import Index, run_presolve
-from coral.allocator.scarcity import GOODPUT_REL_TOL
+from coral.allocator.core.highs_runs import lp_relaxation
+from coral.allocator.kernels.jit import warm_up
+from coral.allocator.decomposition.knapsack import knapsack_dp
+from coral.allocator.decomposition.lagrange import (
+    Bounds,
+    Decomposition,
+    Master,
+    Pricer,
+    column_generation,
+)
+from coral.allocator.core.presolve import Index, run_presolve
+from coral.allocator.scarcity.phases import GOODPUT_REL_TOL
 from coral.allocator.problem import DEFAULT_MIP_GAP, AllocationProblem
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.solvers import quiet_highs
 

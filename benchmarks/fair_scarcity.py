@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from allocator import _quantile, synthetic_templates  # noqa: E402
 
-from coral.allocator import solve_allocation  # noqa: E402
-from coral.allocator.jit import warm_up  # noqa: E402
-from coral.allocator.scenario import load_scenario  # noqa: E402
+from coral.allocator.solve.ilp import solve_allocation  # noqa: E402
+from coral.allocator.kernels.jit import warm_up  # noqa: E402
+from coral.allocator.scenario.load import load_scenario  # noqa: E402
 from coral.catalog import default_catalog  # noqa: E402
 
 
@@ -44,8 +44,8 @@ def plan_figures(name: str, templates_dir: Path, workers: int) -> None:
     """`coral plan NAME` at its defaults, summarised."""
     from coral.planning.libraries import templates_for_scenario
     from coral.planning.plan import plan_scenario
-    from coral.templates.build_options import BuildOptions
-    from coral.templates.parallel import default_perf_factory
+    from coral.templates.library.build_options import BuildOptions
+    from coral.templates.library.parallel import default_perf_factory
 
     cat = default_catalog()
     scenario = load_scenario(name, catalog=cat)

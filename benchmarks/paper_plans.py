@@ -21,12 +21,12 @@ import math
 import time
 from dataclasses import dataclass
 
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
-from coral.allocator.scenario import scenario_slo
-from coral.templates.operating_points import OperatingPointTables
-from coral.templates.parallel import default_perf_factory
-from coral.templates.solve import build_template
+from coral.allocator.scenario.load import scenario_slo
+from coral.templates.space.operating_points import OperatingPointTables
+from coral.templates.library.parallel import default_perf_factory
+from coral.templates.library.solve import build_template
 
 #: Shapes PAPER.md names, per setup: model -> (label, node types). "homo" rows are added from
 #: every single-node configuration of the scenario.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 
 #: PAPER.md, "Setups": relative GPU cost (mean of AWS/GCP/RunPod, L4 = 1).

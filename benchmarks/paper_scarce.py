@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 import sys
 
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
-from coral.templates.build_options import BuildOptions
+from coral.templates.library.build_options import BuildOptions
 
 
 def main(scenario: str, margin: float, nmax: int | None = None,

@@ -31,11 +31,11 @@ import json
 import sys
 import time
 
-from coral.templates.placement import solve_placement
-from coral.templates.placement_ilp import PlacementMilp, solve_ilp
-from coral.templates.placement_prep import prepare
+from coral.templates.placement.exact import solve_placement
+from coral.templates.placement.ilp import PlacementMilp, solve_ilp
+from coral.templates.placement.prep import prepare
 from coral.templates.types import NodeSpec, OperatingPoint, PlacementProblem
-from coral.templates.verify import verify_placement
+from coral.templates.placement.verify import verify_placement
 
 GB = 1e9
 # name: (memory, NIC bytes/s, s per layer (weights), s per layer per sequence, fixed s,
@@ -77,7 +77,7 @@ def synthetic(names, L=80, batches=(1, 2, 4, 8, 16, 32, 64, 128), tpot=0.12, ttf
 def catalog_problem() -> PlacementProblem:
     from coral.catalog import default_catalog
     from coral.perf.model import PerfModel
-    from coral.templates.operating_points import OperatingPointTables
+    from coral.templates.space.operating_points import OperatingPointTables
     from coral.templates.slo import default_slo
 
     cat = default_catalog()

@@ -1,6 +1,6 @@
 """Does each template of a plan meet its SLO, alone, at the rate the plan gives it?
 
-The planner rates one instance of a template at a planned rate (`coral.allocator.headroom`);
+The planner rates one instance of a template at a planned rate (`coral.allocator.scenario.headroom`);
 the simulator is the judge. This simulates every distinct template row of PLAN alone (one
 instance, no router pooling with other instances) under Poisson arrivals of the SLO's request
 shape at its planned rate and at `--factors` times it, over `--seeds`, and prints per template
@@ -117,7 +117,7 @@ def _ms(x: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     from coral.plans.file import read_plan
     from coral.catalog.loader import default_catalog
-    from coral.templates.parallel import default_perf_factory
+    from coral.templates.library.parallel import default_perf_factory
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("plan", type=Path)

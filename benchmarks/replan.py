@@ -29,9 +29,10 @@ import sys
 import time
 from dataclasses import replace
 
-from coral.allocator import AllocationPlan, solve_allocation
+from coral.allocator.problem import AllocationPlan
+from coral.allocator.solve.ilp import solve_allocation
 from coral.allocator.problem import DEFAULT_MIP_GAP, DEFAULT_TIME_LIMIT_S, AllocationProblem
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import Catalog, default_catalog
 
 #: Median re-plan time target per scenario (s).
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                          "from the LP's rounded plan alone)")
     args = ap.parse_args(argv)
     if args.cold:
-        from coral.allocator import ilp
+        from coral.allocator.solve import ilp
 
         ilp.running_plan = lambda dec: None
     catalog = default_catalog()

@@ -34,10 +34,10 @@ import os
 import resource
 import time
 
-from coral.allocator.scenario import scenario_slo
+from coral.allocator.scenario.load import scenario_slo
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
 from coral.sim import SimConfig, Simulator, instances_from_plan, synthetic

@@ -22,11 +22,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from coral.allocator import spot
-from coral.allocator.ilp import solve_allocation
-from coral.allocator.scenario import load_scenario
-from coral.allocator.spot_ilp import ScenarioFamily, solve_round
-from coral.allocator.spot_market import expected_price_problem, spot_arrays, spot_columns
+from coral.allocator.spot import planner as spot
+from coral.allocator.solve.ilp import solve_allocation
+from coral.allocator.scenario.load import load_scenario
+from coral.allocator.spot.ilp import ScenarioFamily, solve_round
+from coral.allocator.spot.market import expected_price_problem, spot_arrays, spot_columns
 from coral.catalog import default_catalog
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario

@@ -34,8 +34,8 @@ def main() -> None:
         # ahead of the installed (editable) package, whose finder would otherwise win
         sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
         sys.path.insert(0, str(args.package_from.resolve()))
-    from coral.allocator import spot
-    from coral.allocator.scenario import load_scenario
+    from coral.allocator.spot import planner as spot
+    from coral.allocator.scenario.load import load_scenario
     from coral.catalog import default_catalog
     from coral.planning.options import PlanOptions
     from coral.planning.plan import plan_scenario

@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 
 from coral.planning.libraries import templates_for_scenario
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.perf.step import template_saturation
-from coral.templates.build_options import BuildOptions
-from coral.templates.parallel import default_perf_factory
+from coral.templates.library.build_options import BuildOptions
+from coral.templates.library.parallel import default_perf_factory
 
 
 def _q(values: list[float], p: float) -> float:

@@ -13,14 +13,11 @@ import numpy as np
 import pytest
 from test_allocator_support import column
 
-from coral.allocator import (
-    AllocationProblem,
-    ModelDemand,
-    PlanStatus,
-    solve_allocation,
-    solve_bruteforce,
-)
-from coral.allocator import fair, fair_search, formulation, highs_runs, presolve
+from coral.allocator.problem import AllocationProblem, ModelDemand, PlanStatus
+from coral.allocator.solve.ilp import solve_allocation
+from coral.allocator.solve.bruteforce import solve_bruteforce
+from coral.allocator.scarcity import fair, fair_search
+from coral.allocator.core import formulation, highs_runs, presolve
 from coral.allocator.problem import fair_levels, fair_weights
 
 NODES = ("g1", "g2")

@@ -9,17 +9,10 @@ import math
 import pytest
 from test_allocator_support import column
 
-from coral.allocator import (
-    AllocationProblem,
-    InfeasiblePlanError,
-    ModelDemand,
-    PlanStatus,
-    dominated_templates,
-    presolve_columns,
-    priced_column,
-    solve_allocation,
-    solve_bruteforce,
-)
+from coral.allocator.problem import AllocationProblem, ModelDemand, PlanStatus, priced_column
+from coral.allocator.solve.ilp import InfeasiblePlanError, solve_allocation
+from coral.allocator.core.presolve import dominated_templates, presolve_columns
+from coral.allocator.solve.bruteforce import solve_bruteforce
 
 
 def _problem(templates, demands, availability, **kw) -> AllocationProblem:
@@ -390,7 +383,7 @@ def test_highs_takes_over_where_branch_and_price_stops_short(monkeypatch) -> Non
     """Branch and price held to its share of the time, HiGHS on the whole ILP gets the rest,
     below its plan; the plan and the better of the two bounds are what comes back: at gap 0
     the optimum HiGHS alone finds."""
-    from coral.allocator import ilp
+    from coral.allocator.solve import ilp
 
     monkeypatch.setattr(ilp, "DECOMPOSED_SHARE", 0.0)  # branch and price: MIN_PHASE_S only
     plan = solve_allocation(_coupled_problem(0.0, 60.0))
@@ -403,15 +396,15 @@ def test_highs_takes_over_where_branch_and_price_stops_short(monkeypatch) -> Non
 
 def _coupled_ilp():
     """`_coupled_problem`'s ILP, its decomposition and a first plan (the LP rounded)."""
-    from coral.allocator.branch_price import round_and_repair
-    from coral.allocator.formulation import (
+    from coral.allocator.decomposition.branch_price import round_and_repair
+    from coral.allocator.core.formulation import (
         LpBuilder,
         add_plan_rows,
         add_variables,
         decomposition_of,
     )
-    from coral.allocator.highs_runs import lp_relaxation
-    from coral.allocator.presolve import Index, run_presolve
+    from coral.allocator.core.highs_runs import lp_relaxation
+    from coral.allocator.core.presolve import Index, run_presolve
 
     problem = _coupled_problem(0.0, 60.0)
     ix = Index.build(problem)
@@ -431,7 +424,7 @@ def test_neighbourhood_run_keeps_plans_but_proves_nothing() -> None:
     price: its plan is kept when cheaper, still fits and meets demand, and the bound stays
     the one given (a run on some columns bounds nothing); with the whole ILP after it, the
     optimum and its proof come back (gap 0, as HiGHS alone)."""
-    from coral.allocator.highs_runs import highs_after_decomposition
+    from coral.allocator.core.highs_runs import highs_after_decomposition
 
     problem, arr, v, dec, relaxed, first = _coupled_ilp()
     near = relaxed.x > 1e-9

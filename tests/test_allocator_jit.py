@@ -1,6 +1,6 @@
 """No compilation inside a solve: the allocator's kernels are compiled (or loaded from numba's
 cache) when their modules are imported, with the signatures the solves use, and numba may not
-compile any other (`coral/allocator/jit.py`). Deterministic: numba's compile events and the
+compile any other (`coral/allocator/kernels/jit.py`). Deterministic: numba's compile events and the
 dispatchers' signatures are counted, no clock is read."""
 
 from __future__ import annotations
@@ -16,17 +16,18 @@ from numba.core import event
 from test_allocator_pd_decomposition import pd_problem
 from test_allocator_support import column, random_problem
 
-from coral.allocator import AllocationProblem, ModelDemand, jit
-from coral.allocator.ilp import solve_allocation
+from coral.allocator.problem import AllocationProblem, ModelDemand
+from coral.allocator.kernels import jit
+from coral.allocator.solve.ilp import solve_allocation
 
 #: The kernels `knapsack.py` and `pd_cover.py` call (the others are called from these).
 ENTRY_POINTS = (
-    "coral.allocator.knapsack_kernel.start",
-    "coral.allocator.knapsack_kernel.fix",
-    "coral.allocator.knapsack_programme.programme",
-    "coral.allocator.pd_cover_kernel.frontier",
-    "coral.allocator.pd_cover_kernel.combine",
-    "coral.allocator.pd_cover_kernel.finish",
+    "coral.allocator.kernels.knapsack_kernel.start",
+    "coral.allocator.kernels.knapsack_kernel.fix",
+    "coral.allocator.kernels.knapsack_programme.programme",
+    "coral.allocator.kernels.pd_cover_kernel.frontier",
+    "coral.allocator.kernels.pd_cover_kernel.combine",
+    "coral.allocator.kernels.pd_cover_kernel.finish",
 )
 
 
@@ -112,7 +113,7 @@ def test_a_read_only_install_compiles_once_into_the_user_cache(tmp_path) -> None
     loads and says nothing."""
     code = ("import logging, sys\n"
             "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
-            "from coral.allocator.jit import warm_up\n"
+            "from coral.allocator.kernels.jit import warm_up\n"
             "warm_up()\n")
     env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "UserWideCacheLocator",
            "XDG_CACHE_HOME": str(tmp_path)}

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from coral.allocator.knapsack import cover_dp, knapsack_dp
+from coral.allocator.decomposition.knapsack import cover_dp, knapsack_dp
 
 
 def _random(seed: int) -> dict:

@@ -13,7 +13,7 @@ import knapsack_reference
 import numpy as np
 import pytest
 
-from coral.allocator.knapsack import knapsack_dp
+from coral.allocator.decomposition.knapsack import knapsack_dp
 
 
 def _instance(seed: int) -> tuple[tuple, dict]:
@@ -97,7 +97,7 @@ def test_import_without_a_writable_cache_compiles_in_memory() -> None:
     import sys
 
     code = ("import numpy as np\n"
-            "from coral.allocator.knapsack import cover_dp\n"
+            "from coral.allocator.decomposition.knapsack import cover_dp\n"
             "print(cover_dp(np.array([1.0, 2.0]), np.array([1.0, 3.0]), np.array([5, 5]),"
             " 4.0).value)\n")
     # only the zip-import locator: none applies to a file on disk, as when none is writable

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from coral.allocator.branch_price import solve_decomposed
-from coral.allocator.lagrange import (
+from coral.allocator.decomposition.branch_price import solve_decomposed
+from coral.allocator.decomposition.lagrange import (
     Bounds,
     Decomposition,
     Master,
@@ -24,7 +24,11 @@ from coral.allocator.lagrange import (
     Pricer,
     column_generation,
 )
-from coral.allocator.plan_search import best_part_plan, best_pattern_plan, round_and_repair
+from coral.allocator.decomposition.plan_search import (
+    best_part_plan,
+    best_pattern_plan,
+    round_and_repair,
+)
 
 def _random_decomposition(seed: int) -> Decomposition:
     rng = np.random.default_rng(seed)

@@ -5,13 +5,9 @@ from __future__ import annotations
 import pytest
 from test_allocator_support import random_problem
 
-from coral.allocator import (
-    AllocationPlan,
-    AllocationProblem,
-    PlanStatus,
-    solve_allocation,
-    solve_bruteforce,
-)
+from coral.allocator.problem import AllocationPlan, AllocationProblem, PlanStatus
+from coral.allocator.solve.ilp import solve_allocation
+from coral.allocator.solve.bruteforce import solve_bruteforce
 
 SEEDS = range(40)
 

@@ -11,7 +11,14 @@ import math
 import numpy as np
 import pytest
 
-from coral.allocator.pd_cover import AGG, DECODE, PREFILL, pd_cover, pd_cover_rest, served
+from coral.allocator.decomposition.pd_cover import (
+    AGG,
+    DECODE,
+    PREFILL,
+    pd_cover,
+    pd_cover_rest,
+    served,
+)
 
 
 def _instance(seed: int) -> tuple[np.ndarray, ...]:
@@ -87,7 +94,7 @@ def test_a_region_serves_the_lesser_half() -> None:
 def test_a_state_cap_keeps_the_bound_proven(seed: int, monkeypatch) -> None:
     """With frontiers cut to a couple of states the answer may be worse, never infeasible,
     and its lower bound still holds for the true optimum."""
-    from coral.allocator import pd_cover as module
+    from coral.allocator.decomposition import pd_cover as module
 
     cost, cap, lo, hi, half, region, (demand,) = _instance(seed)
     best = _cheapest(cost, cap, lo, hi, half, region, demand)

@@ -14,8 +14,9 @@ import pytest
 from test_allocator_scarcity import _bounds_hold, _internals
 from test_allocator_support import column
 
-from coral.allocator import AllocationProblem, ModelDemand, PlanStatus, ilp
-from coral.allocator.ilp import solve_allocation
+from coral.allocator.problem import AllocationProblem, ModelDemand, PlanStatus
+from coral.allocator.solve import ilp
+from coral.allocator.solve.ilp import solve_allocation
 
 NODES = ("g1", "g2", "g3")
 REGIONS = ("r1", "r2")

@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 from test_allocator_support import column
 
-from coral.allocator import AllocationPlan, AllocationProblem, ModelDemand, PlanStatus
-from coral.allocator import formulation, highs_runs, presolve, scarcity
-from coral.allocator.branch_price import fill_goodput, goodput_plan
-from coral.allocator.ilp import solve_allocation
+from coral.allocator.problem import AllocationPlan, AllocationProblem, ModelDemand, PlanStatus
+from coral.allocator.core import formulation, highs_runs, presolve
+from coral.allocator.scarcity import phases as scarcity
+from coral.allocator.decomposition.branch_price import fill_goodput, goodput_plan
+from coral.allocator.solve.ilp import solve_allocation
 
 NODES = ("g1", "g2", "g3", "g4")
 REGIONS = ("r1", "r2")

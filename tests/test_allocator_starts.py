@@ -12,10 +12,12 @@ import math
 import pytest
 from test_allocator_scarcity import scarce_problem
 
-from coral.allocator import AllocationPlan, ModelDemand
-from coral.allocator import highs_runs, ilp, scarcity
-from coral.allocator.ilp import solve_allocation
-from coral.allocator.starts import best_start
+from coral.allocator.problem import AllocationPlan, ModelDemand
+from coral.allocator.core import highs_runs
+from coral.allocator.solve import ilp
+from coral.allocator.scarcity import phases as scarcity
+from coral.allocator.solve.ilp import solve_allocation
+from coral.allocator.solve.starts import best_start
 
 
 def _no_worse(plan: AllocationPlan, start: AllocationPlan) -> None:

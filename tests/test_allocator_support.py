@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from coral.allocator import AllocationProblem, ModelDemand, TemplateColumn
+from coral.allocator.problem import AllocationProblem, ModelDemand, TemplateColumn
 
 NODE_TYPES = ("g1", "g2", "g3")
 REGIONS = ("r1", "r2")

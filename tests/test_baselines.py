@@ -9,16 +9,16 @@ from dataclasses import replace
 
 import pytest
 
-from coral.allocator import (
+from coral.allocator.problem import (
     AllocationPlan,
     AllocationProblem,
     ModelDemand,
     PlanStatus,
     TemplateColumn,
     priced_column,
-    solve_allocation,
 )
-from coral.allocator.scenario import parse_scenario
+from coral.allocator.solve.ilp import solve_allocation
+from coral.allocator.scenario.load import parse_scenario
 from coral.baselines import (
     MAX_DECODE_PER_PREFILL,
     BaselineResult,
@@ -34,14 +34,14 @@ from coral.baselines import (
     slo_share,
 )
 from coral.baselines.cauchy import allocate
-from coral.allocator.scenario import scenario_slo
-from coral.templates.enumerate import combo_key
+from coral.allocator.scenario.load import scenario_slo
+from coral.templates.space.enumerate import combo_key
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
-from coral.templates.solve import build_template
+from coral.templates.library.solve import build_template
 from coral.templates.template import TemplateNode
-from coral.templates.enumerate import enumerate_combinations
-from coral.templates.operating_points import shared_tables
+from coral.templates.space.enumerate import enumerate_combinations
+from coral.templates.space.operating_points import shared_tables
 from coral.templates.slo import default_slo
 
 NODE_TYPES = ("1x-l4", "1x-a10g", "1x-t4")

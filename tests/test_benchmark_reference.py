@@ -8,7 +8,7 @@ import math
 import pytest
 from conftest import benchmark_module
 
-from coral.allocator import AllocationPlan
+from coral.allocator.problem import AllocationPlan
 from coral.allocator.problem import PlanStatus
 
 

@@ -33,7 +33,7 @@ def test_user_errors_are_coral_errors_and_print_one_line(cls, capsys):
 
 def test_a_missing_dependency_is_a_user_error_printed_as_plain_text(capsys):
     """Brackets in a message (an extra's name) are text, not console markup."""
-    from coral.templates.parallel import MissingDependencyError
+    from coral.templates.library.parallel import MissingDependencyError
 
     with pytest.raises(typer.Exit) as info:
         with user_errors():
@@ -59,14 +59,14 @@ def test_a_bug_is_not_shown_as_a_user_error():
 def test_input_errors_of_every_package_are_coral_errors():
     """What rejects a user's scenario, plan, timeline, library, SLO or option value is a
     `CoralError` (and still a `ValueError`), so the CLI shows it as one message."""
-    from coral.allocator.headroom import HeadroomError
+    from coral.allocator.scenario.headroom import HeadroomError
     from coral.plans.errors import PlanFileError
-    from coral.allocator.scenario import ScenarioError
+    from coral.allocator.scenario.load import ScenarioError
     from coral.errors import InputError
     from coral.planning.adapt_report import ReportError
     from coral.planning.timeline import TimelineError
     from coral.templates.slo import SloError
-    from coral.templates.store import LibraryError
+    from coral.templates.library.store import LibraryError
 
     for cls in (HeadroomError, PlanFileError, ScenarioError, InputError, ReportError,
                 TimelineError, SloError, LibraryError):
@@ -75,7 +75,7 @@ def test_input_errors_of_every_package_are_coral_errors():
 
 def test_an_unknown_engine_is_an_input_error():
     from coral.errors import InputError
-    from coral.templates.engine import check_engine
+    from coral.templates.space.engines import check_engine
 
     with pytest.raises(InputError, match="unknown engine 'vlm'"):
         check_engine("vlm")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from coral.plans.check import check_plan
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.cli.main import app
 from coral.perf.pipeline import PipelineShape

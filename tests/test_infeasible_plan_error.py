@@ -7,7 +7,8 @@ import pytest
 import typer
 from test_allocator_support import column
 
-from coral.allocator import AllocationProblem, InfeasiblePlanError, ModelDemand, solve_allocation
+from coral.allocator.problem import AllocationProblem, ModelDemand
+from coral.allocator.solve.ilp import InfeasiblePlanError, solve_allocation
 from coral.cli.common import user_errors
 from coral.errors import CoralError
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coral.allocator import TemplateColumn
-from coral.allocator.scenario import parse_scenario
-from coral.allocator.uniform_scale import SCALE_TOL, largest_scale
+from coral.allocator.problem import TemplateColumn
+from coral.allocator.scenario.load import parse_scenario
+from coral.allocator.scarcity.uniform_scale import SCALE_TOL, largest_scale
 from coral.baselines import (
     TemplateBuilder,
     homo_greedy,
@@ -21,7 +21,7 @@ from coral.baselines.common import columns_of
 from coral.baselines.homo import greedy_replicas
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
-from coral.templates.operating_points import shared_tables
+from coral.templates.space.operating_points import shared_tables
 from test_baselines import SCENARIO_YAML  # the same small two-model scenario
 
 

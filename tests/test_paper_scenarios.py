@@ -11,8 +11,8 @@ from importlib import resources
 
 import pytest
 
-from coral.allocator.scenario import load_scenario, parse_scenario
-from coral.allocator.scenario_spec import ScenarioError
+from coral.allocator.scenario.load import load_scenario, parse_scenario
+from coral.allocator.scenario.spec import ScenarioError
 from coral.catalog import default_catalog
 
 #: The paper's table: model -> (prefill SLO s = TTFT bound, decode SLO s = TPOT bound, trace).

@@ -210,10 +210,10 @@ SLO = SloSpec(tpot_s=0.1, ttft_s=2.0, percentile=0.9, input_tokens=1024, output_
 ])
 def test_templates_build_and_simulate_at_their_planned_rate(perf: PerfModel, name: str,
                                                             combo: list[str]) -> None:
-    from coral.allocator.headroom import planned_capacity
+    from coral.allocator.scenario.headroom import planned_capacity
     from coral.perf.step import template_saturation
     from coral.sim import instance_from_template, simulate, summarize, synthetic
-    from coral.templates.solve import build_template
+    from coral.templates.library.solve import build_template
 
     tpl = build_template(name, combo, SLO, "aggregated", "flow", perf, CAT)
     assert tpl.feasible and tpl.tpot_s <= SLO.tpot_s and tpl.ttft_s <= SLO.ttft_s
@@ -229,7 +229,7 @@ def test_templates_build_and_simulate_at_their_planned_rate(perf: PerfModel, nam
 
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
 def test_disaggregated_halves_build_for_gpt_oss(perf: PerfModel, mode: str) -> None:
-    from coral.templates.solve import build_template
+    from coral.templates.library.solve import build_template
 
     tpl = build_template("gpt-oss-120b", ["1x-a100-80gb"], SLO, mode, "flow", perf, CAT)
     assert tpl.feasible and tpl.throughput_rps > 0
@@ -238,7 +238,7 @@ def test_disaggregated_halves_build_for_gpt_oss(perf: PerfModel, mode: str) -> N
 def test_operating_points_hold_4_bit_experts_and_the_windows(perf: PerfModel) -> None:
     """The template search's memory per layer: experts as the GPU type holds them, and one
     window a sequence in the sliding layers."""
-    from coral.templates.operating_points import OperatingPointTables
+    from coral.templates.space.operating_points import OperatingPointTables
 
     tables = OperatingPointTables(perf, CAT)
     arch = CAT.model("gpt-oss-120b")

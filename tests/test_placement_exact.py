@@ -14,12 +14,12 @@ import math
 import numpy as np
 import pytest
 
-from coral.templates.exhaustive import exhaustive_placement
-from coral.templates.placement import solve_placement
-from coral.templates.path_lp import path_lp_bound
-from coral.templates.placement_chain import best_replicas, solve_chain
-from coral.templates.placement_ilp import solve_ilp
-from coral.templates.placement_prep import flow_upper_bound, prepare
+from coral.templates.placement.exhaustive import exhaustive_placement
+from coral.templates.placement.exact import solve_placement
+from coral.templates.placement.path_lp import path_lp_bound
+from coral.templates.placement.chain import best_replicas, solve_chain
+from coral.templates.placement.ilp import solve_ilp
+from coral.templates.placement.prep import flow_upper_bound, prepare
 from coral.templates.types import (
     NodeSpec,
     OperatingPoint,
@@ -27,7 +27,7 @@ from coral.templates.types import (
     PlacementProblem,
     SolveStatus,
 )
-from coral.templates.verify import verify_placement
+from coral.templates.placement.verify import verify_placement
 
 RTOL = 1e-6
 N_RANDOM = 50

@@ -19,11 +19,11 @@ from coral.catalog.loader import load_catalog
 from coral.perf.pipeline import PipelineShape, StageShape
 from coral.perf.step import DEFAULT_MAX_BATCHED_TOKENS, build_step_model, stages_from_shape
 from coral.perf.step import template_saturation
-from coral.templates.build import build_library
-from coral.templates.solve import build_template
-from coral.templates.operating_points import prefill_chunks, shared_tables
-from coral.templates.parallel import default_perf_factory
-from coral.templates.step_bound import work_bound
+from coral.templates.library.build import build_library
+from coral.templates.library.solve import build_template
+from coral.templates.space.operating_points import prefill_chunks, shared_tables
+from coral.templates.library.parallel import default_perf_factory
+from coral.templates.step.bound import work_bound
 from coral.templates.slo import SloSpec
 
 GRID = (4, 16, 64)
@@ -164,7 +164,7 @@ def test_a_library_rates_as_the_simulator_runs(real):
 def test_pairs_are_ordered_by_the_rows_own_figures(real):
     """`StepRows.row_at` (what orders a combination's (S, B) pairs without building their
     rows) gives exactly the built row's entry, None where the row is None."""
-    from coral.templates.step_rows import StepRows, node_cost_memo
+    from coral.templates.step.rows import StepRows, node_cost_memo
 
     cat, perf = real
     arch = cat.model("llama-3.1-8b")

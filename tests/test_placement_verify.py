@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from coral.templates.placement import solve_placement
+from coral.templates.placement.exact import solve_placement
 from coral.templates.types import (
     SINK,
     SOURCE,
@@ -17,7 +17,7 @@ from coral.templates.types import (
     PlacementProblem,
     SolveStatus,
 )
-from coral.templates.verify import verify_placement
+from coral.templates.placement.verify import verify_placement
 
 
 def _node(name="n", L=4, mem=2.5, nic=10.0, c=1.0, fixed=0.5, pre=1.0) -> NodeSpec:

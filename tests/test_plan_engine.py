@@ -1,7 +1,7 @@
 """`--engine vllm`: plans and libraries.
 
 vLLM runs one node per pipeline stage, one GPU count over a pipeline and one batch on every
-node (`coral.templates.engine`). On a small scenario (one model, four node types of 1, 2 and 4
+node (`coral.templates.space.engines`). On a small scenario (one model, four node types of 1, 2 and 4
 GPUs, one region, n_max 3, every serving mode; its libraries build in about a second per
 engine) every instance of a vllm plan must be such a chain and cost no less than Coral's
 plan. (The search a vLLM template comes from is checked against brute force over the step
@@ -20,17 +20,17 @@ from typer.testing import CliRunner
 from coral.planning.libraries import library_dir, templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.cli.main import app
 from coral.perf.pipeline import PipelineShape
-from coral.templates.build import build_library
-from coral.templates.build_options import BuildOptions
-from coral.templates.solve import build_template
-from coral.templates.engine import engine_violations
-from coral.templates.parallel import default_perf_factory
+from coral.templates.library.build import build_library
+from coral.templates.library.build_options import BuildOptions
+from coral.templates.library.solve import build_template
+from coral.templates.space.engines import engine_violations
+from coral.templates.library.parallel import default_perf_factory
 from coral.templates.slo import SloSpec
-from coral.templates.store import LibraryInputs
+from coral.templates.library.store import LibraryInputs
 from coral.templates.types import SolveStatus
 
 runner = CliRunner(env={"COLUMNS": "220"})
@@ -117,7 +117,7 @@ def test_vllm_templates_obey_the_engine(setup):
 def test_coral_templates_rate_no_less_than_vllms(setup):
     """Coral's search space holds every vLLM pipeline: on each combination of a vLLM
     template, Coral's template is at least as fast."""
-    from coral.templates.solve import build_template
+    from coral.templates.library.solve import build_template
 
     for tpls in setup.templates["vllm"].values():
         for t in tpls:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from coral.allocator.scenario import load_scenario
-from coral.allocator.spot import SpotOptions
+from coral.allocator.scenario.load import load_scenario
+from coral.allocator.spot.planner import SpotOptions
 from coral.catalog import default_catalog
 from coral.planning.libraries import templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.plans.errors import PlanFileError
 from coral.plans.file import PlanFile, plan_json, read_plan, write_plan
-from coral.templates.parallel import default_perf_factory
+from coral.templates.library.parallel import default_perf_factory
 from coral.templates.slo import SloSpec
 
 SCENARIO = """\

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from coral.allocator.problem import DEFAULT_MIP_GAP, DEFAULT_SCARCITY, DEFAULT_TIME_LIMIT_S
-from coral.allocator.spot_market import SpotOptions
+from coral.allocator.spot.market import SpotOptions
 from coral.catalog import default_catalog
 from coral.cli import plan_cmd
 from coral.errors import InputError
@@ -24,9 +24,9 @@ from coral.planning.planners import (
     planner_for,
 )
 from coral.planning.timeline import load_timeline
-from coral.templates.build_options import BuildOptions
-from coral.templates.operating_points import DEFAULT_BATCHES
-from coral.templates.solve import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
+from coral.templates.library.build_options import BuildOptions
+from coral.templates.space.operating_points import DEFAULT_BATCHES
+from coral.templates.library.solve import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
 
 
 def test_defaults_are_the_named_constants():

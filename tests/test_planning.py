@@ -26,11 +26,11 @@ from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.planning.timeline import TimelineError, apply_period, load_timeline, parse_timeline
 from coral.allocator.problem import fair_levels
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.cli import plan_cmd
 from coral.cli.main import app
-from coral.templates.parallel import default_perf_factory
+from coral.templates.library.parallel import default_perf_factory
 
 runner = CliRunner(env={"COLUMNS": "220"})
 MODEL = "llama-3.1-8b"
@@ -128,7 +128,7 @@ def test_templates_are_reused_and_columns_have_stable_ids(setup):
 
 def test_homogeneous_completions_are_stored_beside_the_library(setup, monkeypatch):
     import coral.planning.libraries as libraries
-    from coral.templates.homogeneous import COMPLETIONS_FILE
+    from coral.templates.library.homogeneous import COMPLETIONS_FILE
 
     dirs = [m.parent for m in setup.templates_dir.glob("*/*/manifest.json")]
     assert dirs and all((d / COMPLETIONS_FILE).exists() for d in dirs)
@@ -143,7 +143,7 @@ def test_homogeneous_completions_are_stored_beside_the_library(setup, monkeypatc
 
 
 def test_stale_or_unreadable_completions_are_solved_again(tmp_path, setup):
-    from coral.templates.homogeneous import COMPLETIONS_FILE, cached_completions
+    from coral.templates.library.homogeneous import COMPLETIONS_FILE, cached_completions
 
     template = setup.templates[MODEL][0]
     combo = tuple(template.combo)
@@ -266,7 +266,7 @@ def test_one_default_gap_and_time_limit_everywhere():
     from coral.allocator import problem as problem_mod
     from coral.planning.adapt import run_timeline
     from coral.planning.plan import plan_scenario
-    from coral.allocator.scenario import Scenario
+    from coral.allocator.scenario.load import Scenario
     from coral.baselines.common import scenario_problem
     from coral.baselines.run import run_baselines
 
@@ -628,12 +628,12 @@ def test_baseline_plans_start_coral_so_a_search_cut_short_still_wins(setup, two_
     """Coral's search stopped before it finds anything (a loaded machine's time limit on a
     large problem): the baselines' plans, handed in as starts, still keep Coral's plan at
     least as good as every baseline whose plan lies in Coral's columns."""
-    from coral.allocator import ilp
+    from coral.allocator.solve import ilp
     from coral.planning import baseline_runs
     from coral.planning import plan as plan_module
     from coral.planning import planners
     from coral.allocator.problem import PlanStatus, make_plan
-    from coral.allocator.starts import best_start
+    from coral.allocator.solve.starts import best_start
 
     solve = ilp.solve_allocation
 

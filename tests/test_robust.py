@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from coral.allocator.headroom import planned_capacity
+from coral.allocator.scenario.headroom import planned_capacity
 from coral.planning.columns import columns_and_templates
 from coral.planning.libraries import templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.allocator.problem import AllocationProblem, ModelDemand, PlanStatus, TemplateColumn
-from coral.allocator.robust import (
+from coral.allocator.robust.planner import (
     RobustError,
     RobustPlanner,
     RobustProblem,
@@ -34,8 +34,8 @@ from coral.allocator.robust import (
     scenario_capacity_rps,
     solve_robust,
 )
-from coral.allocator.robust_starts import conservative_problem
-from coral.allocator.robust_rating import (
+from coral.allocator.robust.starts import conservative_problem
+from coral.allocator.robust.rating import (
     RATINGS_FILE,
     RatingStore,
     gpu_types_of,
@@ -43,7 +43,7 @@ from coral.allocator.robust_rating import (
     scenario_capacities,
     step_rating,
 )
-from coral.allocator.scenario import load_scenario
+from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.cli.main import app
 from coral.perf.pipeline import PipelineShape
@@ -55,7 +55,7 @@ from coral.perf.step import (
     stages_from_shape,
 )
 from coral.perf.slowdown import SlowedPerf
-from coral.templates.parallel import default_perf_factory
+from coral.templates.library.parallel import default_perf_factory
 
 MODEL = "llama-3.1-8b"
 REGION = "aws-us-east-1"
@@ -308,7 +308,7 @@ def test_robust_ilp_is_the_cheapest_plan_covering_every_scenario(seed, pd):
 def test_the_oracle_problems_do_bind():
     """Some of those problems' robust optimum costs more than their nominal one (else the
     comparison above would not test the scenario rows)."""
-    from coral.allocator.bruteforce import solve_bruteforce
+    from coral.allocator.solve.bruteforce import solve_bruteforce
 
     dearer = pd_used = 0
     for pd in (False, True):

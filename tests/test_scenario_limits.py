@@ -11,8 +11,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from coral.allocator.scenario import load_scenario, parse_scenario
-from coral.allocator.scenario_spec import MAX_SCENARIO_BYTES, ScenarioError
+from coral.allocator.scenario.load import load_scenario, parse_scenario
+from coral.allocator.scenario.spec import MAX_SCENARIO_BYTES, ScenarioError
 from coral.cli.main import app
 from coral.templates.slo import SloError, SloSpec
 from coral.yaml_text import SAFE_LOADER, safe_load

@@ -19,7 +19,7 @@ from coral.sim import (
 )
 from coral.sim.deployment import DeploymentError, stages_from_nodes
 from coral.sim.engine import ARRIVAL, STEP_DONE
-from coral.templates.operating_points import NET_LATENCY_S
+from coral.templates.space.operating_points import NET_LATENCY_S
 from coral.templates.slo import SloSpec
 
 MODEL = "llama-3.1-8b"
@@ -176,7 +176,7 @@ def test_config_errors_name_the_value():
 
 @pytest.fixture(scope="module")
 def planned(cat, perf):
-    from coral.templates.solve import build_template
+    from coral.templates.library.solve import build_template
 
     slo = SloSpec(tpot_s=0.1, ttft_s=2.0, percentile=0.9, input_tokens=1024, output_tokens=256)
     tpl = build_template(MODEL, ["1x-l40s"], slo, "aggregated", "flow", perf, cat)

@@ -25,7 +25,7 @@ from coral.sim.deployment import stages_from_nodes
 from coral.routing import LOAD_SLACK, swrr_picks
 from coral.sim.engine import ARRIVAL, STEP_DONE
 from coral.sim.workload import merge
-from coral.templates.operating_points import NET_LATENCY_S
+from coral.templates.space.operating_points import NET_LATENCY_S
 
 MODELS = ("llama-3.1-8b", "qwen3-14b")
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from coral.allocator.problem import AllocationProblem, ModelDemand, TemplateColumn
-from coral.allocator.spot import (
+from coral.allocator.spot.planner import (
     SPOT_SUFFIX,
     SpotMarket,
     SpotOptions,
@@ -24,9 +24,9 @@ from coral.allocator.spot import (
     spot_arrays,
     spot_columns,
 )
-from coral.allocator.spot_ilp import ScenarioFamily
-from coral.allocator.spot_repair import ModelRisk, exact_table, repair
-from coral.allocator.spot_risk import mass_beyond, pool_down_probability, scenario_depth
+from coral.allocator.spot.ilp import ScenarioFamily
+from coral.allocator.spot.repair import ModelRisk, exact_table, repair
+from coral.allocator.spot.risk import mass_beyond, pool_down_probability, scenario_depth
 from coral.catalog import default_catalog
 from coral.cli.main import app
 

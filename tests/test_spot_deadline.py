@@ -14,9 +14,15 @@ import numpy as np
 import pytest
 from test_spot import _exact_p_short, _instance, _pd_instance
 
-from coral.allocator import spot, spot_ilp, spot_repair
-from coral.allocator.spot import SpotOptions, SpotPlanError, plan_spot, spot_arrays, spot_columns
-from coral.allocator.spot_repair import ModelRisk, exact_table, repair
+from coral.allocator.spot import planner as spot, ilp as spot_ilp, repair as spot_repair
+from coral.allocator.spot.planner import (
+    SpotOptions,
+    SpotPlanError,
+    plan_spot,
+    spot_arrays,
+    spot_columns,
+)
+from coral.allocator.spot.repair import ModelRisk, exact_table, repair
 
 
 class TickingClock:

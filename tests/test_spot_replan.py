@@ -12,7 +12,7 @@ import random
 import pytest
 from test_spot import _brute_force, _cost, _exact_p_short, _instance, _pd_instance
 
-from coral.allocator.spot import SpotOptions, SpotPlanError, plan_spot, spot_columns
+from coral.allocator.spot.planner import SpotOptions, SpotPlanError, plan_spot, spot_columns
 
 
 def _running(problem, market, seed: int) -> dict:

@@ -8,7 +8,7 @@ import pytest
 from test_templates_support import tiny_catalog
 
 from coral.catalog import default_catalog
-from coral.templates.enumerate import (
+from coral.templates.space.enumerate import (
     enumerate_combinations,
     multisets_count,
     parse_combo,

@@ -10,7 +10,7 @@ from test_templates_support import TINY_BATCHES, reference_solve, tiny_catalog, 
 
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
-from coral.templates.operating_points import (
+from coral.templates.space.operating_points import (
     NET_LATENCY_S,
     OperatingPointTables,
     edge_bytes_per_unit,

@@ -16,13 +16,13 @@ from test_templates_support import (
 )
 
 from coral.perf.model import PerfModel
-from coral.templates.build import build_library, classify
-from coral.templates.build_options import BuildOptions
-from coral.templates.solve import Outcome, build_template
+from coral.templates.library.build import build_library, classify
+from coral.templates.library.build_options import BuildOptions
+from coral.templates.library.solve import Outcome, build_template
 from coral.templates.template import Template
 from coral.templates.types import upper_bound_of
-from coral.templates.enumerate import sub_combos
-from coral.templates.store import MANIFEST, RECORDS, LibraryError, TemplateLibrary
+from coral.templates.space.enumerate import sub_combos
+from coral.templates.library.store import MANIFEST, RECORDS, LibraryError, TemplateLibrary
 from coral.templates.types import Placement, SolveStatus
 
 
@@ -96,7 +96,7 @@ def test_a_finished_library_is_read_back_without_operating_points(tiny, tmp_path
                                                                     monkeypatch):
     """Reusing a finished library computes no operating point (nothing is solved, and the
     node types it excluded are on record): the same templates and the same report."""
-    from coral.templates.operating_points import OperatingPointTables
+    from coral.templates.space.operating_points import OperatingPointTables
 
     cat, perf = tiny
     out = tmp_path / "lib"
@@ -320,7 +320,7 @@ def test_ray_backend_reports_missing_dependency(tiny):
         pass
     else:
         pytest.skip("ray is installed")
-    from coral.templates.parallel import MissingDependencyError
+    from coral.templates.library.parallel import MissingDependencyError
 
     cat, perf = tiny
     with pytest.raises(MissingDependencyError, match=r"pip install coral-serving\[ray\]"):

@@ -1,52 +1,23 @@
 """Online allocation: how many instances of each serving template to run in each region.
+Sub-packages, lowest first (`tests/test_layers.py` holds the order): `problem` -> `kernels`, `plan`,
+`scenario` -> `decomposition` -> `core` -> `scarcity` -> `solve` -> `spot`, `robust`. Planning a
+scenario end to end (template libraries, the allocation in each mode, the baselines beside it,
+re-plans over a timeline) is `coral.planning`, the layer above.
 
-- `problem`: the allocation problem and plan as plain numbers (`AllocationProblem`,
-  `TemplateColumn`, `ModelDemand`, `AllocationPlan`) and the solver's defaults
-  (`DEFAULT_MIP_GAP`, `DEFAULT_TIME_LIMIT_S`).
-- `ilp`: the allocation ILP's solve (`solve_allocation`) and `InfeasiblePlanError`; its
-  parts: `presolve` (columns kept, dominance), `formulation` (variables and rows),
-  `highs_runs` (HiGHS runs, the LP relaxation), `scarcity` (the goodput phases), `starts`
-  (plans given beforehand).
-- `plan_decode`: an allocation decoded into plan-file rows (the file is `coral.plans`).
-- `bruteforce`: the exhaustive oracle for tiny problems (`solve_bruteforce`).
-- `scenario`: scenario files (models, demand, regions, availability levels) -> problems.
+- `core/`: the allocation ILP as HiGHS sees it: the columns kept, the rows, and the runs.
+- `decomposition/`: the allocation problem decomposed by model: exact per-model covers, the
+  Lagrangian bound that prices nodes out, and branch and price over it.
+- `kernels/`: the allocator's compiled loops (numba), compiled once per install by `jit`.
+- `plan/`: the plan file: its format, its decoded instances and its check.
+- `robust/`: plans robust to performance-model error (`coral plan --robust R`).
+- `scarcity/`: when the demand cannot be met in full: the goodput phases, the fair objective and the
+  paper's uniform-scale rule.
+- `scenario/`: scenario files: their schema, their checks against the catalog, and the problems they
+  give.
+- `solve/`: the allocation ILP's solve (`solve_allocation`), the plans it starts from, and the
+  exhaustive oracle it is tested against.
+- `spot/`: spot capacity (`coral plan --spot`): plans that mix spot and on-demand instances and keep
+  each model's demand covered with a stated probability.
 
-Planning a scenario end to end (template libraries, the allocation in each mode, the
-baselines beside it, re-plans over a timeline) is `coral.planning`, the layer above.
-
-The names below load their module on first use, so that reading `coral.allocator.problem`
-(the CLI's defaults) does not import HiGHS and the compiled kernels.
+- `problem`: the online allocation problem and its answer, as plain numbers.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-_WHERE = {
-    "solve_bruteforce": "bruteforce",
-    "InfeasiblePlanError": "ilp",
-    "PresolveReport": "presolve",
-    "dominated_templates": "presolve",
-    "presolve_columns": "presolve",
-    "solve_allocation": "ilp",
-    "AllocationPlan": "problem",
-    "AllocationProblem": "problem",
-    "ModelDemand": "problem",
-    "PlanStatus": "problem",
-    "TemplateColumn": "problem",
-    "make_plan": "problem",
-    "model_capacity_rps": "problem",
-    "priced_column": "problem",
-}
-
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value

@@ -1,8 +1,8 @@
 """The online allocation problem and its answer, as plain numbers.
 
-The solvers (`ilp.py`, and the exhaustive oracle in `bruteforce.py`) read only an
+The solvers (`solve/ilp.py`, and the exhaustive oracle in `solve/bruteforce.py`) read only an
 `AllocationProblem`: no catalog, no perf model, no template library. Turning a scenario and a
-template library into one is `scenario.py`'s job, so every solver test can be written on a
+template library into one is `scenario/load.py`'s job, so every solver test can be written on a
 hand-made instance.
 
 Units
@@ -451,7 +451,7 @@ def fair_weights(demands: Sequence[ModelDemand]) -> dict[str, float]:
     demand (`t <= 1`). Priority is kept out of the floor on purpose: a floor in proportion to
     priority would let a model of lower priority fall below what the paper's uniform
     scale-down rule gives every model, so a plan could starve it further than any baseline
-    does. Priority acts above the floor instead, in the tokens phase (`coral.allocator.fair`:
+    does. Priority acts above the floor instead, in the tokens phase (`coral.allocator.scarcity.fair`:
     the most priority-weighted generated tokens/s with the floor held).
     """
     return {d.model: 1.0 for d in demands if d.requests_per_s > 0}

@@ -31,9 +31,9 @@ from typing import Mapping, Sequence
 import highspy
 import numpy as np
 
-from coral.allocator.ilp import solve_allocation
+from coral.allocator.solve.ilp import solve_allocation
 from coral.allocator.problem import TemplateColumn
-from coral.allocator.scenario import Scenario, scenario_slo
+from coral.allocator.scenario.load import Scenario, scenario_slo
 from coral.baselines.common import (
     BaselineResult,
     TemplateBuilder,
@@ -44,9 +44,9 @@ from coral.baselines.common import (
 )
 from coral.catalog.loader import Catalog
 from coral.solvers import quiet_highs
-from coral.templates.build import Template
-from coral.templates.enumerate import Combo, combo_key, node_counts
-from coral.templates.operating_points import OperatingPointTables, PerfLike
+from coral.templates.library.build import Template
+from coral.templates.space.enumerate import Combo, combo_key, node_counts
+from coral.templates.space.operating_points import OperatingPointTables, PerfLike
 from coral.templates.slo import SloSpec
 from coral.templates.types import SINK, SOURCE, Topology
 

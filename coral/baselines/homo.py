@@ -31,9 +31,9 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from coral.allocator.ilp import solve_allocation
+from coral.allocator.solve.ilp import solve_allocation
 from coral.allocator.problem import DEMAND_REL_TOL, TemplateColumn, TemplateRegion
-from coral.allocator.scenario import Scenario, scenario_slo
+from coral.allocator.scenario.load import Scenario, scenario_slo
 from coral.baselines.common import (
     BaselineResult,
     TemplateBuilder,
@@ -43,7 +43,7 @@ from coral.baselines.common import (
     result_of,
     scenario_problem,
 )
-from coral.templates.build import Template
+from coral.templates.library.build import Template
 from coral.templates.types import Mode
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from coral.allocator.ilp import solve_allocation
-from coral.allocator.scenario import Scenario
+from coral.allocator.solve.ilp import solve_allocation
+from coral.allocator.scenario.load import Scenario
 from coral.baselines.common import (
     BaselineResult,
     columns_of,
@@ -24,7 +24,7 @@ from coral.baselines.common import (
     result_of,
     scenario_problem,
 )
-from coral.templates.build import Template
+from coral.templates.library.build import Template
 
 NOTE_BUCKETS = ("one request-size bucket per model: the scenario gives one mean request shape "
                 "per model, where Melange buckets requests by size")

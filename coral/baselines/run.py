@@ -19,9 +19,9 @@ import logging
 import time
 from typing import Mapping, Sequence
 
-from coral.allocator.ilp import solve_allocation
+from coral.allocator.solve.ilp import solve_allocation
 from coral.allocator.problem import DEFAULT_MIP_GAP, DEFAULT_TIME_LIMIT_S
-from coral.allocator.scenario import Scenario
+from coral.allocator.scenario.load import Scenario
 from coral.baselines.cauchy import cauchy
 from coral.baselines.common import (
     BaselineResult,
@@ -40,8 +40,8 @@ from coral.baselines.melange import melange
 from coral.baselines.scale import scale_down, with_goodput
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
-from coral.templates.build import Solver, Template
-from coral.templates.operating_points import OperatingPointTables, PerfLike
+from coral.templates.library.build import Solver, Template
+from coral.templates.space.operating_points import OperatingPointTables, PerfLike
 from coral.templates.types import Mode, Topology
 
 log = logging.getLogger(__name__)

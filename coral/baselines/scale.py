@@ -1,5 +1,5 @@
 """The paper's scarcity rule on any baseline: short of demand, scale every model's demand
-down uniformly until the baseline's own planning meets it (`coral.allocator.uniform_scale`).
+down uniformly until the baseline's own planning meets it (`coral.allocator.scarcity.uniform_scale`).
 
 `scale_down(run, scenario)` runs the baseline at the full demand; when its plan falls short,
 it bisects the factor `f` over re-runs of the same baseline on the scenario with every
@@ -14,8 +14,8 @@ import math
 from dataclasses import replace
 from typing import Callable
 
-from coral.allocator.scenario import Scenario
-from coral.allocator.uniform_scale import SCALE_TOL, goodput_tokens_per_s, largest_scale
+from coral.allocator.scenario.load import Scenario
+from coral.allocator.scarcity.uniform_scale import SCALE_TOL, goodput_tokens_per_s, largest_scale
 from coral.baselines.common import BaselineResult
 
 

@@ -46,7 +46,7 @@ DEMO_MODE = "auto"
 #: `coral plan`'s default serving mode: every mode planned and the best plan kept, whatever
 #: mode the scenario file names (its `mode` is what other commands plan a scenario in).
 PLAN_MODE = "auto"
-#: Serving modes `--mode` takes (`coral.allocator.scenario.ScenarioMode`).
+#: Serving modes `--mode` takes (`coral.allocator.scenario.load.ScenarioMode`).
 MODES = ("aggregated", "pd", "mixed", "auto")
 
 LevelOpt = Annotated[Optional[str], typer.Option(
@@ -76,7 +76,7 @@ BaselinesOpt = Annotated[bool, typer.Option(
 
 
 class EngineChoice(str, Enum):
-    """`--engine`: the serving engines of `coral.templates.engine.ENGINES` (typer refuses any
+    """`--engine`: the serving engines of `coral.templates.space.engines.ENGINES` (typer refuses any
     other value and lists these; defined here so that the CLI starts without importing the
     template solvers)."""
 
@@ -122,7 +122,7 @@ def _busy(message: str, enabled: bool) -> Iterator[None]:
 
 def parse_robust(text: str | float) -> str | float:
     """`--robust`'s value: "auto", or R as a checked float."""
-    from coral.allocator.robust import RobustError, check_robust_r
+    from coral.allocator.robust.planner import RobustError, check_robust_r
 
     if isinstance(text, str) and text.strip().lower() == "auto":
         return "auto"
@@ -141,7 +141,7 @@ def _plan_options(*, nmax: int | None, workers: int | None, templates_dir: Path,
                   scarcity: str = DEFAULT_SCARCITY) -> PlanOptions:
     """The `PlanOptions` of `coral plan`'s (and `coral demo`'s) flags, checked."""
     from coral.planning.options import PlanOptions
-    from coral.templates.build_options import BuildOptions
+    from coral.templates.library.build_options import BuildOptions
 
     _check_common(nmax, workers, time_limit, gap)
     if scarcity not in SCARCITY_OBJECTIVES:
@@ -149,7 +149,7 @@ def _plan_options(*, nmax: int | None, workers: int | None, templates_dir: Path,
                         f"{scarcity!r}")
     spot_options = None
     if spot:
-        from coral.allocator.spot import SpotOptions
+        from coral.allocator.spot.planner import SpotOptions
 
         spot_options = SpotOptions(risk_target=risk_target, window_s=risk_window)
     return PlanOptions(
@@ -166,8 +166,8 @@ def _plan(scenario_ref: str, options: PlanOptions, *, level: str | None, progres
     """Plan a scenario as `options` say, with progress on stderr."""
     from coral.planning.libraries import templates_for_scenario
     from coral.planning.plan import plan_scenario
-    from coral.allocator.scenario import load_scenario
-    from coral.templates.parallel import default_perf_factory
+    from coral.allocator.scenario.load import load_scenario
+    from coral.templates.library.parallel import default_perf_factory
 
     cat = open_catalog(catalog)
     scenario = load_scenario(scenario_ref, level=level, catalog=cat)
@@ -182,7 +182,7 @@ def _plan(scenario_ref: str, options: PlanOptions, *, level: str | None, progres
             scenario, cat, perf, options=options.build, out_root=options.out_root,
             nmax=options.nmax, progress=show, on_message=_say,
         )
-        from coral.allocator.jit import warm_up
+        from coral.allocator.kernels.jit import warm_up
 
         with _busy("loading the allocator's compiled kernels...", show):
             warm_up(on_message=_say)  # once per install it compiles them: said on stderr
@@ -294,7 +294,7 @@ def demo(
     run reuses them.
     """
     with user_errors():
-        from coral.allocator.scenario import load_scenario
+        from coral.allocator.scenario.load import load_scenario
 
         scenario = load_scenario(DEMO_SCENARIO)
         if not json:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from coral.allocator.uniform_scale import SCALE_TOL
+from coral.allocator.scarcity.uniform_scale import SCALE_TOL
 from coral.cli.common import console
 
 

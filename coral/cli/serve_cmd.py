@@ -190,9 +190,9 @@ def _load_plan(target: str, cat: Any, *, nmax: int, templates_dir: Path
         return path.stem, read_plan(path, cat), target
     from coral.planning.options import PlanOptions
     from coral.planning.plan import plan_scenario
-    from coral.allocator.scenario import load_scenario
-    from coral.templates.build_options import BuildOptions
-    from coral.templates.parallel import default_perf_factory
+    from coral.allocator.scenario.load import load_scenario
+    from coral.templates.library.build_options import BuildOptions
+    from coral.templates.library.parallel import default_perf_factory
 
     scenario = load_scenario(target, catalog=cat)
     with err_console.status(f"planning {scenario.name} (templates n_max {nmax})..."):

@@ -79,7 +79,7 @@ def _modes(mode: str) -> list[str]:
 
 
 def _batches(text: str | None) -> tuple[int, ...]:
-    from coral.templates.operating_points import DEFAULT_BATCHES
+    from coral.templates.space.operating_points import DEFAULT_BATCHES
 
     if text is None:
         return DEFAULT_BATCHES
@@ -93,8 +93,8 @@ def _batches(text: str | None) -> tuple[int, ...]:
 
 
 def _topology(engine: EngineChoice, topology: str | None) -> str:
-    from coral.templates.engine import engine_topology
-    from coral.templates.operating_points import check_topology
+    from coral.templates.space.engines import engine_topology
+    from coral.templates.space.operating_points import check_topology
 
     return check_topology(engine_topology(EngineChoice(engine).value, topology))
 
@@ -191,11 +191,11 @@ def solve(
     json: JsonFlag = False,
 ) -> None:
     """Solve one node combination and print its placement."""
-    from coral.templates.solve import build_template, explain_infeasible
-    from coral.templates.engine import deployable_combo
-    from coral.templates.enumerate import parse_combo
-    from coral.templates.operating_points import OperatingPointTables
-    from coral.templates.parallel import default_perf_factory
+    from coral.templates.library.solve import build_template, explain_infeasible
+    from coral.templates.space.engines import deployable_combo
+    from coral.templates.space.enumerate import parse_combo
+    from coral.templates.space.operating_points import OperatingPointTables
+    from coral.templates.library.parallel import default_perf_factory
 
     with user_errors():
         cat = open_catalog(catalog)
@@ -272,9 +272,9 @@ def build(
     json: JsonFlag = False,
 ) -> None:
     """Build (or resume) the template library of a model: enumerate, solve, prune."""
-    from coral.templates.build import build_library
-    from coral.templates.build_options import BuildOptions
-    from coral.templates.store import default_library_dir
+    from coral.templates.library.build import build_library
+    from coral.templates.library.build_options import BuildOptions
+    from coral.templates.library.store import default_library_dir
 
     reports = []
     with user_errors():
@@ -369,7 +369,7 @@ def show(
     json: JsonFlag = False,
 ) -> None:
     """Show a template library: inputs, counts and its best templates."""
-    from coral.templates.store import TemplateLibrary, find_libraries
+    from coral.templates.library.store import TemplateLibrary, find_libraries
 
     with user_errors():
         if top < 0:

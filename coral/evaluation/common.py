@@ -136,7 +136,7 @@ class EvalContext:
 
     def __init__(self, cfg: EvalConfig, say: Callable[[str], None]) -> None:
         from coral.catalog import load_catalog
-        from coral.templates.parallel import default_perf_factory
+        from coral.templates.library.parallel import default_perf_factory
 
         self.cfg = cfg
         self.say = say
@@ -145,14 +145,14 @@ class EvalContext:
         self._templates: dict[tuple[str, str | None, str, str], Any] = {}
 
     def scenario(self, name: str, level: str | None = None) -> Any:
-        from coral.allocator.scenario import load_scenario
+        from coral.allocator.scenario.load import load_scenario
 
         return load_scenario(name, level=level, catalog=self.catalog)
 
     def options(self, engine: str = "coral", nmax: int | None = None) -> Any:
         """The `PlanOptions` of this evaluation's config (`nmax`: the config's unless given)."""
         from coral.planning.options import PlanOptions
-        from coral.templates.build_options import BuildOptions
+        from coral.templates.library.build_options import BuildOptions
 
         return PlanOptions(build=BuildOptions(engine=engine, workers=self.cfg.workers),
                            out_root=self.cfg.templates_dir,
@@ -192,7 +192,7 @@ def simulate_plan(ctx: EvalContext, scenario: Any, result: Any, seconds: float,
 
     `result` is Coral's `PlanResult` or a baseline's `BaselineResult` (their `instances`
     hold each template's placement)."""
-    from coral.allocator.scenario import scenario_slo
+    from coral.allocator.scenario.load import scenario_slo
     from coral.sim import Simulator, SimConfig, instances_from_plan, summarize, synthetic
     from coral.sim.workload import merge
 

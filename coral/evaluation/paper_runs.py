@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from coral.allocator.scenario import Scenario
+from coral.allocator.scenario.load import Scenario
 from coral.baselines.scale import scaled_scenario
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ def run_case(ctx: Any, name: str, level: str, *, epochs: int, epoch_s: float,
     from coral.baselines.common import TemplateBuilder
     from coral.evaluation.common import simulate_plan
     from coral.planning.baseline_runs import baseline_start
-    from coral.templates.operating_points import shared_tables
+    from coral.templates.space.operating_points import shared_tables
 
     t_case = time.perf_counter()
     base = ctx.scenario(name, level).in_mode("auto").with_perf(ctx.perf, ctx.catalog)
@@ -263,7 +263,7 @@ def coral_at_rule(ctx: Any, planned: Scenario, templates: Any,
 
     `last_factor` is the previous epoch's: when it is still met and `SCALE_TOL` more is
     not, the bracket the bisection would end on is already proven, in two plans."""
-    from coral.allocator.uniform_scale import SCALE_TOL
+    from coral.allocator.scarcity.uniform_scale import SCALE_TOL
 
     if 0 < last_factor < 1:
         at = ctx_plan(ctx, scaled_scenario(planned, last_factor), templates, current, starts)

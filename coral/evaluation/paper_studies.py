@@ -48,9 +48,9 @@ class HelixStudy:
 
 def helix_study(ctx: Any, *, sim_s: float, helix_timeout_s: float,
                 say: Callable[[str], None] = lambda _m: None) -> HelixStudy:
-    from coral.allocator.scenario import load_scenario
+    from coral.allocator.scenario.load import load_scenario
     from coral.baselines.scale import scaled_scenario
-    from coral.allocator.scenario import scenario_slo
+    from coral.allocator.scenario.load import scenario_slo
     from coral.planning.plan import plan_scenario
 
     t0 = time.perf_counter()
@@ -96,7 +96,7 @@ def _helix_worker(model: str, nodes: list[str], slo: Any, q: Any) -> None:
     try:
         from coral.baselines.helix import helix_placement
         from coral.catalog import load_catalog
-        from coral.templates.parallel import default_perf_factory
+        from coral.templates.library.parallel import default_perf_factory
 
         cat = load_catalog(())
         t0 = time.perf_counter()
@@ -137,9 +137,9 @@ def sensitivity_study(ctx: Any, nmaxes: Sequence[int], rhos: Sequence[float], *,
     """GPT-OSS-120B's prefill library over `nmaxes` x `rhos`, nothing written to disk, N_max
     by N_max (the library grows with it). Once the study has taken `budget_s`, the grid
     points left are skipped and listed."""
-    from coral.allocator.scenario import scenario_slo
+    from coral.allocator.scenario.load import scenario_slo
     from coral.planning.libraries import build_regions
-    from coral.templates.build import build_library
+    from coral.templates.library.build import build_library
 
     sc = ctx.scenario("paper-extended")
     slo = scenario_slo(sc, model)

@@ -246,7 +246,7 @@ def _helix_worker(model: str, nodes: list[str], q: Any) -> None:
     try:
         from coral.baselines.helix import helix_placement
         from coral.catalog import load_catalog
-        from coral.templates.parallel import default_perf_factory
+        from coral.templates.library.parallel import default_perf_factory
         from coral.templates.slo import default_slo
 
         cat = load_catalog(())
@@ -388,7 +388,7 @@ def section_adapt(ctx: EvalContext, head: dict[str, Any]) -> Section:
 def section_deploy(ctx: EvalContext, head: dict[str, Any]) -> Section:
     """What planning only shapes vLLM runs costs, and how much of Coral's plan vLLM could not
     run (`coral plan --engine vllm` against `--engine coral`)."""
-    from coral.templates.engine import engine_violations
+    from coral.templates.space.engines import engine_violations
 
     cfg = ctx.cfg
     sec = Section("6. Cost of deployability on vLLM")

@@ -147,7 +147,7 @@ def node_seconds(iteration: IterFn, send: Callable[[str, int], float], node: str
     """One node's part of a micro-batch of `pm` prompt tokens, `bm` decodes and `cm` context
     tokens: (its time in the stage, send included; its iteration alone), (0, 0) when its
     share is empty. The one place a node's time is costed, for the simulator's steps and the
-    template search (`coral.templates.placement_step`) alike."""
+    template search (`coral.templates.step.search`) alike."""
     return node_part_seconds(iteration, send, node, layers, first, last,
                              *node_part(share, pm, bm, cm))
 
@@ -421,7 +421,7 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
 def template_saturation(template: Any, *, perf: Any, catalog: Any,
                         max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
                         ) -> Saturation | None:
-    """`saturation` of one instance of a template (`coral.templates.build.Template`); None
+    """`saturation` of one instance of a template (`coral.templates.library.build.Template`); None
     for an infeasible template or one that is not one pipeline."""
     if not template.feasible or not template.is_pipeline:
         return None

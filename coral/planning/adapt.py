@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from coral.allocator.ilp import solve_allocation
+from coral.allocator.solve.ilp import solve_allocation
 from coral.allocator.problem import AllocationPlan, TemplateRegion
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
@@ -25,8 +25,8 @@ from coral.planning.columns import columns_from_templates
 from coral.planning.libraries import ScenarioTemplates, templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.timeline import Timeline, apply_period
-from coral.templates.build import Template
-from coral.templates.operating_points import PerfLike
+from coral.templates.library.build import Template
+from coral.templates.space.operating_points import PerfLike
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def run_timeline(
     scenario = timeline.scenario
     n = options.nmax if options.nmax is not None else timeline.spec.nmax
     if perf is None:
-        from coral.templates.parallel import default_perf_factory
+        from coral.templates.library.parallel import default_perf_factory
 
         perf = default_perf_factory(catalog)
     scenario = scenario.with_perf(perf, catalog)

@@ -12,11 +12,11 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from coral.allocator.problem import TemplateRegion
-from coral.allocator.scenario import Scenario
+from coral.allocator.scenario.load import Scenario
 from coral.catalog.loader import Catalog
 from coral.planning.columns import ID_SEP
-from coral.templates.build import Template
-from coral.templates.operating_points import PerfLike, shared_tables
+from coral.templates.library.build import Template
+from coral.templates.space.operating_points import PerfLike, shared_tables
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from coral.allocator.problem import TemplateColumn
-from coral.allocator.scenario import Scenario
-from coral.templates.build import Template
-from coral.templates.enumerate import combo_key, node_counts
+from coral.allocator.scenario.load import Scenario
+from coral.templates.library.build import Template
+from coral.templates.space.enumerate import combo_key, node_counts
 
 #: Separator of the parts of a column id (`model|mode|combo`).
 ID_SEP = "|"

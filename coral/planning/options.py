@@ -21,10 +21,10 @@ from coral.allocator.problem import (
 )
 from coral.errors import InputError
 from coral.planning.libraries import DEFAULT_TEMPLATES_DIR
-from coral.templates.build_options import BuildOptions
+from coral.templates.library.build_options import BuildOptions
 
 if TYPE_CHECKING:  # the spot planner loads only when a plan asks for spot
-    from coral.allocator.spot_market import SpotOptions
+    from coral.allocator.spot.market import SpotOptions
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from coral.allocator.ilp import infeasibility_message, solve_allocation
-from coral.allocator.plan_decode import decode_instances
+from coral.allocator.solve.ilp import infeasibility_message, solve_allocation
+from coral.allocator.plan.decode import decode_instances
 from coral.allocator.problem import (
     SCARCITY_DESCRIPTIONS,
     AllocationPlan,
     TemplateRegion,
 )
-from coral.allocator.scenario import AUTO_MODES, Scenario, scenario_slo
-from coral.allocator.uniform_scale import (
+from coral.allocator.scenario.load import AUTO_MODES, Scenario, scenario_slo
+from coral.allocator.scarcity.uniform_scale import (
     SCALE_TOL,
     goodput_tokens_per_s,
     largest_scale,
@@ -41,9 +41,9 @@ from coral.planning.libraries import ScenarioTemplates, templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.planners import ModePlan, planner_for
 from coral.planning.result import PlanResult
-from coral.templates.build import Template
-from coral.templates.engine import engine_violations
-from coral.templates.operating_points import PerfLike
+from coral.templates.library.build import Template
+from coral.templates.space.engines import engine_violations
+from coral.templates.space.operating_points import PerfLike
 
 
 def plan_scenario(
@@ -79,7 +79,7 @@ def plan_scenario(
     engine = options.engine
     time_limit_s, mip_gap, nmax = options.time_limit_s, options.mip_gap, options.nmax
     if perf is None:
-        from coral.templates.parallel import default_perf_factory
+        from coral.templates.library.parallel import default_perf_factory
 
         perf = default_perf_factory(catalog)
     if scenario.saturation_of is None:
@@ -208,7 +208,7 @@ def _fill_scarcity(extras: dict[str, Any], plan: AllocationPlan, scenario: Scena
 
 def uniform_scale(problem: Any, plan: AllocationPlan, scenario: Scenario
                   ) -> tuple[dict[str, Any], AllocationPlan]:
-    """The paper's scarcity rule on Coral's allocation (`coral.allocator.uniform_scale`): the
+    """The paper's scarcity rule on Coral's allocation (`coral.allocator.scarcity.uniform_scale`): the
     largest uniform factor on every model's demand that the allocation meets in the chosen
     mode, with its $/hour, served share (the factor, for every model) and goodput in
     tokens/s against the full demand; and the plan at that factor (instance counts that also

@@ -12,24 +12,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from coral.allocator.ilp import solve_allocation
+from coral.allocator.solve.ilp import solve_allocation
 from coral.allocator.problem import (
     AllocationPlan,
     AllocationProblem,
     TemplateColumn,
     TemplateRegion,
 )
-from coral.allocator.robust import RobustPlanner
-from coral.allocator.scenario import Scenario
+from coral.allocator.robust.planner import RobustPlanner
+from coral.allocator.scenario.load import Scenario
 from coral.catalog.loader import Catalog
 from coral.perf.uncertainty import card_uncertainty
 from coral.planning.options import PlanOptions
-from coral.templates.operating_points import PerfLike
+from coral.templates.space.operating_points import PerfLike
 from coral.templates.template import Template
 
 if TYPE_CHECKING:  # the spot planner loads only when a plan asks for spot
-    from coral.allocator.spot import SpotPlanner
-    from coral.allocator.spot_market import SpotOptions
+    from coral.allocator.spot.planner import SpotPlanner
+    from coral.allocator.spot.market import SpotOptions
 
 #: Starting plans of a solve: (column id, region) -> instances.
 Starts = Sequence[Mapping[TemplateRegion, int]]
@@ -91,7 +91,7 @@ class PlainPlanning:
 
 class RobustPlanning:
     """`--robust R`: every demand covered with any one GPU type `1 + R` times slower
-    (`coral.allocator.robust.RobustPlanner`), or "auto": each GPU type as much slower as the
+    (`coral.allocator.robust.planner.RobustPlanner`), or "auto": each GPU type as much slower as the
     perf model is unsure of it (`coral.perf.uncertainty`)."""
 
     scarcity_rule = False
@@ -122,7 +122,7 @@ class RobustPlanning:
 
 class SpotPlanning:
     """`--spot`: spot and on-demand instances under a chance constraint
-    (`coral.allocator.spot.SpotPlanner`)."""
+    (`coral.allocator.spot.planner.SpotPlanner`)."""
 
     scarcity_rule = False
 
@@ -143,7 +143,7 @@ class SpotPlanning:
 def spot_planning(options: SpotOptions, catalog: Catalog) -> SpotPlanning:
     """The spot planner, imported only when a plan asks for spot, so that a nominal plan
     does not load the spot modules."""
-    from coral.allocator.spot import SpotPlanner
+    from coral.allocator.spot.planner import SpotPlanner
 
     return SpotPlanning(SpotPlanner(options, catalog))
 

@@ -3,7 +3,7 @@ own scenario, mode, engine and spot options (a `coral plan --spot` plan is re-pl
 its chance constraint, so a replacement may be spot or on demand), its template libraries
 (reused from `out/templates`), and the deployment that survives the event as the current
 one, so that keeping an instance is free and every new one pays the start-up penalty
-(`coral.planning.adapt`; a spot plan's stops pay one too, `coral.allocator.spot_ilp`). The
+(`coral.planning.adapt`; a spot plan's stops pay one too, `coral.allocator.spot.ilp`). The
 last plan (the plan file's, then each re-plan's) starts the search: restarting what was lost
 is always a candidate, so a re-plan moves more only where that pays. A pool that was just reclaimed stays in the re-plan's market at
 its catalog rate: the planner's events are memoryless, and so are the simulator's.
@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from coral.allocator.scenario import AUTO_MODES, ScenarioError, load_scenario
+from coral.allocator.scenario.load import AUTO_MODES, ScenarioError, load_scenario
 from coral.planning.libraries import templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
@@ -26,7 +26,7 @@ from coral.plans.file import PlanFile
 from coral.sim.preemption import Key, PlanRow, PreemptionError
 
 if TYPE_CHECKING:  # the spot planner loads only when a plan asks for spot
-    from coral.allocator.spot_market import SpotOptions
+    from coral.allocator.spot.market import SpotOptions
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class AllocatorReplanner:
         self.catalog, self.perf = catalog, perf
         self.spot: SpotOptions | None = None
         if plan.spot is not None:
-            from coral.allocator.spot import SpotOptions, SpotPlanError
+            from coral.allocator.spot.planner import SpotOptions, SpotPlanError
 
             try:
                 self.spot = SpotOptions(risk_target=plan.spot.risk_target,

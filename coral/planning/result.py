@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from coral.allocator.plan_decode import baseline_summary, finite
+from coral.allocator.plan.decode import baseline_summary, finite
 from coral.allocator.problem import AllocationPlan, TemplateRegion
 from coral.plans.file import PlanFile, PlannedInstances
-from coral.templates.engine import DEFAULT_ENGINE
+from coral.templates.space.engines import DEFAULT_ENGINE
 from coral.templates.slo import SloSpec
 
 

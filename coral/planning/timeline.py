@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coral.errors import CoralError
 from coral.allocator.problem import NodeRegion
-from coral.allocator.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
+from coral.allocator.scenario.load import Scenario, ScenarioError, builtin_scenarios, load_scenario
 from coral.catalog.loader import Catalog
 from coral.messages import did_you_mean, entry_problem
 from coral.yaml_text import safe_load

@@ -62,7 +62,7 @@ Latency accounting
     (`(end - first token) / (output_tokens - 1)`): a hand-over of `w` seconds adds `w / (O - 1)`
     to that request's TPOT.
 
-    The planner (`coral.allocator.headroom._pd_headroom`) budgets each half against what
+    The planner (`coral.allocator.scenario.headroom._pd_headroom`) budgets each half against what
     this accounting measures. A prefill instance's queue may take the TTFT slack its prefill
     leaves, less the rest of the round in progress (an arrival waits out the round it came
     in): `TTFT target - (1 + PREFILL_RESIDUAL_ROUNDS) x prefill`. A

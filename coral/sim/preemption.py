@@ -65,7 +65,7 @@ Key = tuple[str, str]
 SPOT = "spot"
 ON_DEMAND = "on_demand"
 #: Seconds a new instance loads before it serves when the plan does not say (the scenario
-#: default, `coral.allocator.scenario`).
+#: default, `coral.allocator.scenario.load`).
 DEFAULT_STARTUP_S = 300.0
 
 

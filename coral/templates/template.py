@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch
 from coral.perf.pipeline import PipelineShape, ShapeError, shape_of
-from coral.templates.enumerate import Combo
+from coral.templates.space.enumerate import Combo
 from coral.templates.slo import SloSpec
 from coral.templates.types import (
     Mode,

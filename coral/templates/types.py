@@ -3,7 +3,7 @@
 The placement solver reads only a `PlacementProblem` (numbers, no catalog, no perf model),
 so it can be tested against the exhaustive oracle on hand-made instances. The physics that
 turns (model, node type, layers, batch) into times and capacities lives in
-`operating_points.py`; persistence in `store.py`.
+`space/operating_points.py`; persistence in `library/store.py`.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ method reaches and what it costs in CPU time, with node and round limits instead
 limits, so that its figures do not depend on the machine's load:
 
 - `lp`: the LP relaxation of the whole ILP;
-- `dw`: the Lagrangian (Dantzig-Wolfe) root bound by column generation (`lagrange.py`);
+- `dw`: the Lagrangian (Dantzig-Wolfe) root bound by column generation (`decomposition/lagrange.py`);
 - `highs root`: HiGHS on the whole ILP, root node only (`mip_max_nodes` 1), cutoff at the
   root's plan (the better of the master rounded and repaired and the best plan of one
-  pattern per model, each improved model by model: `plan_search.py`; `root plan` inf when
+  pattern per model, each improved model by model: `decomposition/plan_search.py`; `root plan` inf when
   neither finds one, and HiGHS then runs without a cutoff), with its default heuristics,
   without RENS, and with every root pricing round's bound added as a row per model
   (`sum_{t in T_m} (c_t + pi . nodes_t) x_t >= z_m(pi)`: valid for every plan, so its LP is
@@ -23,7 +23,7 @@ limits, so that its figures do not depend on the machine's load:
 Draws are as `benchmarks/allocator.py`'s (same seed: demand x exp(N(0, 0.25)), availability x
 U(0.7, 1.3)), each solved fresh (no running deployment); draws whose demand cannot be met
 (scarcity) are skipped, or with `--scarcity` measured alone, phase by phase
-(`scarcity.py`): phase 1 (most priority-weighted goodput) by HiGHS to the gap target and
+(`scarcity/phases.py`): phase 1 (most priority-weighted goodput) by HiGHS to the gap target and
 to 0 (`--nodes` nodes), and phase 2 (the cheapest plan at a goodput floor) at each of those
 two floors: its LP, the Lagrangian bound with availability priced at the LP's node prices
 and the goodput row kept (`phase2_lagrangian`), HiGHS's root and `--nodes` nodes, each

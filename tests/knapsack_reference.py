@@ -1,8 +1,9 @@
 """The per-model knapsack as plain numpy array code: the oracle the compiled kernels
-(`coral/allocator/kernels/knapsack_kernel.py`, `knapsack_programme.py`) are checked against in
-`test_allocator_knapsack_kernel.py`.
+(`coral/allocator/kernels/knapsack_kernel.py`, `kernels/knapsack_programme.py`) are checked
+against in `test_allocator_knapsack_kernel.py`.
 
-It is `coral/allocator/decomposition/knapsack.py` as it was before its loops were compiled, with one change:
+It is `coral/allocator/decomposition/knapsack.py` as it was before its loops were compiled,
+with one change:
 the pool's candidates of equal value are taken in the stable order (the default sort left
 their order to the numpy build). Its goodput mode (`reward`, `hard=False`) is gone from the
 package, which never called it; the tests call this code as a cover only. Nothing in the

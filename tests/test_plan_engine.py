@@ -1,9 +1,9 @@
 """`--engine vllm`: plans and libraries.
 
 vLLM runs one node per pipeline stage, one GPU count over a pipeline and one batch on every
-node (`coral.templates.space.engines`). On a small scenario (one model, four node types of 1, 2 and 4
-GPUs, one region, n_max 3, every serving mode; its libraries build in about a second per
-engine) every instance of a vllm plan must be such a chain and cost no less than Coral's
+node (`coral.templates.space.engines`). On a small scenario (one model, four node types of
+1, 2 and 4 GPUs, one region, n_max 3, every serving mode; its libraries build in about a second
+per engine) every instance of a vllm plan must be such a chain and cost no less than Coral's
 plan. (The search a vLLM template comes from is checked against brute force over the step
 model in `tests/test_placement_step.py`.)
 """

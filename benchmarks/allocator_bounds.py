@@ -6,14 +6,15 @@ method reaches and what it costs in CPU time, with node and round limits instead
 limits, so that its figures do not depend on the machine's load:
 
 - `lp`: the LP relaxation of the whole ILP;
-- `dw`: the Lagrangian (Dantzig-Wolfe) root bound by column generation (`decomposition/lagrange.py`);
+- `dw`: the Lagrangian (Dantzig-Wolfe) root bound by column generation
+  (`decomposition/lagrange.py`);
 - `highs root`: HiGHS on the whole ILP, root node only (`mip_max_nodes` 1), cutoff at the
   root's plan (the better of the master rounded and repaired and the best plan of one
-  pattern per model, each improved model by model: `decomposition/plan_search.py`; `root plan` inf when
-  neither finds one, and HiGHS then runs without a cutoff), with its default heuristics,
-  without RENS, and with every root pricing round's bound added as a row per model
-  (`sum_{t in T_m} (c_t + pi . nodes_t) x_t >= z_m(pi)`: valid for every plan, so its LP is
-  at least the Lagrangian bound);
+  pattern per model, each improved model by model: `decomposition/plan_search.py`; `root plan`
+  inf when neither finds one, and HiGHS then runs without a cutoff), with its default
+  heuristics, without RENS, and with every root pricing round's bound added as a row per model
+  (`sum_{t in T_m} (c_t + pi . nodes_t) x_t >= z_m(pi)`: valid for every plan, so its LP is at
+  least the Lagrangian bound);
 - `highs N nodes`: the same runs to `--nodes` nodes (default heuristics and without RENS);
 - `fixed`: columns whose every unit is ruled out for a plan better than the best plan found
   (`best`: by any of these runs; the bounds are given as a share below it) by the gap

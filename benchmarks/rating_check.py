@@ -1,10 +1,11 @@
 """Does each template of a plan meet its SLO, alone, at the rate the plan gives it?
 
-The planner rates one instance of a template at a planned rate (`coral.allocator.scenario.headroom`);
-the simulator is the judge. This simulates every distinct template row of PLAN alone (one
-instance, no router pooling with other instances) under Poisson arrivals of the SLO's request
-shape at its planned rate and at `--factors` times it, over `--seeds`, and prints per template
-the TTFT and TPOT at the SLO percentile and the share of requests that meet the SLO.
+The planner rates one instance of a template at a planned rate
+(`coral.allocator.scenario.headroom`); the simulator is the judge. This simulates every distinct
+template row of PLAN alone (one instance, no router pooling with other instances) under Poisson
+arrivals of the SLO's request shape at its planned rate and at `--factors` times it, over
+`--seeds`, and prints per template the TTFT and TPOT at the SLO percentile and the share of
+requests that meet the SLO.
 
 A PD half cannot run alone: a prefill row is simulated with enough instances of its model's
 decode row beside it that they run at no more than half their planned rate (and a decode row

@@ -20,7 +20,8 @@ from coral.allocator.problem import AllocationProblem, ModelDemand
 from coral.allocator.kernels import jit
 from coral.allocator.solve.ilp import solve_allocation
 
-#: The kernels `decomposition/knapsack.py` and `decomposition/pd_cover.py` call (the others are called from these).
+#: The kernels `decomposition/knapsack.py` and `decomposition/pd_cover.py` call (the others are
+#: called from these).
 ENTRY_POINTS = (
     "coral.allocator.kernels.knapsack_kernel.start",
     "coral.allocator.kernels.knapsack_kernel.fix",

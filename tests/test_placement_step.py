@@ -121,7 +121,7 @@ def test_search_matches_brute_force_over_the_step_model(real, case, engine):
     """Coral's stages of any size, and vLLM's of one node (so one batch on every node)."""
     cat, perf = real
     model, combo, mode, tpot, ttft, I, O = case
-    slo = SloSpec.make(tpot_s=tpot, ttft_s=ttft, input_tokens=I, output_tokens=O)
+    slo = SloSpec(tpot_s=tpot, ttft_s=ttft, input_tokens=I, output_tokens=O)
     grid = prefill_chunks(slo) if mode == "prefill" else GRID
     one = engine == "vllm"
     want = _oracle(model, combo, mode, slo, perf, cat, grid, max_group=1 if one else None)
@@ -144,7 +144,7 @@ def test_search_matches_brute_force_over_the_step_model(real, case, engine):
 def test_a_library_rates_as_the_simulator_runs(real):
     """Every kept template's rate and TPOT are `template_saturation`'s, and within the SLO."""
     cat, perf = real
-    slo = SloSpec.make(tpot_s=0.1, ttft_s=2.0, input_tokens=1024, output_tokens=256)
+    slo = SloSpec(tpot_s=0.1, ttft_s=2.0, input_tokens=1024, output_tokens=256)
     for mode in ("aggregated", "decode", "prefill"):
         lib, _ = build_library("llama-3.1-8b", cat, perf=perf, slo=slo, mode=mode, nmax=2,
                                node_types=["1x-l4", "1x-a10g", "1x-l40s"])
@@ -168,7 +168,7 @@ def test_pairs_are_ordered_by_the_rows_own_figures(real):
 
     cat, perf = real
     arch = cat.model("llama-3.1-8b")
-    slo = SloSpec.make(tpot_s=0.08, ttft_s=1.5, input_tokens=1024, output_tokens=256)
+    slo = SloSpec(tpot_s=0.08, ttft_s=1.5, input_tokens=1024, output_tokens=256)
     memo = node_cost_memo(perf, cat, arch.name)
     checked = 0
     for mode in ("aggregated", "decode", "prefill"):

@@ -1,9 +1,9 @@
 """`--engine vllm`: plans and libraries.
 
 vLLM runs one node per pipeline stage, one GPU count over a pipeline and one batch on every
-node (`coral.templates.space.engines`). On a small scenario (one model, four node types of 1, 2 and 4
-GPUs, one region, n_max 3, every serving mode; its libraries build in about a second per
-engine) every instance of a vllm plan must be such a chain and cost no less than Coral's
+node (`coral.templates.space.engines`). On a small scenario (one model, four node types of
+1, 2 and 4 GPUs, one region, n_max 3, every serving mode; its libraries build in about a second
+per engine) every instance of a vllm plan must be such a chain and cost no less than Coral's
 plan. (The search a vLLM template comes from is checked against brute force over the step
 model in `tests/test_placement_step.py`.)
 """
@@ -193,7 +193,7 @@ def test_templates_build_cli_engine(tmp_path: Path):
 def test_vllm_library_keeps_only_deployable_combinations():
     catalog = default_catalog()
     perf = default_perf_factory(catalog)
-    slo = SloSpec.make(tpot_s=0.1, ttft_s=2.0, input_tokens=1024, output_tokens=256)
+    slo = SloSpec(tpot_s=0.1, ttft_s=2.0, input_tokens=1024, output_tokens=256)
     kept, report = build_library("llama-3.1-8b", catalog, slo=slo, nmax=3,
                                  node_types=["1x-l4", "2x-l4", "1x-a10g"],
                                  options=BuildOptions(engine="vllm"), perf=perf)
@@ -211,7 +211,7 @@ def test_vllm_library_keeps_only_deployable_combinations():
 
 def test_library_digest_names_only_a_restricted_engine():
     catalog = default_catalog()
-    slo = SloSpec.make(tpot_s=0.1, ttft_s=2.0, input_tokens=1024, output_tokens=256)
+    slo = SloSpec(tpot_s=0.1, ttft_s=2.0, input_tokens=1024, output_tokens=256)
     common = dict(catalog=catalog, model="llama-3.1-8b", slo=slo, mode="aggregated",
                   topology="chain", nmax=2, rho=12.0, node_types=None, regions=None,
                   batches=(1, 2))

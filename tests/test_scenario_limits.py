@@ -69,4 +69,4 @@ def test_ttft_below_tpot_names_the_field_and_the_entry(tmp_path):
     assert "models[0] 'llama-3.1-8b': field 'ttft_s'" in text and "below tpot_s" in text
     assert "(entry)" not in text
     with pytest.raises(SloError, match="SLO field 'ttft_s': .*below tpot_s"):
-        SloSpec.make(tpot_s=0.5, ttft_s=0.2)
+        SloSpec.parse({"tpot_s": 0.5, "ttft_s": 0.2})

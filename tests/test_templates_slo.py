@@ -55,10 +55,22 @@ def test_overrides_and_key():
 )
 def test_bad_values_are_named(values, match):
     with pytest.raises(SloError, match=match):
-        SloSpec.make(**values)
+        SloSpec.parse(values)
 
 
 def test_non_finite_override_is_refused():
     arch = default_catalog().model("llama-3.1-8b")
     with pytest.raises(SloError, match="finite"):
         resolve_slo(arch, tpot_s=float("nan"))
+
+
+def test_parse_refuses_a_non_mapping():
+    with pytest.raises(SloError, match="must map field names to values"):
+        SloSpec.parse([("tpot_s", 0.1), ("ttft_s", 2.0)])  # type: ignore[arg-type]
+
+
+def test_overrides_are_checked_again():
+    base = SloSpec.parse({"tpot_s": 0.1, "ttft_s": 2.0})
+    assert base.with_overrides(percentile=None) == base
+    with pytest.raises(SloError, match="SLO field 'ttft_s': .*below tpot_s"):
+        base.with_overrides(ttft_s=0.05)

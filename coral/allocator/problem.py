@@ -451,8 +451,9 @@ def fair_weights(demands: Sequence[ModelDemand]) -> dict[str, float]:
     demand (`t <= 1`). Priority is kept out of the floor on purpose: a floor in proportion to
     priority would let a model of lower priority fall below what the paper's uniform
     scale-down rule gives every model, so a plan could starve it further than any baseline
-    does. Priority acts above the floor instead, in the tokens phase (`coral.allocator.scarcity.fair`:
-    the most priority-weighted generated tokens/s with the floor held).
+    does. Priority acts above the floor instead, in the tokens phase
+    (`coral.allocator.scarcity.fair`: the most priority-weighted generated tokens/s with the
+    floor held).
     """
     return {d.model: 1.0 for d in demands if d.requests_per_s > 0}
 

@@ -1,5 +1,5 @@
-"""The paper's scarcity rule on any baseline: short of demand, scale every model's demand
-down uniformly until the baseline's own planning meets it (`coral.allocator.scarcity.uniform_scale`).
+"""The paper's scarcity rule on any baseline: short of demand, scale every model's demand down
+uniformly until the baseline's own planning meets it (`coral.allocator.scarcity.uniform_scale`).
 
 `scale_down(run, scenario)` runs the baseline at the full demand; when its plan falls short,
 it bisects the factor `f` over re-runs of the same baseline on the scenario with every

@@ -334,7 +334,8 @@ def claim_simulator() -> Claim:
         c.rows.append(Row(f"{run.engine}: decode (TPOT p50) mean error", PAPER_SIM_ERROR[1],
                           run.decode_error, "%"))
     c.body += ["Not rerun here (each needs a runtime and minutes per rate): the ratios sim / "
-               "served recorded in benchmarks/results/simulator-vs-runtime.md, mean |ratio - 1| over the rates. "
+               "served recorded in benchmarks/results/simulator-vs-runtime.md, mean "
+               "|ratio - 1| over the rates. "
                "Sources: " + "; ".join(f"{r.engine}: {r.source}" for r in SIM_ERROR) + ". "
                "The paper's error is against GPU runs of its models; ours against CPU runs "
                "of SmolLM2-135M.", ""]

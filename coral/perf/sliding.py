@@ -16,8 +16,9 @@ from coral.perf.layer_costs import LayerCoefficients
 _INV_P = 1.0 / ROOFLINE_P
 
 #: Sequences whose sliding windows a node's KV capacity holds aside (`window_capacity_tokens`):
-#: the largest per-node batch of the template grid (`coral.templates.space.operating_points`). A node
-#: holding more sequences keeps up to one window of the sliding layers more for each past it.
+#: the largest per-node batch of the template grid (`coral.templates.space.operating_points`).
+#: A node holding more sequences keeps up to one window of the sliding layers more for each
+#: past it.
 WINDOW_SEQUENCES = 256
 
 

@@ -23,9 +23,9 @@ prefill (the median of its 4096^2-10240^2 sizes), not its best size: a prefill l
 70 W card runs for tens of milliseconds and a stage runs several back to back, so the card
 works at the clock its power limit settles on, which the benchmark's millisecond bursts at
 small sizes do not reach; a donor that is not power-capped (the 400 W A100) holds its best
-figure over long runs (benchmarks/results/perf-model.md, "Perf model 7"). Energy per FLOP is taken as
-constant with clock, which is pessimistic where a capped board also lowers its voltage; the
-base-clock floor bounds that. Where the borrower's own whole-layer profile is published, the
+figure over long runs (benchmarks/results/perf-model.md, "Perf model 7"). Energy per FLOP is
+taken as constant with clock, which is pessimistic where a capped board also lowers its voltage;
+the base-clock floor bounds that. Where the borrower's own whole-layer profile is published, the
 perf model replaces the carried matmul figure by one fitted on it (`coral.perf.layer_fits`).
 
 Element-wise kernels (norms, rope, activation, residual add) are not held by DRAM alone: on

@@ -157,8 +157,8 @@ def templates_for_scenario(
                 perf=perf, progress=progress, on_message=on_message,
             )
             kept_all.extend(kept)
-            # the k x g combinations the library dropped by throughput: one instance
-            # pools its queue, so it may plan above its parts (`coral.templates.library.homogeneous`)
+            # the k x g combinations the library dropped by throughput: one instance pools its
+            # queue, so it may plan above its parts (`coral.templates.library.homogeneous`)
             useful = [g for g in scenario.node_types if g not in report.excluded_node_types]
             combos = homogeneous_combos(m.name, catalog, slo, mode, node_types=useful,
                                         n_max=n, rho=scenario.spec.rho,

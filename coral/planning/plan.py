@@ -208,11 +208,11 @@ def _fill_scarcity(extras: dict[str, Any], plan: AllocationPlan, scenario: Scena
 
 def uniform_scale(problem: Any, plan: AllocationPlan, scenario: Scenario
                   ) -> tuple[dict[str, Any], AllocationPlan]:
-    """The paper's scarcity rule on Coral's allocation (`coral.allocator.scarcity.uniform_scale`): the
-    largest uniform factor on every model's demand that the allocation meets in the chosen
-    mode, with its $/hour, served share (the factor, for every model) and goodput in
-    tokens/s against the full demand; and the plan at that factor (instance counts that also
-    fit the full-demand problem)."""
+    """The paper's scarcity rule on Coral's allocation
+    (`coral.allocator.scarcity.uniform_scale`): the largest uniform factor on every model's
+    demand that the allocation meets in the chosen mode, with its $/hour, served share (the
+    factor, for every model) and goodput in tokens/s against the full demand; and the plan at
+    that factor (instance counts that also fit the full-demand problem)."""
     def attempt(f: float) -> tuple[bool, AllocationPlan]:
         p = plan if f == 1.0 else solve_allocation(scaled_problem(problem, f),
                                                    scarcity_search=False)

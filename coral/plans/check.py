@@ -425,7 +425,7 @@ class _Checker:
                 self.add(None, "", field, f"must be an object, got {show(values)}", fix)
                 continue
             try:
-                SloSpec(**{str(key): v for key, v in values.items()})
+                SloSpec.model_validate({str(key): v for key, v in values.items()})
             except ValidationError as err:
                 for e in err.errors():
                     loc = ".".join(str(x) for x in e["loc"])

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from coral.perf.pipeline import PipelineShape
 from coral.plans.errors import PlanFileError
-from coral.templates.slo import SloSpec
+from coral.templates.slo import SloError, SloSpec
 
 if TYPE_CHECKING:
     from coral.catalog import Catalog
@@ -312,14 +312,14 @@ def _opt_whole(payload: Mapping[str, Any], name: str, source: str) -> int | None
 
 
 def _slos(raw: Any, source: str) -> dict[str, SloSpec] | None:
-    """Each model's SLO through `SloSpec.make` (the check has named every bad field)."""
+    """Each model's SLO through `SloSpec.parse` (the check has named every bad field)."""
     if raw is None:
         return None
     out = {}
     for model, values in raw.items():
         try:
-            out[str(model)] = SloSpec.make(**values)
-        except (TypeError, ValueError) as exc:
+            out[str(model)] = SloSpec.parse(values)
+        except SloError as exc:
             raise _problem(source, f"slos[{model!r}]", f"is not an SLO ({exc})") from None
     return out
 

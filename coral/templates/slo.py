@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -53,10 +54,17 @@ class SloSpec(BaseModel):
         return ttft_s
 
     @classmethod
-    def make(cls, **values: Any) -> "SloSpec":
-        """Validate `values`, raising `SloError` with one line per bad field."""
+    def parse(cls, values: Mapping[str, Any]) -> "SloSpec":
+        """The checked constructor for an untrusted SLO object (a plan file's, a template
+        store's): raises `SloError` with one line per bad field, so that the caller can name
+        its file and entry."""
+        if not isinstance(values, Mapping):
+            raise SloError(
+                f"an SLO must map field names to values (got {values!r}); to fix: give an "
+                "object such as {\"tpot_s\": 0.1, \"ttft_s\": 2.0}"
+            )
         try:
-            return cls(**values)
+            return cls.model_validate({str(k): v for k, v in values.items()})
         except ValidationError as err:
             lines = []
             for e in err.errors():
@@ -64,10 +72,25 @@ class SloSpec(BaseModel):
                 lines.append(f"SLO field '{loc}': {e['msg']} (got {e.get('input')!r})")
             raise SloError("; ".join(lines)) from None
 
-    def with_overrides(self, **values: Any) -> "SloSpec":
-        """A copy with the given fields replaced (None values are ignored)."""
-        merged = {**self.model_dump(), **{k: v for k, v in values.items() if v is not None}}
-        return SloSpec.make(**merged)
+    def with_overrides(
+        self,
+        *,
+        tpot_s: float | None = None,
+        ttft_s: float | None = None,
+        percentile: float | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> "SloSpec":
+        """A copy with the given fields replaced (None keeps the field), checked again."""
+        changes = {
+            "tpot_s": tpot_s,
+            "ttft_s": ttft_s,
+            "percentile": percentile,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+        }
+        merged = {**self.model_dump(), **{k: v for k, v in changes.items() if v is not None}}
+        return SloSpec.parse(merged)
 
     def key(self) -> str:
         """Short stable hash of every field (part of a template library's identity)."""
@@ -112,11 +135,11 @@ def default_slo(model: ModelArch | str, weight_bytes: float | None = None) -> Sl
                 break
         else:  # pragma: no cover - the last bracket is unbounded
             targets = doc["by_weight_gb"][-1]
-    return SloSpec.make(
-        tpot_s=float(targets["tpot_s"]),
-        ttft_s=float(targets["ttft_s"]),
+    return SloSpec.parse({
         **doc["workload"],
-    )
+        "tpot_s": float(targets["tpot_s"]),
+        "ttft_s": float(targets["ttft_s"]),
+    })
 
 
 def resolve_slo(

@@ -128,7 +128,7 @@ class Template:
         ub = d.get("upper_bound")
         return cls(
             model=d["model"],
-            slo=SloSpec(**d["slo"]),
+            slo=SloSpec.parse(d["slo"]),
             mode=d["mode"],
             topology=d["topology"],
             combo=tuple(d["combo"]),

@@ -41,7 +41,8 @@ from coral.allocator.decomposition.lagrange import (
     Pricer,
     column_generation,
 )
-from coral.allocator.decomposition.plan_search import (  # noqa: F401 - the plans, importable from here too
+# the plans, importable from here too
+from coral.allocator.decomposition.plan_search import (  # noqa: F401
     INTEGRALITY_TOL,
     best_part_plan,
     best_pattern_plan,

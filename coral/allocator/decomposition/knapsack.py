@@ -31,9 +31,9 @@ bound and folds the least bound of the dropped ones into the lower bound, so eve
 gives a valid bound.
 
 The loops are compiled (numba): the sort by ratio, the quick solutions and the fixing in
-`kernels/knapsack_kernel.py`, the programme in `kernels/knapsack_programme.py`; the dot products stay here, in numpy, so that the answers are
-those of the array code it replaced, bit for bit (`tests/knapsack_reference.py` is that code,
-and the tests hold the two to it).
+`kernels/knapsack_kernel.py`, the programme in `kernels/knapsack_programme.py`; the dot products
+stay here, in numpy, so that the answers are those of the array code it replaced, bit for bit
+(`tests/knapsack_reference.py` is that code, and the tests hold the two to it).
 """
 
 from __future__ import annotations

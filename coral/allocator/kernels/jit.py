@@ -11,10 +11,11 @@ change of the kernels' source compiles (17 s on a shared 2-core machine: the
 knapsack's kernels 11 s, the PD cover's 6 s); later processes load it in 0.5 s.
 
 `warm_up()` does that import and says how long it took; `solve_allocation` and the CLI call
-it before a solve's clock starts (`decomposition/knapsack.py` and `decomposition/pd_cover.py` import the kernels on first
-use, which would be inside it), so that the compilation never counts against a time limit: a
-fresh install's first `coral plan core --nmax 3` used to end at its time limit with a 3.5 %
-gap and a dearer plan where a warm run proved 0.5 %; now both prove the same plan.
+it before a solve's clock starts (`decomposition/knapsack.py` and `decomposition/pd_cover.py`
+import the kernels on first use, which would be inside it), so that the compilation never
+counts against a time limit: a fresh install's first `coral plan core --nmax 3` used to end at
+its time limit with a 3.5 % gap and a dearer plan where a warm run proved 0.5 %; now both
+prove the same plan.
 
 Why this and not the alternatives (measured in `benchmarks/results/allocator.md`, "Cold start
 of the allocator"): compiling lazily on first call is what put the compilation inside the clock;
@@ -41,7 +42,8 @@ _warned_no_cache = False
 
 #: The modules of compiled kernels; `warm_up` imports them.
 KERNEL_MODULES = ("coral.allocator.kernels.arrays", "coral.allocator.kernels.knapsack_kernel",
-                  "coral.allocator.kernels.knapsack_programme", "coral.allocator.kernels.pd_cover_kernel")
+                  "coral.allocator.kernels.knapsack_programme",
+                  "coral.allocator.kernels.pd_cover_kernel")
 
 
 def jit(signature: Any = None) -> Any:

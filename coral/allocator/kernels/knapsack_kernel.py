@@ -1,15 +1,15 @@
-"""Compiled loops of the per-model knapsack (`decomposition/knapsack.py`): the items by ratio, the LP
-optimum, the quick solutions and reduced-cost fixing. The Pareto-state programme that follows
-them is `knapsack_programme.py`; both use the array helpers of `arrays.py`.
+"""Compiled loops of the per-model knapsack (`decomposition/knapsack.py`): the items by ratio,
+the LP optimum, the quick solutions and reduced-cost fixing. The Pareto-state programme that
+follows them is `knapsack_programme.py`; both use the array helpers of `arrays.py`.
 
 The knapsack is called a hundred times per re-plan on instances of a hundred or so items, and
 its Pareto-state programme takes tens of small steps per call: as array code it spent its time
 in per-operation overhead, so its loops are compiled (numba: every function with its
 signatures when its module is imported, so that no solve's clock pays for it, and cached on
 disk, so that only the first import after an install or a change compiles; `jit.py`). The
-functions take and return plain arrays and numbers; `decomposition/knapsack.py` keeps the API and the few
-dot products whose rounding the numpy build decides (each is computed there, with numpy, as
-before), so that the answers are those of the array code bit for bit.
+functions take and return plain arrays and numbers; `decomposition/knapsack.py` keeps the API
+and the few dot products whose rounding the numpy build decides (each is computed there, with
+numpy, as before), so that the answers are those of the array code bit for bit.
 
 Every tie is broken as the array code breaks it: a sort by capacity then cost then position
 (stable), the first of equal minima, the stable order of equal bounds under the state cap. The

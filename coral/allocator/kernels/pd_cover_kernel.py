@@ -1,9 +1,9 @@
-"""Compiled loops of the PD cover (`decomposition/pd_cover.py`): one group's frontier, two frontiers'
-sums, and the least cost of completing a state.
+"""Compiled loops of the PD cover (`decomposition/pd_cover.py`): one group's frontier, two
+frontiers' sums, and the least cost of completing a state.
 
 Every function carries its signatures and is compiled when this module is imported (or
-loaded from numba's cache), never inside a solve's clock (`jit.py`). `decomposition/pd_cover.py` passes a
-sum of no groups' free capacity as the int 0: it is converted to the declared float."""
+loaded from numba's cache), never inside a solve's clock (`jit.py`). `decomposition/pd_cover.py`
+passes a sum of no groups' free capacity as the int 0: it is converted to the declared float."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ Scenario "g slow": every iteration on a node of GPU type `g` takes `F = 1 + R` t
 perf model says (`coral.perf.slowdown.SlowedPerf`, the wrapper `coral simulate --slowdown`
 runs). A column is re-rated on the **same placement** — same stages, layer ranges and batches,
 as the plan deploys it and the simulator runs it — with the rating the planner gives it
-nominally (`Scenario.planned_capacity`: `coral.allocator.scenario.headroom.planned_capacity` fed with
-the step model's figures at full occupancy, `coral.perf.step.saturation`):
+nominally (`Scenario.planned_capacity`: `coral.allocator.scenario.headroom.planned_capacity` fed
+with the step model's figures at full occupancy, `coral.perf.step.saturation`):
 
 - the step model is run twice on the placement, with the perf model as it is and slowed:
   full-occupancy rate, step (the TPOT every sequence sees) and the step a prompt rides in

@@ -27,14 +27,14 @@ How it is solved
 HiGHS on this ILP is slow whenever availability binds: each demand row is a knapsack over a
 hundred columns of almost equal cost per request/s, the LP bound sits 1-2% below the optimum,
 and neither HiGHS's cuts and tree nor its sub-MIP heuristics close that to 0.1% in seconds
-(`decomposition/lagrange.py` says why in full). With PD models it is worse: the LP splits a model's demand
-into fractions of instances in every region at once and lies 3-5% below the optimum on
-`core`-size problems, and HiGHS stopped at its 10 s limit with 1-3% gaps. The cost problem is
-therefore solved by decomposition instead (`decompose=True`, the default):
+(`decomposition/lagrange.py` says why in full). With PD models it is worse: the LP splits a
+model's demand into fractions of instances in every region at once and lies 3-5% below the
+optimum on `core`-size problems, and HiGHS stopped at its 10 s limit with 1-3% gaps. The cost
+problem is therefore solved by decomposition instead (`decompose=True`, the default):
 
 1. each model's cheapest cover on its own (`knapsack.knapsack_dp`; for a PD model the exact
-   cover of `decomposition/pd_cover.py`, regions serving what both their halves carry); if their union fits
-   within availability it is optimal;
+   cover of `decomposition/pd_cover.py`, regions serving what both their halves carry); if their
+   union fits within availability it is optimal;
 2. else the LP relaxation: infeasible means the demand cannot be met; feasible, it gives a
    bound, node prices, and a first plan (its counts rounded down, each model's rest covered);
 3. the Lagrangian bound by column generation, plans from mixing the patterns it meets, and
@@ -139,11 +139,11 @@ class InfeasiblePlanError(CoralError, RuntimeError):
         self.plan = plan
 
 
-#: The decomposition prices a PD model by its exact per-model cover (`decomposition/pd_cover.py`), whose
-#: frontiers grow with the regions it pairs in and the instances its demand takes: measured
-#: on `core` (3 regions, up to ~43 instances of the median template) 0.3-10 ms a cover; on
-#: `advanced` (12 regions, up to ~170) one round of pricing took minutes. Beyond these sizes
-#: HiGHS solves the ILP alone (as every PD problem before).
+#: The decomposition prices a PD model by its exact per-model cover
+#: (`decomposition/pd_cover.py`), whose frontiers grow with the regions it pairs in and the
+#: instances its demand takes: measured on `core` (3 regions, up to ~43 instances of the median
+#: template) 0.3-10 ms a cover; on `advanced` (12 regions, up to ~170) one round of pricing took
+#: minutes. Beyond these sizes HiGHS solves the ILP alone (as every PD problem before).
 PD_MAX_REGIONS = 4
 
 

@@ -2,15 +2,16 @@
 
 A library drops a combination when its parts side by side reach its throughput
 (`build.py`, the floor). The allocator plans each instance at its *planned* capacity
-(`coral.allocator.scenario.headroom`: throughput times the utilisation at which TTFT holds), which pools
-the queue inside one instance, so one instance over `k` identical nodes can plan above `k`
-single-node instances: llama-3.1-8b on 2 x 1x-l40s plans 10.16 req/s against 2 x 4.98. These
-completions put every such `k x g` (within `n_max`, `rho` and the memory floor) back, each
-solved as one pipeline over all `k` nodes (floor 0): a template is one instance, and the
-best split into smaller replicas is already the library's smaller templates side by side. They are the set the Homo baseline is built from, so no baseline has a
-column Coral lacks. Heterogeneous combinations dropped the same way stay dropped: there are
-combinatorially many of them, and a lossless rule would judge the library on planned capacity
-(which needs the traffic shape in the library's key).
+(`coral.allocator.scenario.headroom`: throughput times the utilisation at which TTFT holds),
+which pools the queue inside one instance, so one instance over `k` identical nodes can plan
+above `k` single-node instances: llama-3.1-8b on 2 x 1x-l40s plans 10.16 req/s against 2 x 4.98.
+These completions put every such `k x g` (within `n_max`, `rho` and the memory floor) back, each
+solved as one pipeline over all `k` nodes (floor 0): a template is one instance, and the best
+split into smaller replicas is already the library's smaller templates side by side. They are
+the set the Homo baseline is built from, so no baseline has a column Coral lacks. Heterogeneous
+combinations dropped the same way stay dropped: there are combinatorially many of them, and a
+lossless rule would judge the library on planned capacity (which needs the traffic shape in the
+library's key).
 """
 
 from __future__ import annotations

@@ -154,7 +154,8 @@ class Headroom:
 def template_headroom(template: Any, *, arrival_cv: float = DEFAULT_ARRIVAL_CV,
                       output_cv: float = DEFAULT_OUTPUT_CV,
                       saturation: Any = None) -> Headroom:
-    """The planned utilisation of one instance of `template` (a `coral.templates.template.Template`).
+    """The planned utilisation of one instance of `template` (a
+    `coral.templates.template.Template`).
 
     Modes: aggregated as in the module docstring; PD halves as `_pd_headroom` says (the
     prefill queue against the TTFT slack, the hand-over and the decode queue against the TPOT

@@ -215,8 +215,8 @@ def real_templates(scenario: Scenario, catalog: Catalog, nmax: int) -> list[Temp
     (reused from `out/templates` when their inputs match)."""
     from coral.planning.columns import columns_from_templates
     from coral.planning.libraries import templates_for_scenario
-    from coral.templates.library.build_options import BuildOptions
-    from coral.templates.library.parallel import default_perf_factory
+    from coral.templates.builder.build_options import BuildOptions
+    from coral.templates.builder.parallel import default_perf_factory
 
     perf = default_perf_factory(catalog)
     scenario = scenario.with_perf(perf, catalog)

@@ -23,8 +23,8 @@ from coral.planning.plan import plan_scenario
 from coral.planning.options import PlanOptions
 from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
-from coral.templates.library.build_options import BuildOptions
-from coral.templates.library.parallel import default_perf_factory
+from coral.templates.builder.build_options import BuildOptions
+from coral.templates.builder.parallel import default_perf_factory
 
 
 def main(argv: list[str] | None = None) -> int:

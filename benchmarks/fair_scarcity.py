@@ -44,8 +44,8 @@ def plan_figures(name: str, templates_dir: Path, workers: int) -> None:
     """`coral plan NAME` at its defaults, summarised."""
     from coral.planning.libraries import templates_for_scenario
     from coral.planning.plan import plan_scenario
-    from coral.templates.library.build_options import BuildOptions
-    from coral.templates.library.parallel import default_perf_factory
+    from coral.templates.builder.build_options import BuildOptions
+    from coral.templates.builder.parallel import default_perf_factory
 
     cat = default_catalog()
     scenario = load_scenario(name, catalog=cat)

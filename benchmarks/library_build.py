@@ -25,10 +25,10 @@ from coral.allocator.scenario.load import scenario_slo
 from coral.planning.libraries import build_regions
 from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
-from coral.templates.library.build import build_library
-from coral.templates.library.build_options import BuildOptions
+from coral.templates.builder.build import build_library
+from coral.templates.builder.build_options import BuildOptions
 from coral.templates.space.engines import engine_topology
-from coral.templates.library.parallel import default_perf_factory
+from coral.templates.builder.parallel import default_perf_factory
 from coral.templates.template import Template
 
 #: Relative tolerance of the comparison of two dumps (rates, TPOT, TTFT).

@@ -25,8 +25,8 @@ from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.allocator.scenario.load import scenario_slo
 from coral.templates.space.operating_points import OperatingPointTables
-from coral.templates.library.parallel import default_perf_factory
-from coral.templates.library.solve import build_template
+from coral.templates.builder.parallel import default_perf_factory
+from coral.templates.builder.solve import build_template
 
 #: Shapes PAPER.md names, per setup: model -> (label, node types). "homo" rows are added from
 #: every single-node configuration of the scenario.

@@ -22,7 +22,7 @@ from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
-from coral.templates.library.build_options import BuildOptions
+from coral.templates.builder.build_options import BuildOptions
 
 
 def main(scenario: str, margin: float, nmax: int | None = None,

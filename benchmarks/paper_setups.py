@@ -19,7 +19,7 @@ from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
-from coral.templates.library.build_options import BuildOptions
+from coral.templates.builder.build_options import BuildOptions
 
 
 def per_model(instances) -> dict[str, float]:

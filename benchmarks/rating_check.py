@@ -118,7 +118,7 @@ def _ms(x: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     from coral.plans.file import read_plan
     from coral.catalog.loader import default_catalog
-    from coral.templates.library.parallel import default_perf_factory
+    from coral.templates.builder.parallel import default_perf_factory
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("plan", type=Path)

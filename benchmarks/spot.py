@@ -49,7 +49,7 @@ from coral.sim.preemption import (
 )
 from coral.planning.preemption_replan import AllocatorReplanner
 from coral.sim.workload import merge, synthetic
-from coral.templates.library.parallel import default_perf_factory
+from coral.templates.builder.parallel import default_perf_factory
 
 PLANS = {
     "on demand": [],

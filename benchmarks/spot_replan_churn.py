@@ -63,7 +63,7 @@ def main() -> None:
     from coral.catalog import default_catalog
     from coral.planning.preemption_replan import AllocatorReplanner
     from coral.sim.preemption import row_market, row_pools
-    from coral.templates.library.parallel import default_perf_factory
+    from coral.templates.builder.parallel import default_perf_factory
 
     payload = read_plan(args.plan)
     catalog = default_catalog()

@@ -20,8 +20,8 @@ from coral.planning.libraries import templates_for_scenario
 from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.perf.step import template_saturation
-from coral.templates.library.build_options import BuildOptions
-from coral.templates.library.parallel import default_perf_factory
+from coral.templates.builder.build_options import BuildOptions
+from coral.templates.builder.parallel import default_perf_factory
 
 
 def _q(values: list[float], p: float) -> float:

@@ -37,15 +37,15 @@ import time
 from pathlib import Path
 
 from coral.catalog import default_catalog
-from coral.templates.library.build import build_library
-from coral.templates.library.build_options import BuildOptions
-from coral.templates.library.solve import DOMINANCE_RTOL, build_template
+from coral.templates.builder.build import build_library
+from coral.templates.builder.build_options import BuildOptions
+from coral.templates.builder.solve import DOMINANCE_RTOL, build_template
 from coral.templates.space.enumerate import DEFAULT_NMAX, DEFAULT_RHO, enumerate_combinations
 from coral.templates.space.operating_points import DEFAULT_BATCHES, OperatingPointTables
-from coral.templates.library.parallel import default_perf_factory
+from coral.templates.builder.parallel import default_perf_factory
 from coral.templates.placement.exact import solve_placement
 from coral.templates.slo import default_slo
-from coral.templates.library.store import TemplateLibrary
+from coral.templates.builder.store import TemplateLibrary
 
 #: The design's budget for the whole default library on a 2-core machine, s.
 TARGET_S = 30 * 60.0

@@ -38,7 +38,7 @@ from coral.allocator.scenario.load import scenario_slo
 from coral.templates.space.enumerate import combo_key
 from coral.catalog import default_catalog
 from coral.perf.model import PerfModel
-from coral.templates.library.solve import build_template
+from coral.templates.builder.solve import build_template
 from coral.templates.template import TemplateNode
 from coral.templates.space.enumerate import enumerate_combinations
 from coral.templates.space.operating_points import shared_tables

@@ -33,7 +33,7 @@ def test_user_errors_are_coral_errors_and_print_one_line(cls, capsys):
 
 def test_a_missing_dependency_is_a_user_error_printed_as_plain_text(capsys):
     """Brackets in a message (an extra's name) are text, not console markup."""
-    from coral.templates.library.parallel import MissingDependencyError
+    from coral.templates.builder.parallel import MissingDependencyError
 
     with pytest.raises(typer.Exit) as info:
         with user_errors():
@@ -66,7 +66,7 @@ def test_input_errors_of_every_package_are_coral_errors():
     from coral.planning.adapt_report import ReportError
     from coral.planning.timeline import TimelineError
     from coral.templates.slo import SloError
-    from coral.templates.library.store import LibraryError
+    from coral.templates.builder.store import LibraryError
 
     for cls in (HeadroomError, PlanFileError, ScenarioError, InputError, ReportError,
                 TimelineError, SloError, LibraryError):

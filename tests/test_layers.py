@@ -54,7 +54,7 @@ INNER_LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
         ("types", "slo"),
         ("space",),
         ("template", "placement", "step"),
-        ("library",),
+        ("builder",),
     ),
 }
 
@@ -234,7 +234,7 @@ def test_the_inner_check_finds_an_upward_import():
              "coral.allocator.spot.planner": {"coral.allocator.robust.planner",
                                               "coral.allocator.spot.market",
                                               "coral.allocator.solve.ilp"},
-             "coral.templates.library.build": {"coral.templates.step.search"}}
+             "coral.templates.builder.build": {"coral.templates.step.search"}}
     assert _inner_upward_imports(graph) == {
         ("coral.allocator.problem", "coral.allocator.solve.ilp"),
         ("coral.allocator.spot.planner", "coral.allocator.robust.planner")}

@@ -213,7 +213,7 @@ def test_templates_build_and_simulate_at_their_planned_rate(perf: PerfModel, nam
     from coral.allocator.scenario.headroom import planned_capacity
     from coral.perf.step import template_saturation
     from coral.sim import instance_from_template, simulate, summarize, synthetic
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     tpl = build_template(name, combo, SLO, "aggregated", "flow", perf, CAT)
     assert tpl.feasible and tpl.tpot_s <= SLO.tpot_s and tpl.ttft_s <= SLO.ttft_s
@@ -229,7 +229,7 @@ def test_templates_build_and_simulate_at_their_planned_rate(perf: PerfModel, nam
 
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
 def test_disaggregated_halves_build_for_gpt_oss(perf: PerfModel, mode: str) -> None:
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     tpl = build_template("gpt-oss-120b", ["1x-a100-80gb"], SLO, mode, "flow", perf, CAT)
     assert tpl.feasible and tpl.throughput_rps > 0

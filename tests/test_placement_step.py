@@ -19,10 +19,10 @@ from coral.catalog.loader import load_catalog
 from coral.perf.pipeline import PipelineShape, StageShape
 from coral.perf.step import DEFAULT_MAX_BATCHED_TOKENS, build_step_model, stages_from_shape
 from coral.perf.step import template_saturation
-from coral.templates.library.build import build_library
-from coral.templates.library.solve import build_template
+from coral.templates.builder.build import build_library
+from coral.templates.builder.solve import build_template
 from coral.templates.space.operating_points import prefill_chunks, shared_tables
-from coral.templates.library.parallel import default_perf_factory
+from coral.templates.builder.parallel import default_perf_factory
 from coral.templates.step.bound import work_bound
 from coral.templates.slo import SloSpec
 

@@ -24,13 +24,13 @@ from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.cli.main import app
 from coral.perf.pipeline import PipelineShape
-from coral.templates.library.build import build_library
-from coral.templates.library.build_options import BuildOptions
-from coral.templates.library.solve import build_template
+from coral.templates.builder.build import build_library
+from coral.templates.builder.build_options import BuildOptions
+from coral.templates.builder.solve import build_template
 from coral.templates.space.engines import engine_violations
-from coral.templates.library.parallel import default_perf_factory
+from coral.templates.builder.parallel import default_perf_factory
 from coral.templates.slo import SloSpec
-from coral.templates.library.store import LibraryInputs
+from coral.templates.builder.store import LibraryInputs
 from coral.templates.types import SolveStatus
 
 runner = CliRunner(env={"COLUMNS": "220"})
@@ -117,7 +117,7 @@ def test_vllm_templates_obey_the_engine(setup):
 def test_coral_templates_rate_no_less_than_vllms(setup):
     """Coral's search space holds every vLLM pipeline: on each combination of a vLLM
     template, Coral's template is at least as fast."""
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     for tpls in setup.templates["vllm"].values():
         for t in tpls:

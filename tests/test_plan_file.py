@@ -18,7 +18,7 @@ from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
 from coral.plans.errors import PlanFileError
 from coral.plans.file import PlanFile, plan_json, read_plan, write_plan
-from coral.templates.library.parallel import default_perf_factory
+from coral.templates.builder.parallel import default_perf_factory
 from coral.templates.slo import SloSpec
 
 SCENARIO = """\

@@ -24,9 +24,9 @@ from coral.planning.planners import (
     planner_for,
 )
 from coral.planning.timeline import load_timeline
-from coral.templates.library.build_options import BuildOptions
+from coral.templates.builder.build_options import BuildOptions
 from coral.templates.space.operating_points import DEFAULT_BATCHES
-from coral.templates.library.solve import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
+from coral.templates.builder.solve import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
 
 
 def test_defaults_are_the_named_constants():

@@ -30,7 +30,7 @@ from coral.allocator.scenario.load import load_scenario
 from coral.catalog import default_catalog
 from coral.cli import plan_cmd
 from coral.cli.main import app
-from coral.templates.library.parallel import default_perf_factory
+from coral.templates.builder.parallel import default_perf_factory
 
 runner = CliRunner(env={"COLUMNS": "220"})
 MODEL = "llama-3.1-8b"
@@ -128,7 +128,7 @@ def test_templates_are_reused_and_columns_have_stable_ids(setup):
 
 def test_homogeneous_completions_are_stored_beside_the_library(setup, monkeypatch):
     import coral.planning.libraries as libraries
-    from coral.templates.library.homogeneous import COMPLETIONS_FILE
+    from coral.templates.builder.homogeneous import COMPLETIONS_FILE
 
     dirs = [m.parent for m in setup.templates_dir.glob("*/*/manifest.json")]
     assert dirs and all((d / COMPLETIONS_FILE).exists() for d in dirs)
@@ -143,7 +143,7 @@ def test_homogeneous_completions_are_stored_beside_the_library(setup, monkeypatc
 
 
 def test_stale_or_unreadable_completions_are_solved_again(tmp_path, setup):
-    from coral.templates.library.homogeneous import COMPLETIONS_FILE, cached_completions
+    from coral.templates.builder.homogeneous import COMPLETIONS_FILE, cached_completions
 
     template = setup.templates[MODEL][0]
     combo = tuple(template.combo)

@@ -55,7 +55,7 @@ from coral.perf.step import (
     stages_from_shape,
 )
 from coral.perf.slowdown import SlowedPerf
-from coral.templates.library.parallel import default_perf_factory
+from coral.templates.builder.parallel import default_perf_factory
 
 MODEL = "llama-3.1-8b"
 REGION = "aws-us-east-1"

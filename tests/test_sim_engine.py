@@ -176,7 +176,7 @@ def test_config_errors_name_the_value():
 
 @pytest.fixture(scope="module")
 def planned(cat, perf):
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     slo = SloSpec(tpot_s=0.1, ttft_s=2.0, percentile=0.9, input_tokens=1024, output_tokens=256)
     tpl = build_template(MODEL, ["1x-l40s"], slo, "aggregated", "flow", perf, cat)

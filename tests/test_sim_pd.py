@@ -360,7 +360,7 @@ def test_a_prompt_no_decode_cache_holds_is_rejected_there(cat, perf):
 
 
 def _pair(prefill_node: str, decode_node: str, cat, perf):
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     pt = build_template(MODEL, [prefill_node], SLO, "prefill", "flow", perf, cat)
     dt = build_template(MODEL, [decode_node], SLO, "decode", "flow", perf, cat)
@@ -472,7 +472,7 @@ def test_saturation_of_pd_templates_matches_the_simulator(cat, perf):
 
 
 def test_saturation_of_aggregated_templates_is_unchanged(cat, perf):
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     tpl = build_template(MODEL, ["1x-a10g", "1x-a10g"], SLO, "aggregated", "flow", perf, cat)
     sat = saturation(tpl, perf=perf, catalog=cat)
@@ -605,7 +605,7 @@ def test_a_decode_half_that_falls_behind_pushes_prompts_to_the_other_instances(c
     queued at the prefill instance while they wait for a decode slot, its requests push new
     prompts to the aggregated instance, and the model holds its SLO."""
     from coral.perf.slowdown import SlowedPerf
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     pt, dt = _pair("1x-l40s", "1x-a10g", cat, perf)
     agg = build_template(MODEL, ["1x-h100-sxm"], SLO, "aggregated", "flow", perf, cat)

@@ -33,7 +33,7 @@ def _summary(tpl, rate_rps, cat, perf, seed=1):
 
 @pytest.mark.parametrize("node", ["1x-l40s", "1x-a100-40gb", "1x-h100-sxm"])
 def test_planned_capacity_meets_the_slo_and_130_percent_does_not(cat, perf, node):
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     tpl = build_template(MODEL, [node], SLO, "aggregated", "flow", perf, cat)
     assert tpl.feasible
@@ -54,7 +54,7 @@ def test_pipelines_are_planned_by_the_simulated_rate(cat, perf, combo):
     """A pipeline's flow-model throughput overstates what it delivers run as micro-batches
     with whole prompts per step; planned by the simulator's step model at full occupancy it
     holds the SLO at 100 % and not at 130 %."""
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     tpl = build_template(MODEL, combo, SLO, "aggregated", "flow", perf, cat)
     sat = saturation(tpl, perf=perf, catalog=cat)
@@ -70,7 +70,7 @@ def test_pipelines_are_planned_by_the_simulated_rate(cat, perf, combo):
 def test_saturation_matches_the_simulator_and_drops_templates_that_miss_tpot(cat, perf):
     """1x A10G + 1x L4: the flow model predicts TPOT 0.085 s; run as the simulator runs it,
     busy, every step is 0.096 s on average — over a 0.092 s target — so it is not planned."""
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     slo = SloSpec(tpot_s=0.092, ttft_s=2.0, percentile=0.9, input_tokens=1024, output_tokens=256)
     tpl = build_template(MODEL, ["1x-a10g", "1x-l4"], slo, "aggregated", "flow", perf, cat)
@@ -116,7 +116,7 @@ def test_max_utilisation_is_the_root_and_monotone():
 
 
 def test_headroom_of_a_template(cat, perf):
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     tpl = build_template(MODEL, ["1x-l4"], SLO, "aggregated", "flow", perf, cat)
     h = template_headroom(tpl)
@@ -138,7 +138,7 @@ def test_tpot_is_judged_by_the_busy_step_the_scheduler_forms(cat, perf):
     built for, one instance alone at its planned rate meets the SLO at its percentile."""
     from dataclasses import replace
 
-    from coral.templates.library.solve import build_template
+    from coral.templates.builder.solve import build_template
 
     tpl = build_template(MODEL, ["1x-l40s", "1x-l40s"], SLO, "aggregated", "flow", perf, cat)
     sat = saturation(tpl, perf=perf, catalog=cat)

@@ -16,8 +16,8 @@ import random
 import pytest
 
 from coral.perf.model import PerfModel
-from coral.templates.library.build import build_library
-from coral.templates.library.build_options import BuildOptions
+from coral.templates.builder.build import build_library
+from coral.templates.builder.build_options import BuildOptions
 from coral.templates.slo import SloSpec
 
 MODELS = ("llama-3.1-8b", "qwen3-14b", "qwen3-30b-a3b")
@@ -87,7 +87,7 @@ def test_instances_keep_and_drop_something(real):
 def test_work_bound_skip_matches_the_solve(real):
     """A combination skipped because its work bound is no more than the floor is one the
     search, given that floor, finds nothing above; below the best it is solved."""
-    from coral.templates.library.solve import Task, build_template, solve_task
+    from coral.templates.builder.solve import Task, build_template, solve_task
     from coral.templates.space.operating_points import shared_tables
     from coral.templates.step.bound import work_bound
     from coral.templates.slo import default_slo

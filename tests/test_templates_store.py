@@ -16,13 +16,13 @@ from test_templates_support import (
 )
 
 from coral.perf.model import PerfModel
-from coral.templates.library.build import build_library, classify
-from coral.templates.library.build_options import BuildOptions
-from coral.templates.library.solve import Outcome, build_template
+from coral.templates.builder.build import build_library, classify
+from coral.templates.builder.build_options import BuildOptions
+from coral.templates.builder.solve import Outcome, build_template
 from coral.templates.template import Template
 from coral.templates.types import upper_bound_of
 from coral.templates.space.enumerate import sub_combos
-from coral.templates.library.store import MANIFEST, RECORDS, LibraryError, TemplateLibrary
+from coral.templates.builder.store import MANIFEST, RECORDS, LibraryError, TemplateLibrary
 from coral.templates.types import Placement, SolveStatus
 
 
@@ -320,7 +320,7 @@ def test_ray_backend_reports_missing_dependency(tiny):
         pass
     else:
         pytest.skip("ray is installed")
-    from coral.templates.library.parallel import MissingDependencyError
+    from coral.templates.builder.parallel import MissingDependencyError
 
     cat, perf = tiny
     with pytest.raises(MissingDependencyError, match=r"pip install coral-serving\[ray\]"):

@@ -101,12 +101,12 @@ MOVES: dict[str, str] = {
     "coral.templates.step_rows": "coral.templates.step.rows",
     "coral.templates.step_cover": "coral.templates.step.cover",
     "coral.templates.step_bound": "coral.templates.step.bound",
-    "coral.templates.solve": "coral.templates.library.solve",
-    "coral.templates.build": "coral.templates.library.build",
-    "coral.templates.build_options": "coral.templates.library.build_options",
-    "coral.templates.store": "coral.templates.library.store",
-    "coral.templates.parallel": "coral.templates.library.parallel",
-    "coral.templates.homogeneous": "coral.templates.library.homogeneous",
+    "coral.templates.solve": "coral.templates.builder.solve",
+    "coral.templates.build": "coral.templates.builder.build",
+    "coral.templates.build_options": "coral.templates.builder.build_options",
+    "coral.templates.store": "coral.templates.builder.store",
+    "coral.templates.parallel": "coral.templates.builder.parallel",
+    "coral.templates.homogeneous": "coral.templates.builder.homogeneous",
 }
 
 #: The first paragraph of each package's and sub-package's `__init__` docstring; the list of
@@ -144,7 +144,7 @@ DOCS: dict[str, str] = {
     "coral.templates": (
         "Serving templates: the best SLO-feasible placement of a model on each node "
         "combination. Sub-packages, lowest first (`tests/test_layers.py` holds the order): "
-        "`types`, `slo` -> `space` -> `template`, `placement`, `step` -> `library`."),
+        "`types`, `slo` -> `space` -> `template`, `placement`, `step` -> `builder`."),
     "coral.templates.space": (
         "The space a library is built over: node combinations, modes, topologies, batches, "
         "serving engines, and what one node can do at each point."),
@@ -154,7 +154,7 @@ DOCS: dict[str, str] = {
     "coral.templates.step": (
         "The best pipeline over every node of a combination under the step model, and the "
         "bound that cuts a library before searching."),
-    "coral.templates.library": (
+    "coral.templates.builder": (
         "Template libraries: one combination's solve, a whole library's build, its store on "
         "disk, and the pools that run the solves."),
 }

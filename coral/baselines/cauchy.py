@@ -69,7 +69,7 @@ from coral.baselines.common import (
     scenario_problem,
 )
 from coral.solvers.highs import quiet_highs
-from coral.templates.library.build import Template
+from coral.templates.builder.build import Template
 
 #: Most decode instances one prefill instance feeds in a combo (the ratio 1:b, b <= this).
 MAX_DECODE_PER_PREFILL = 8

@@ -28,14 +28,14 @@ from coral.allocator.problem import (
 from coral.allocator.plan.decode import decode_instances
 from coral.allocator.scenario.load import Scenario, ScenarioModel
 from coral.catalog.loader import Catalog
-from coral.templates.library.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
-from coral.templates.library.build import Solver, Template
+from coral.templates.builder.build import DEFAULT_TIME_LIMIT_S as DEFAULT_PLACEMENT_TIME_LIMIT_S
+from coral.templates.builder.build import Solver, Template
 from coral.templates.step.search import METHOD as STEP_METHOD
 from coral.templates.space.enumerate import Combo, combo_key, node_counts
-from coral.templates.library.homogeneous import homogeneous_combos
+from coral.templates.builder.homogeneous import homogeneous_combos
 from coral.templates.space.operating_points import OperatingPointTables, PerfLike, shared_tables
 from coral.templates.slo import SloSpec
-from coral.templates.library.solve import build_template
+from coral.templates.builder.solve import build_template
 from coral.templates.types import Mode, Topology
 
 #: Relative slack under which two SLO figures count as the same (templates vs scenario).
@@ -323,7 +323,7 @@ class TemplateBuilder:
         rho: float,
     ) -> list[Combo]:
         """`k` copies of one node type, `k <= n_max`, that Coral's enumeration would keep
-        (`coral.templates.library.homogeneous.homogeneous_combos`)."""
+        (`coral.templates.builder.homogeneous.homogeneous_combos`)."""
         assert self.tables is not None
         return homogeneous_combos(model, self.catalog, slo, mode, node_types=node_types,
                                   n_max=n_max, rho=rho,

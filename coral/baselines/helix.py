@@ -44,7 +44,7 @@ from coral.baselines.common import (
 )
 from coral.catalog.loader import Catalog
 from coral.solvers import quiet_highs
-from coral.templates.library.build import Template
+from coral.templates.builder.build import Template
 from coral.templates.space.enumerate import Combo, combo_key, node_counts
 from coral.templates.space.operating_points import OperatingPointTables, PerfLike
 from coral.templates.slo import SloSpec

@@ -43,7 +43,7 @@ from coral.baselines.common import (
     result_of,
     scenario_problem,
 )
-from coral.templates.library.build import Template
+from coral.templates.builder.build import Template
 from coral.templates.types import Mode
 
 

@@ -32,7 +32,7 @@ from typing import Mapping, Sequence
 from coral.allocator.problem import DEMAND_REL_TOL
 from coral.baselines.common import TemplateBuilder, check_model, check_node_types
 from coral.catalog.loader import Catalog
-from coral.templates.library.build import Template
+from coral.templates.builder.build import Template
 from coral.templates.space.operating_points import OperatingPointTables, PerfLike
 from coral.templates.slo import SloSpec, default_slo
 from coral.templates.types import Topology

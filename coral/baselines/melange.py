@@ -24,7 +24,7 @@ from coral.baselines.common import (
     result_of,
     scenario_problem,
 )
-from coral.templates.library.build import Template
+from coral.templates.builder.build import Template
 
 NOTE_BUCKETS = ("one request-size bucket per model: the scenario gives one mean request shape "
                 "per model, where Melange buckets requests by size")

@@ -40,7 +40,7 @@ from coral.baselines.melange import melange
 from coral.baselines.scale import scale_down, with_goodput
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
-from coral.templates.library.build import Solver, Template
+from coral.templates.builder.build import Solver, Template
 from coral.templates.space.operating_points import OperatingPointTables, PerfLike
 from coral.templates.types import Mode, Topology
 

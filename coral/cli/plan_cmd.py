@@ -141,7 +141,7 @@ def _plan_options(*, nmax: int | None, workers: int | None, templates_dir: Path,
                   scarcity: str = DEFAULT_SCARCITY) -> PlanOptions:
     """The `PlanOptions` of `coral plan`'s (and `coral demo`'s) flags, checked."""
     from coral.planning.options import PlanOptions
-    from coral.templates.library.build_options import BuildOptions
+    from coral.templates.builder.build_options import BuildOptions
 
     _check_common(nmax, workers, time_limit, gap)
     if scarcity not in SCARCITY_OBJECTIVES:
@@ -167,7 +167,7 @@ def _plan(scenario_ref: str, options: PlanOptions, *, level: str | None, progres
     from coral.planning.libraries import templates_for_scenario
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario.load import load_scenario
-    from coral.templates.library.parallel import default_perf_factory
+    from coral.templates.builder.parallel import default_perf_factory
 
     cat = open_catalog(catalog)
     scenario = load_scenario(scenario_ref, level=level, catalog=cat)

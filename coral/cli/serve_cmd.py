@@ -191,8 +191,8 @@ def _load_plan(target: str, cat: Any, *, nmax: int, templates_dir: Path
     from coral.planning.options import PlanOptions
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario.load import load_scenario
-    from coral.templates.library.build_options import BuildOptions
-    from coral.templates.library.parallel import default_perf_factory
+    from coral.templates.builder.build_options import BuildOptions
+    from coral.templates.builder.parallel import default_perf_factory
 
     scenario = load_scenario(target, catalog=cat)
     with err_console.status(f"planning {scenario.name} (templates n_max {nmax})..."):

@@ -44,8 +44,8 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
     from coral.planning.plan import plan_scenario
     from coral.allocator.scenario.load import load_scenario
     from coral.sim.deployment import instances_from_plan
-    from coral.templates.library.build_options import BuildOptions
-    from coral.templates.library.parallel import default_perf_factory
+    from coral.templates.builder.build_options import BuildOptions
+    from coral.templates.builder.parallel import default_perf_factory
 
     path = Path(ref)
     if path.suffix == ".json":
@@ -204,7 +204,7 @@ def simulate_plan_summary(plan: Path, cat: Any, *, factors: dict[str, float] | N
     bar: for commands that judge a plan by simulating it (`coral perf calibrate --plan`)."""
     from coral.sim.engine import SimConfig, Simulator
     from coral.sim.metrics import summarize
-    from coral.templates.library.parallel import default_perf_factory
+    from coral.templates.builder.parallel import default_perf_factory
 
     _, instances, slos, demand, _ = _load_deployment(
         str(plan), cat=cat, nmax=SIMULATE_NMAX, templates_dir=Path("out/templates"),
@@ -280,7 +280,7 @@ def simulate(
     from coral.sim.engine import SimConfig, Simulator
     from coral.sim.metrics import summarize
     from coral.sim.workload import WorkloadError
-    from coral.templates.library.parallel import default_perf_factory
+    from coral.templates.builder.parallel import default_perf_factory
 
     show = sys.stderr.isatty() if progress is None else progress
     with user_errors():

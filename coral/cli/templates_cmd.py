@@ -191,11 +191,11 @@ def solve(
     json: JsonFlag = False,
 ) -> None:
     """Solve one node combination and print its placement."""
-    from coral.templates.library.solve import build_template, explain_infeasible
+    from coral.templates.builder.solve import build_template, explain_infeasible
     from coral.templates.space.engines import deployable_combo
     from coral.templates.space.enumerate import parse_combo
     from coral.templates.space.operating_points import OperatingPointTables
-    from coral.templates.library.parallel import default_perf_factory
+    from coral.templates.builder.parallel import default_perf_factory
 
     with user_errors():
         cat = open_catalog(catalog)
@@ -272,9 +272,9 @@ def build(
     json: JsonFlag = False,
 ) -> None:
     """Build (or resume) the template library of a model: enumerate, solve, prune."""
-    from coral.templates.library.build import build_library
-    from coral.templates.library.build_options import BuildOptions
-    from coral.templates.library.store import default_library_dir
+    from coral.templates.builder.build import build_library
+    from coral.templates.builder.build_options import BuildOptions
+    from coral.templates.builder.store import default_library_dir
 
     reports = []
     with user_errors():
@@ -369,7 +369,7 @@ def show(
     json: JsonFlag = False,
 ) -> None:
     """Show a template library: inputs, counts and its best templates."""
-    from coral.templates.library.store import TemplateLibrary, find_libraries
+    from coral.templates.builder.store import TemplateLibrary, find_libraries
 
     with user_errors():
         if top < 0:

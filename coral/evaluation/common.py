@@ -136,7 +136,7 @@ class EvalContext:
 
     def __init__(self, cfg: EvalConfig, say: Callable[[str], None]) -> None:
         from coral.catalog import load_catalog
-        from coral.templates.library.parallel import default_perf_factory
+        from coral.templates.builder.parallel import default_perf_factory
 
         self.cfg = cfg
         self.say = say
@@ -152,7 +152,7 @@ class EvalContext:
     def options(self, engine: str = "coral", nmax: int | None = None) -> Any:
         """The `PlanOptions` of this evaluation's config (`nmax`: the config's unless given)."""
         from coral.planning.options import PlanOptions
-        from coral.templates.library.build_options import BuildOptions
+        from coral.templates.builder.build_options import BuildOptions
 
         return PlanOptions(build=BuildOptions(engine=engine, workers=self.cfg.workers),
                            out_root=self.cfg.templates_dir,

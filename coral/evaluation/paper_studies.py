@@ -96,7 +96,7 @@ def _helix_worker(model: str, nodes: list[str], slo: Any, q: Any) -> None:
     try:
         from coral.baselines.helix import helix_placement
         from coral.catalog import load_catalog
-        from coral.templates.library.parallel import default_perf_factory
+        from coral.templates.builder.parallel import default_perf_factory
 
         cat = load_catalog(())
         t0 = time.perf_counter()
@@ -139,7 +139,7 @@ def sensitivity_study(ctx: Any, nmaxes: Sequence[int], rhos: Sequence[float], *,
     points left are skipped and listed."""
     from coral.allocator.scenario.load import scenario_slo
     from coral.planning.libraries import build_regions
-    from coral.templates.library.build import build_library
+    from coral.templates.builder.build import build_library
 
     sc = ctx.scenario("paper-extended")
     slo = scenario_slo(sc, model)

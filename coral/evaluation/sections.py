@@ -246,7 +246,7 @@ def _helix_worker(model: str, nodes: list[str], q: Any) -> None:
     try:
         from coral.baselines.helix import helix_placement
         from coral.catalog import load_catalog
-        from coral.templates.library.parallel import default_perf_factory
+        from coral.templates.builder.parallel import default_perf_factory
         from coral.templates.slo import default_slo
 
         cat = load_catalog(())

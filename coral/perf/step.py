@@ -421,7 +421,7 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
 def template_saturation(template: Any, *, perf: Any, catalog: Any,
                         max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
                         ) -> Saturation | None:
-    """`saturation` of one instance of a template (`coral.templates.library.build.Template`); None
+    """`saturation` of one instance of a template (`coral.templates.builder.build.Template`); None
     for an infeasible template or one that is not one pipeline."""
     if not template.feasible or not template.is_pipeline:
         return None

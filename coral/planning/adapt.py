@@ -25,7 +25,7 @@ from coral.planning.columns import columns_from_templates
 from coral.planning.libraries import ScenarioTemplates, templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.timeline import Timeline, apply_period
-from coral.templates.library.build import Template
+from coral.templates.builder.build import Template
 from coral.templates.space.operating_points import PerfLike
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def run_timeline(
     scenario = timeline.scenario
     n = options.nmax if options.nmax is not None else timeline.spec.nmax
     if perf is None:
-        from coral.templates.library.parallel import default_perf_factory
+        from coral.templates.builder.parallel import default_perf_factory
 
         perf = default_perf_factory(catalog)
     scenario = scenario.with_perf(perf, catalog)

@@ -15,7 +15,7 @@ from coral.allocator.problem import TemplateRegion
 from coral.allocator.scenario.load import Scenario
 from coral.catalog.loader import Catalog
 from coral.planning.columns import ID_SEP
-from coral.templates.library.build import Template
+from coral.templates.builder.build import Template
 from coral.templates.space.operating_points import PerfLike, shared_tables
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 from coral.allocator.problem import TemplateColumn
 from coral.allocator.scenario.load import Scenario
-from coral.templates.library.build import Template
+from coral.templates.builder.build import Template
 from coral.templates.space.enumerate import combo_key, node_counts
 
 #: Separator of the parts of a column id (`model|mode|combo`).

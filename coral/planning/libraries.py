@@ -1,7 +1,7 @@
 """A scenario's template libraries: one per (model, template mode), built or reused from disk.
 
 `templates_for_scenario` builds each library with the scenario's SLO, node types, `n_max` and
-`rho`, and reuses it from disk when its inputs are unchanged (`coral.templates.library.store`). The
+`rho`, and reuses it from disk when its inputs are unchanged (`coral.templates.builder.store`). The
 libraries live under `OUT_ROOT/MODEL/MODE-nN-KEY` (`MODE-ENGINE-nN-KEY` for an engine other
 than Coral's own, e.g. `--engine vllm`, whose libraries hold only the shapes vLLM runs), where
 `KEY` hashes what the scenario chooses (SLO, request shape, `rho`, node types, regions,
@@ -22,13 +22,13 @@ from typing import Any, Callable, Iterator, Mapping
 from coral.allocator.scenario.load import Scenario, scenario_slo
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
-from coral.templates.library.build import BuildReport, Template, build_library
-from coral.templates.library.build_options import BuildOptions
+from coral.templates.builder.build import BuildReport, Template, build_library
+from coral.templates.builder.build_options import BuildOptions
 from coral.templates.space.engines import DEFAULT_ENGINE, check_engine, engine_topology
-from coral.templates.library.homogeneous import cached_completions, homogeneous_combos
+from coral.templates.builder.homogeneous import cached_completions, homogeneous_combos
 from coral.templates.space.operating_points import PerfLike, shared_tables
-from coral.templates.library.solve import build_template
-from coral.templates.library.store import MANIFEST, TemplateLibrary
+from coral.templates.builder.solve import build_template
+from coral.templates.builder.store import MANIFEST, TemplateLibrary
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def templates_for_scenario(
             )
             kept_all.extend(kept)
             # the k x g combinations the library dropped by throughput: one instance pools its
-            # queue, so it may plan above its parts (`coral.templates.library.homogeneous`)
+            # queue, so it may plan above its parts (`coral.templates.builder.homogeneous`)
             useful = [g for g in scenario.node_types if g not in report.excluded_node_types]
             combos = homogeneous_combos(m.name, catalog, slo, mode, node_types=useful,
                                         n_max=n, rho=scenario.spec.rho,

@@ -21,7 +21,7 @@ from coral.allocator.problem import (
 )
 from coral.errors import InputError
 from coral.planning.libraries import DEFAULT_TEMPLATES_DIR
-from coral.templates.library.build_options import BuildOptions
+from coral.templates.builder.build_options import BuildOptions
 
 if TYPE_CHECKING:  # the spot planner loads only when a plan asks for spot
     from coral.allocator.spot.market import SpotOptions

@@ -41,7 +41,7 @@ from coral.planning.libraries import ScenarioTemplates, templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.planners import ModePlan, planner_for
 from coral.planning.result import PlanResult
-from coral.templates.library.build import Template
+from coral.templates.builder.build import Template
 from coral.templates.space.engines import engine_violations
 from coral.templates.space.operating_points import PerfLike
 
@@ -79,7 +79,7 @@ def plan_scenario(
     engine = options.engine
     time_limit_s, mip_gap, nmax = options.time_limit_s, options.mip_gap, options.nmax
     if perf is None:
-        from coral.templates.library.parallel import default_perf_factory
+        from coral.templates.builder.parallel import default_perf_factory
 
         perf = default_perf_factory(catalog)
     if scenario.saturation_of is None:

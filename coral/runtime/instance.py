@@ -44,7 +44,7 @@ class RuntimeInstanceSpec:
     @classmethod
     def from_template(cls, name: str, template, model_config, *,
                       served_name: str | None = None) -> "RuntimeInstanceSpec":
-        """An instance of a plan's template (`coral.templates.library.build.Template`): its chain of
+        """An instance of a plan's template (`coral.templates.builder.build.Template`): its chain of
         stages, weighted by the template's capacity (requests/s, else its throughput)."""
         weight = (getattr(template, "throughput_rps", None) or
                   getattr(template, "throughput", None) or 1.0)
@@ -57,7 +57,7 @@ class TemplateNotServableError(CoralError, ValueError):
 
 
 def pipeline_spec_from_template(template, model: ModelConfig) -> PipelineSpec:
-    """Stages of a template (`coral.templates.library.build.Template`) whose nodes form a chain.
+    """Stages of a template (`coral.templates.builder.build.Template`) whose nodes form a chain.
 
     Nodes with the same layer range become the data-parallel nodes of one stage, weighted by the
     flow the template sends into each (by capacity where the template has no edges). Ranges

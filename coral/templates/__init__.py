@@ -1,8 +1,8 @@
 """Serving templates: the best SLO-feasible placement of a model on each node combination.
 Sub-packages, lowest first (`tests/test_layers.py` holds the order): `types`, `slo` -> `space` ->
-`template`, `placement`, `step` -> `library`.
+`template`, `placement`, `step` -> `builder`.
 
-- `library/`: template libraries: one combination's solve, a whole library's build, its store on
+- `builder/`: template libraries: one combination's solve, a whole library's build, its store on
   disk, and the pools that run the solves.
 - `placement/`: the exact placement solvers of each topology, their shared preparation, and the
   independent checks of their answers.

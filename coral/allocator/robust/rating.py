@@ -59,7 +59,7 @@ from coral.perf.pipeline import PipelineShape
 from coral.perf.slowdown import SlowedPerf
 from coral.routing import LOAD_SLACK
 from coral.perf.step import Saturation, build_step_model, busy_steps, saturation, stages_from_shape
-from coral.templates.library.store import MANIFEST, TemplateLibrary
+from coral.templates.builder.store import MANIFEST, TemplateLibrary
 from coral.templates.template import Template
 
 log = logging.getLogger(__name__)

@@ -84,7 +84,7 @@ def deployable_combo(engine: str, catalog: Catalog, combo: Iterable[str],
 
 def engine_violations(engine: str, template: Any, catalog: Catalog) -> list[str]:
     """Why one instance of `template` is not deployable on `engine`, in words (empty: it is).
-    `template` is a `coral.templates.library.build.Template` that is one pipeline."""
+    `template` is a `coral.templates.builder.build.Template` that is one pipeline."""
     if check_engine(engine) == "coral":
         return []
     out: list[str] = []

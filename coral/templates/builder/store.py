@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 
 from coral.errors import CoralError
 from coral.catalog.loader import Catalog
-from coral.templates.library.solve import Outcome
+from coral.templates.builder.solve import Outcome
 from coral.templates.template import Template
 from coral.templates.space.engines import ENGINE_RULES_VERSION
 from coral.templates.space.enumerate import Combo

@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from coral.catalog.loader import Catalog
 from coral.errors import InputError
-from coral.templates.library.build_options import BuildOptions
-from coral.templates.library.solve import Outcome, Solver, Task, solve_task
+from coral.templates.builder.build_options import BuildOptions
+from coral.templates.builder.solve import Outcome, Solver, Task, solve_task
 from coral.errors import CoralError
 from coral.templates.space.operating_points import OperatingPointTables, PerfLike, shared_tables
 from coral.templates.slo import SloSpec

@@ -16,7 +16,7 @@ from coral.catalog.loader import Catalog
 from coral.errors import InputError
 from coral.templates.space.engines import DEFAULT_ENGINE, check_engine
 from coral.templates.space.operating_points import DEFAULT_BATCHES, PerfLike, check_batches
-from coral.templates.library.solve import DEFAULT_TIME_LIMIT_S, Solver
+from coral.templates.builder.solve import DEFAULT_TIME_LIMIT_S, Solver
 from coral.templates.types import Topology
 
 
@@ -37,7 +37,7 @@ class BuildOptions:
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     """Time limit of one combination's placement solve, seconds."""
     method: str = "auto"
-    """Placement solver method (`coral.templates.library.solve.build_template`)."""
+    """Placement solver method (`coral.templates.builder.solve.build_template`)."""
     bound_skip: bool = True
     """Skip a combination whose throughput bound cannot beat its parts (lossless)."""
     solver: Solver | None = None

@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from coral.catalog.loader import Catalog
 from coral.catalog.schema import ModelArch
-from coral.templates.library.build_options import BuildOptions
+from coral.templates.builder.build_options import BuildOptions
 from coral.templates.space.engines import deployable_combo, engine_topology
 from coral.templates.space.enumerate import (
     DEFAULT_NMAX,
@@ -53,7 +53,7 @@ from coral.templates.space.operating_points import (
     shared_tables,
 )
 from coral.templates.slo import SloSpec
-from coral.templates.library.solve import (
+from coral.templates.builder.solve import (
     DEFAULT_TIME_LIMIT_S,
     DOMINANCE_RTOL,
     Outcome,
@@ -175,7 +175,7 @@ def _finished_library(out: Path, inputs: Any, model: str, mode: Mode
     templates and a report from what it recorded (the enumeration's counts and the node types
     it excluded), without computing the operating points of every node type again; None
     when there is none (then the build opens, resumes or rebuilds it)."""
-    from coral.templates.library import store as lib_mod
+    from coral.templates.builder import store as lib_mod
 
     if not (out / lib_mod.MANIFEST).exists():
         return None
@@ -236,8 +236,8 @@ def build_library(
     combinations of one GPU count, which the report counts as `combos_pruned_engine`); the
     topology defaults to `flow` otherwise.
     """
-    from coral.templates.library import store as lib_mod
-    from coral.templates.library import parallel as par
+    from coral.templates.builder import store as lib_mod
+    from coral.templates.builder import parallel as par
 
     arch = catalog.model(model) if isinstance(model, str) else model
     mode = check_mode(mode)

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from coral.cli.main import app
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
-from coral.runtime.engine import Engine
+from coral.runtime.batching_engine import BatchingEngine
 from coral.runtime.metrics import GatewayMetrics
 from coral.runtime.step_times import INJECT_SLOWDOWN_ENV
 from coral.runtime.worker import ZmqPipeline
@@ -58,7 +58,7 @@ def one_run(args: argparse.Namespace, folder: Path, seed: int) -> dict:
     t0 = time.perf_counter()
     pipeline = ZmqPipeline(spec)
     try:
-        engine = Engine(pipeline, max_seq_len=cfg.max_seq_len)
+        engine = BatchingEngine(pipeline, max_seq_len=cfg.max_seq_len)
         prompt = list(b"The quick brown fox jumps over the lazy dog. " * args.prompt_repeats)
         for _ in range(args.requests):  # requests alternate between the twins
             engine.submit(prompt, args.output_tokens, lambda t, f, e: None, stop_on_eos=False)

@@ -76,7 +76,7 @@ def _partner(plan: Any, row: Any) -> Any | None:
 def check_row(plan: Any, row: Any, slos: dict, *, factor: float, seed: int,
               duration_s: float, perf: Any, catalog: Any, lengths: str = "fixed") -> Check:
     """Simulate `row`'s template alone at `factor` x its planned rate."""
-    from coral.sim.engine import SimConfig, Simulator
+    from coral.sim.event_loop import SimConfig, Simulator
     from coral.sim.workload import synthetic
 
     slo = slos[row.model]

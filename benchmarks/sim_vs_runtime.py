@@ -71,14 +71,14 @@ import numpy as np
 from coral.perf.profile_table import ProfileTable
 from coral.perf.step import Stage, StageNode
 from coral.runtime.checkpoint import smollm2_config
-from coral.runtime.engine import Engine
+from coral.runtime.batching_engine import BatchingEngine
 from coral.runtime.tiny import tiny_instance
 from coral.runtime.worker import free_tcp_port as free_port
 from coral.sim import InstanceSpec, SimConfig, Simulator
 from coral.sim.workload import Request
 
-#: The runtime engine's limit on running sequences (`Engine.max_running`'s default).
-MAX_RUNNING = Engine.__init__.__kwdefaults__["max_running"]
+#: The runtime engine's limit on running sequences (`BatchingEngine.max_running`'s default).
+MAX_RUNNING = BatchingEngine.__init__.__kwdefaults__["max_running"]
 #: Node type name of this CPU in the simulator (one worker process, one torch thread).
 CPU_NODE = "cpu"
 #: Tolerances of the issue's "Done when": p50 and throughput, p90.

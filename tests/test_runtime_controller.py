@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx")
 from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
 from coral.runtime.controller import (Controller, Instance, RuntimeInstanceSpec,  # noqa: E402
                                       LocalProvisioner, ModelRouter)
-from coral.runtime.engine import Engine  # noqa: E402
+from coral.runtime.batching_engine import BatchingEngine  # noqa: E402
 from coral.runtime.gateway import create_app  # noqa: E402
 from coral.runtime.gateway_server import ServerThread  # noqa: E402
 from coral.runtime.openai_api import RETRIABLE_CODE  # noqa: E402
@@ -45,7 +45,8 @@ def expected() -> dict[str, str]:
     tok = ByteTokenizer()
     out = {}
     for p in PROMPTS:
-        engine = Engine(LocalPipeline(PipelineSpec.even(TINY, 1)), max_seq_len=TINY.max_seq_len)
+        engine = BatchingEngine(LocalPipeline(PipelineSpec.even(TINY, 1)),
+                                max_seq_len=TINY.max_seq_len)
         ids = engine.generate(tok.encode(p), MAX_TOKENS, SamplingParams(), stop_on_eos=True)
         out[p] = tok.decode(ids)
     return out

@@ -14,7 +14,7 @@ httpx = pytest.importorskip("httpx")
 from coral.plans.file import PlanFile  # noqa: E402
 from coral.runtime.backends import EchoBackend, EngineBackend  # noqa: E402
 from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
-from coral.runtime.engine import Engine  # noqa: E402
+from coral.runtime.batching_engine import BatchingEngine  # noqa: E402
 from coral.runtime.gateway import create_app  # noqa: E402
 from coral.runtime.gateway_server import ServerThread  # noqa: E402
 from coral.runtime.messages import SamplingParams  # noqa: E402
@@ -29,7 +29,7 @@ API_KEY = "test-key"
 def server():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    engine = Engine(LocalPipeline(PipelineSpec.even(TINY, 2)), max_seq_len=TINY.max_seq_len)
+    engine = BatchingEngine(LocalPipeline(PipelineSpec.even(TINY, 2)), max_seq_len=TINY.max_seq_len)
     engine.start()
     app = create_app({"tiny-random": EngineBackend(engine), "echo": EchoBackend(64)},
                      api_key=API_KEY)
@@ -49,7 +49,7 @@ def client(server):
 def expected_text(prompt: str, max_tokens: int) -> str:
     """Greedy output of the unsplit model for the same prompt, as the gateway decodes it."""
     tok = ByteTokenizer()
-    engine = Engine(LocalPipeline(PipelineSpec.even(TINY, 1)), max_seq_len=TINY.max_seq_len)
+    engine = BatchingEngine(LocalPipeline(PipelineSpec.even(TINY, 1)), max_seq_len=TINY.max_seq_len)
     ids = engine.generate(tok.encode(prompt), max_tokens, SamplingParams(), stop_on_eos=True)
     return tok.decode(ids)
 

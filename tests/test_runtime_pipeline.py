@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec  # noqa: E402
-from coral.runtime.engine import Engine  # noqa: E402
+from coral.runtime.batching_engine import BatchingEngine  # noqa: E402
 from coral.runtime.messages import SamplingParams  # noqa: E402
 from coral.runtime.pipeline import LocalPipeline  # noqa: E402
 from coral.runtime.routing import WeightedRouter  # noqa: E402
@@ -26,7 +26,7 @@ def _one_torch_thread():
 
 
 def generate(spec: PipelineSpec, prompt=PROMPT, max_tokens=12, sampling=SamplingParams()):
-    engine = Engine(LocalPipeline(spec), max_seq_len=spec.model.max_seq_len)
+    engine = BatchingEngine(LocalPipeline(spec), max_seq_len=spec.model.max_seq_len)
     return engine.generate(prompt, max_tokens, sampling)
 
 
@@ -47,7 +47,7 @@ def test_split_matches_unsplit_model(reference, stages):
 
 def test_data_parallel_nodes_in_a_stage_match(reference):
     spec = PipelineSpec(TINY, (StageSpec(0, 2), StageSpec(2, 4, (1.0, 2.0)), StageSpec(4, 6)))
-    engine = Engine(LocalPipeline(spec), max_seq_len=TINY.max_seq_len)
+    engine = BatchingEngine(LocalPipeline(spec), max_seq_len=TINY.max_seq_len)
     outputs: dict[str, list[int]] = {}
     for k in range(3):  # concurrent requests spread over both middle nodes
         rid = engine.submit(PROMPT, 12, lambda t, f, e, k=k: t is not None
@@ -64,7 +64,7 @@ def test_continuous_batching_matches_one_at_a_time():
     spec = PipelineSpec.even(TINY, 3)
     prompts = [list(b"a"), list(b"hello there"), list(b"xyz" * 5)]
     alone = [generate(PipelineSpec.even(TINY, 1), p, 8) for p in prompts]
-    engine = Engine(LocalPipeline(spec), max_seq_len=TINY.max_seq_len)
+    engine = BatchingEngine(LocalPipeline(spec), max_seq_len=TINY.max_seq_len)
     out: dict[int, list[int]] = {i: [] for i in range(3)}
     engine.submit(prompts[0], 8, lambda t, f, e: t is not None and out[0].append(t),
                   stop_on_eos=False)
@@ -115,7 +115,7 @@ def test_pipeline_spec_rejects_gaps_and_wrong_cover():
 
 
 def test_engine_rejects_too_long_request():
-    engine = Engine(LocalPipeline(PipelineSpec.even(TINY, 1)), max_seq_len=TINY.max_seq_len)
+    engine = BatchingEngine(LocalPipeline(PipelineSpec.even(TINY, 1)), max_seq_len=TINY.max_seq_len)
     with pytest.raises(ValueError, match="exceeds the model's context"):
         engine.submit([1] * 120, 20, lambda *a: None)
 
@@ -136,7 +136,7 @@ def test_split_over_zeromq_worker_processes(reference):
     spec = PipelineSpec(TINY, (StageSpec(0, 2), StageSpec(2, 4, (1.0, 1.0)), StageSpec(4, 6)))
     pipeline = ZmqPipeline(spec)
     try:
-        engine = Engine(pipeline, max_seq_len=TINY.max_seq_len)
+        engine = BatchingEngine(pipeline, max_seq_len=TINY.max_seq_len)
         assert engine.generate(PROMPT, 12) == reference
         outs: dict[int, list[int]] = {0: [], 1: []}
         for k in (0, 1):  # two requests at once: one per middle node
@@ -195,7 +195,7 @@ def test_a_prompt_spread_over_the_worker_pipeline_matches_the_whole_model(refere
 
     spec = PipelineSpec(TINY, (StageSpec(0, 2), StageSpec(2, 4), StageSpec(4, 6)))
     pipeline = ZmqPipeline(spec)
-    engine = Engine(pipeline, max_seq_len=TINY.max_seq_len)
+    engine = BatchingEngine(pipeline, max_seq_len=TINY.max_seq_len)
     outs: dict[int, list[int]] = {0: [], 1: []}
     done = threading.Semaphore(0)
 

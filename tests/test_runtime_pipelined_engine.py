@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from coral.runtime.engine import Engine
+from coral.runtime.batching_engine import BatchingEngine
 from coral.runtime.messages import PROMPT_CHUNK_STEP, TokenResult, WorkItem
 
 
@@ -63,7 +63,7 @@ class FakePipeline:
         pass
 
 
-def _run(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int
+def _run(engine: BatchingEngine, prompts: list[tuple[int, ...]], max_tokens: int
          ) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {k: [] for k in range(len(prompts))}
     done = threading.Semaphore(0)
@@ -88,7 +88,7 @@ def _run(engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int
 
 def test_each_request_runs_in_one_slot_and_the_slots_overlap():
     pipe = FakePipeline(depth=3)
-    engine = Engine(pipe, max_seq_len=256)
+    engine = BatchingEngine(pipe, max_seq_len=256)
     prompts = [tuple(range(5 + k)) for k in range(6)]
     out = _run(engine, prompts, max_tokens=4)
     # every request got its 4 tokens in order: the prefill's, then one per decode step
@@ -109,7 +109,7 @@ def test_each_request_runs_in_one_slot_and_the_slots_overlap():
 
 def test_a_lost_worker_fails_the_requests_in_flight_and_the_engine_keeps_serving():
     pipe = FakePipeline(depth=2, fail_at_collect=3)
-    engine = Engine(pipe, max_seq_len=256)
+    engine = BatchingEngine(pipe, max_seq_len=256)
     errors: list[str] = []
     finished = threading.Semaphore(0)
 
@@ -140,7 +140,7 @@ def test_a_prompt_arriving_beside_running_requests_is_spread_over_the_slots():
     micro-batch, in order (each chunk's KV before the next), and only its last chunk is
     sampled; a prompt that finds the engine idle goes whole."""
     pipe = FakePipeline(depth=3)
-    engine = Engine(pipe, max_seq_len=256)
+    engine = BatchingEngine(pipe, max_seq_len=256)
     out: dict[int, list[int]] = {0: [], 1: []}
     done = threading.Semaphore(0)
     second = tuple(range(100, 109))  # 9 tokens: chunks of 3
@@ -183,7 +183,7 @@ def test_a_request_whose_first_token_lands_in_the_fuller_slot_moves_to_the_empti
     back in slot 0 too (its last prompt chunk rode there). Slot 0's next micro-batch leaves
     the newcomer out, and slot 1's carries its first decode: the two decode as a pipelined
     pair, not as one micro-batch of two with a stage idle."""
-    engine = Engine(FakePipeline(depth=2), max_seq_len=256)
+    engine = BatchingEngine(FakePipeline(depth=2), max_seq_len=256)
     for k in range(2):
         engine.submit(tuple(range(4)), 8, lambda *a: None, stop_on_eos=False)
     old, new = engine._waiting

@@ -194,7 +194,7 @@ def test_an_approximate_instance_serves_exactly_as_split(instances):
     """The stand-in runs: split over the plan's stages it matches its own unsplit model."""
     torch = pytest.importorskip("torch")
     from coral.runtime.config import PipelineSpec
-    from coral.runtime.engine import Engine
+    from coral.runtime.batching_engine import BatchingEngine
     from coral.runtime.pipeline import LocalPipeline
 
     torch.set_num_threads(1)
@@ -202,7 +202,7 @@ def test_an_approximate_instance_serves_exactly_as_split(instances):
     prompt = list(b"hello")
 
     def run(pipeline):
-        return Engine(LocalPipeline(pipeline), max_seq_len=64).generate(prompt, 5)
+        return BatchingEngine(LocalPipeline(pipeline), max_seq_len=64).generate(prompt, 5)
 
     assert run(spec.pipeline) == run(PipelineSpec.even(spec.pipeline.model, 1))
 

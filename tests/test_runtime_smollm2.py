@@ -17,7 +17,7 @@ from coral.runtime.checkpoint import (  # noqa: E402
     unpermute_rope_rows,
 )
 from coral.runtime.config import PipelineSpec, StageSpec  # noqa: E402
-from coral.runtime.engine import Engine  # noqa: E402
+from coral.runtime.batching_engine import BatchingEngine  # noqa: E402
 from coral.runtime.pipeline import LocalPipeline  # noqa: E402
 
 GGUF = find_smollm2()
@@ -55,8 +55,8 @@ def prompt(tok) -> list[int]:
 
 
 def generate(spec: PipelineSpec, prompt: list[int]) -> list[int]:
-    engine = Engine(LocalPipeline(spec), max_seq_len=spec.model.max_seq_len,
-                    eos_token_ids=spec.model.eos_token_ids)
+    engine = BatchingEngine(LocalPipeline(spec), max_seq_len=spec.model.max_seq_len,
+                            eos_token_ids=spec.model.eos_token_ids)
     return engine.generate(prompt, MAX_TOKENS)
 
 
@@ -87,8 +87,8 @@ def test_split_matches_unsplit(model, prompt, reference, bounds):
 @needs_smollm2
 def test_data_parallel_nodes_in_a_stage_match(model, tok, prompt, reference):
     spec = PipelineSpec(model, (StageSpec(0, 10), StageSpec(10, 30, (1.0, 1.0))))
-    engine = Engine(LocalPipeline(spec), max_seq_len=model.max_seq_len,
-                    eos_token_ids=model.eos_token_ids)
+    engine = BatchingEngine(LocalPipeline(spec), max_seq_len=model.max_seq_len,
+                            eos_token_ids=model.eos_token_ids)
     other = tok.encode(tok.apply_chat_template([("user", "Name a colour.")]))
     outs: dict[int, list[int]] = {0: [], 1: [], 2: []}
     for k, p in enumerate([prompt, other, prompt]):  # spread over both second-stage nodes

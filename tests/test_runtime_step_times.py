@@ -118,7 +118,7 @@ def test_injected_slowdown_is_recovered_from_the_metrics(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("zmq")
     from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
-    from coral.runtime.engine import Engine
+    from coral.runtime.batching_engine import BatchingEngine
     from coral.runtime.worker import ZmqPipeline
 
     monkeypatch.setenv(INJECT_SLOWDOWN_ENV, "s1n1=3")
@@ -126,7 +126,7 @@ def test_injected_slowdown_is_recovered_from_the_metrics(tmp_path, monkeypatch):
     spec = PipelineSpec(tiny, (StageSpec(0, 2), StageSpec(2, 6, (1.0, 1.0))))
     pipeline = ZmqPipeline(spec)
     try:
-        engine = Engine(pipeline, max_seq_len=tiny.max_seq_len)
+        engine = BatchingEngine(pipeline, max_seq_len=tiny.max_seq_len)
         done: list[int] = []
         for k in range(8):  # requests alternate between the twins
             engine.submit(list(b"The quick brown fox jumps"), 48,

@@ -67,12 +67,12 @@ def coral_tokens(model, instance, prompt: list[int]) -> list[int]:
     """Greedy tokens of Coral's torch pipeline over the same stages."""
     import torch
 
-    from coral.runtime.engine import Engine
+    from coral.runtime.batching_engine import BatchingEngine
     from coral.runtime.pipeline import LocalPipeline
 
     torch.set_num_threads(1)
-    engine = Engine(LocalPipeline(instance.pipeline(model)), max_seq_len=model.max_seq_len,
-                    eos_token_ids=model.eos_token_ids)
+    engine = BatchingEngine(LocalPipeline(instance.pipeline(model)),
+                            max_seq_len=model.max_seq_len, eos_token_ids=model.eos_token_ids)
     out: list[int] = []
     engine.submit(prompt, MAX_TOKENS, lambda t, f, e: t is not None and out.append(t))
     while engine.has_work():

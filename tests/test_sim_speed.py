@@ -4,7 +4,7 @@
 heap of `(time, priority, seq)` events with arrivals on it, a step object per step, the
 router's weighted round robin as a loop over the instances with the queue scans written out,
 finishing sequences in a heap of `(clock, id, epoch, seq)`, and frozen results built as they
-happen. The engine (`coral.sim.engine`) inlines, memoises and restructures all of that for
+happen. The engine (`coral.sim.event_loop`) inlines, memoises and restructures all of that for
 speed; here both run the same random small deployments and workloads and must agree exactly:
 every request's outcome and times, each node's busy seconds, and the event and step counts.
 """
@@ -23,7 +23,7 @@ from coral.perf.model import PerfModel
 from coral.sim import InstanceSpec, Request, SimConfig, Simulator, synthetic
 from coral.sim.deployment import stages_from_nodes
 from coral.routing import LOAD_SLACK, swrr_picks
-from coral.sim.engine import ARRIVAL, STEP_DONE
+from coral.sim.event_loop import ARRIVAL, STEP_DONE
 from coral.sim.workload import merge
 from coral.templates.space.operating_points import NET_LATENCY_S
 

@@ -202,7 +202,7 @@ def simulate_plan_summary(plan: Path, cat: Any, *, factors: dict[str, float] | N
                           duration: float, seed: int = 0) -> dict:
     """`coral simulate PLAN --slowdown ...`'s summary, with no files written and no progress
     bar: for commands that judge a plan by simulating it (`coral perf calibrate --plan`)."""
-    from coral.sim.engine import SimConfig, Simulator
+    from coral.sim.event_loop import SimConfig, Simulator
     from coral.sim.metrics import summarize
     from coral.templates.builder.parallel import default_perf_factory
 
@@ -277,7 +277,7 @@ def simulate(
     goodput, utilisation and $/hour. Writes one CSV row per request and a summary JSON."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from coral.sim.engine import SimConfig, Simulator
+    from coral.sim.event_loop import SimConfig, Simulator
     from coral.sim.metrics import summarize
     from coral.sim.workload import WorkloadError
     from coral.templates.builder.parallel import default_perf_factory

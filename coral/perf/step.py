@@ -1,7 +1,7 @@
 """How long one step of a pipeline takes, and what a pipeline delivers when busy.
 
 This is the one step model of a running instance: the simulator steps it event by event
-(`coral.sim.engine`) and the planner sizes templates by it at full occupancy (`saturation`),
+(`coral.sim.event_loop`) and the planner sizes templates by it at full occupancy (`saturation`),
 so both judge a template the same way.
 
 A step runs the instance's sequences as `m = min(stages, sequences)` equal micro-batches that

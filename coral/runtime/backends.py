@@ -24,7 +24,7 @@ class Backend(Protocol):
 
 
 class EngineBackend:
-    """Adapts a threaded `Engine` to asyncio."""
+    """Adapts a threaded `BatchingEngine` to asyncio."""
 
     def __init__(self, engine, *, stop_on_eos: bool = True):
         self.engine = engine
@@ -40,7 +40,7 @@ class EngineBackend:
                      error: str | BaseException | None) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (token, finished, error))
 
-        from coral.runtime.engine import EngineStoppedError
+        from coral.runtime.batching_engine import EngineStoppedError
 
         try:
             request_id = self.engine.submit(prompt_ids, max_tokens, on_token, sampling,

@@ -95,12 +95,12 @@ def reference_texts(model, tokenizer, prompts: Sequence[str], max_tokens: int
                     ) -> dict[str, str]:
     """Greedy completions of the unsplit model, as the gateway decodes them."""
     from coral.runtime.config import PipelineSpec
-    from coral.runtime.engine import Engine
+    from coral.runtime.batching_engine import BatchingEngine
     from coral.runtime.messages import SamplingParams
     from coral.runtime.pipeline import LocalPipeline
 
-    engine = Engine(LocalPipeline(PipelineSpec.even(model, 1)), max_seq_len=model.max_seq_len,
-                    eos_token_ids=model.eos_token_ids)
+    engine = BatchingEngine(LocalPipeline(PipelineSpec.even(model, 1)),
+                            max_seq_len=model.max_seq_len, eos_token_ids=model.eos_token_ids)
     return {p: tokenizer.decode(engine.generate(tokenizer.encode(p), max_tokens,
                                                 SamplingParams(), stop_on_eos=True))
             for p in prompts}

@@ -191,7 +191,7 @@ class LocalProvisioner:
         log.info("instance %s: reclaimed (workers %s killed)", instance.name, pids)
 
     def start(self, spec: RuntimeInstanceSpec) -> Instance:
-        from coral.runtime.engine import Engine
+        from coral.runtime.batching_engine import BatchingEngine
 
         if self.in_process:
             from coral.runtime.pipeline import LocalPipeline
@@ -199,8 +199,8 @@ class LocalProvisioner:
         else:
             executor = self._start_workers(spec)
         model = spec.pipeline.model
-        engine = Engine(executor, max_seq_len=model.max_seq_len,
-                        eos_token_ids=model.eos_token_ids)
+        engine = BatchingEngine(executor, max_seq_len=model.max_seq_len,
+                                eos_token_ids=model.eos_token_ids)
         engine.start()
         return Instance(spec, engine, executor)
 

@@ -1,4 +1,4 @@
-"""Event-based simulator of a planned deployment (see `engine.py` for the model, `pd.py` for
+"""Event-based simulator of a planned deployment (see `event_loop.py` for the model, `pd.py` for
 prefill/decode-disaggregated instances)."""
 
 from coral.sim.deployment import (
@@ -10,7 +10,7 @@ from coral.sim.deployment import (
     instances_from_plan,
 )
 from coral.sim.config import SimConfig
-from coral.sim.engine import Simulator, simulate
+from coral.sim.event_loop import Simulator, simulate
 from coral.sim.results import PdRequestResult, RequestResult, SimResult
 from coral.sim.metrics import summarize
 from coral.sim.workload import Request, WorkloadError, read_trace, synthetic, trace_requests

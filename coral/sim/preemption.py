@@ -52,7 +52,7 @@ from coral.errors import CoralError
 from coral.sim import pd
 from coral.plans.file import PlannedInstances
 from coral.sim.deployment import InstanceSpec, instances_from_rows
-from coral.sim.engine import Simulator
+from coral.sim.event_loop import Simulator
 from coral.sim.results import SimResult
 from coral.sim.routing import SimRouter
 from coral.sim.scheduler import Seq, SimInstance

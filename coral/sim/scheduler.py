@@ -1,6 +1,6 @@
 """One simulated instance: its queues, KV cache, decode clock and the scheduler that forms
-its steps (continuous batching with chunked prefill and preemption; see `coral.sim.engine`
-for the model). The event loop (`coral.sim.engine.Simulator`) drives it.
+its steps (continuous batching with chunked prefill and preemption; see `coral.sim.event_loop`
+for the model). The event loop (`coral.sim.event_loop.Simulator`) drives it.
 
 `SimInstance.schedule` is the one scheduler of every kind of instance: aggregated, and the
 prefill and decode halves of `coral.sim.pd` (subclasses that change its data, not its

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 from coral.sim.results import SimResult, record, request_results_from_records
 from coral.sim.workload import Request
 
-#: What a forked worker simulates: (the `coral.sim.engine.Simulator`, the requests by arrival,
+#: What a forked worker simulates: (the `coral.sim.event_loop.Simulator`, the requests by arrival,
 #: each group's request positions). Set before the workers fork and cleared after, so that
 #: they inherit it. (The simulator is typed `Any` here: the engine imports this module.)
 _JOB: tuple[Any, list[Request], list[list[int]]] | None = None

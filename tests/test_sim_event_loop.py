@@ -18,7 +18,7 @@ from coral.sim import (
     synthetic,
 )
 from coral.sim.deployment import DeploymentError, stages_from_nodes
-from coral.sim.engine import ARRIVAL, STEP_DONE
+from coral.sim.event_loop import ARRIVAL, STEP_DONE
 from coral.templates.space.operating_points import NET_LATENCY_S
 from coral.templates.slo import SloSpec
 

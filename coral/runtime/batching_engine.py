@@ -60,7 +60,7 @@ class _Request:
     cancelled: bool = False
 
 
-class Engine:
+class BatchingEngine:
     """Owns the request queue and drives an executor; `submit` is thread-safe."""
 
     def __init__(self, executor: Executor, *, max_seq_len: int, max_running: int = 32,

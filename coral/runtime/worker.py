@@ -1,10 +1,10 @@
 """Pipeline workers over ZeroMQ: one process per node, and the executor that drives them.
 
-Topology: every worker binds a PULL socket; it PUSHes activations to the nodes of the next
-stage (one PUSH socket each, the node chosen by weight and kept per request, since that node
-holds the request's KV cache), and the last stage PUSHes sampled tokens to the driver's PULL
-socket. Every worker also sends a heartbeat to the driver each `heartbeat_s`, from a thread
-of its own, so that a long step does not read as a dead worker.
+Addresses (`PipelineAddresses`): every worker binds a PULL socket; it PUSHes activations to
+the nodes of the next stage (one PUSH socket each, the node chosen by weight and kept per
+request, since that node holds the request's KV cache), and the last stage PUSHes sampled
+tokens to the driver's PULL socket. Every worker also sends a heartbeat to the driver each
+`heartbeat_s`, from a thread of its own, so that a long step does not read as a dead worker.
 
 Messages are pickled dataclasses (`coral.runtime.messages`): bind to loopback or a trusted
 private network only.
@@ -72,14 +72,16 @@ class NodeAddress:
 
 
 @dataclass(frozen=True)
-class Topology:
+class PipelineAddresses:
+    """Where a worker pipeline's sockets bind: each node's, and the driver's."""
+
     spec: PipelineSpec
     nodes: tuple[tuple[NodeAddress, ...], ...]  # per stage
     driver_address: str  # the driver's PULL socket (tokens, step times)
     heartbeat_address: str = ""  # the driver's heartbeat PULL socket ("": driver_address)
 
     @classmethod
-    def on_loopback(cls, spec: PipelineSpec, host: str = "127.0.0.1") -> "Topology":
+    def on_loopback(cls, spec: PipelineSpec, host: str = "127.0.0.1") -> "PipelineAddresses":
         nodes = tuple(
             tuple(NodeAddress(f"s{s}n{i}", s, i, f"tcp://{host}:{free_tcp_port(host)}")
                   for i in range(len(stage.node_weights)))
@@ -103,7 +105,7 @@ def exit_with_parent(parent_pid: int, period_s: float = PARENT_WATCH_S) -> threa
     return thread
 
 
-def run_worker(topology: Topology, stage_index: int, node_index: int,
+def run_worker(addresses: PipelineAddresses, stage_index: int, node_index: int,
                heartbeat_s: float = HEARTBEAT_S, torch_threads: int = 1,
                device: str = "cpu", parent_pid: int | None = None) -> None:
     """Process entry point of one node: receive batches, run the stage, pass results on.
@@ -120,20 +122,20 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
     from coral.runtime.routing import WeightedRouter
 
     torch.set_num_threads(torch_threads)
-    me = topology.nodes[stage_index][node_index]
-    spec = topology.spec.stages[stage_index]
-    stage = Stage(topology.spec.model, spec.first_layer, spec.end_layer, device)
+    me = addresses.nodes[stage_index][node_index]
+    spec = addresses.spec.stages[stage_index]
+    stage = Stage(addresses.spec.model, spec.first_layer, spec.end_layer, device)
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.bind(me.address)
     driver = ctx.socket(zmq.PUSH)
-    driver.connect(topology.driver_address)
+    driver.connect(addresses.driver_address)
     downstream = []
     router = None
     if not stage.is_last:
-        nxt = topology.spec.stages[stage_index + 1]
+        nxt = addresses.spec.stages[stage_index + 1]
         router = WeightedRouter(nxt.node_weights)
-        for node in topology.nodes[stage_index + 1]:
+        for node in addresses.nodes[stage_index + 1]:
             sock = ctx.socket(zmq.PUSH)
             sock.connect(node.address)
             downstream.append(sock)
@@ -146,7 +148,7 @@ def run_worker(topology: Topology, stage_index: int, node_index: int,
     clock = time.thread_time if str(device).startswith("cpu") else time.perf_counter
     stop = threading.Event()
     beats = threading.Thread(target=_send_heartbeats, name="coral-heartbeat", daemon=True,
-                             args=(ctx, topology.heartbeat_address or topology.driver_address,
+                             args=(ctx, addresses.heartbeat_address or addresses.driver_address,
                                    me.node_id, stage_index,
                                    stage, heartbeat_s, stop))
     beats.start()
@@ -241,31 +243,31 @@ class ZmqPipeline:
     """Executor over worker processes: micro-batches go to the first stage (`launch`) and
     their tokens come back from the last (`collect`); `execute` runs one whole step."""
 
-    def __init__(self, spec: PipelineSpec, *, topology: Topology | None = None,
+    def __init__(self, spec: PipelineSpec, *, addresses: PipelineAddresses | None = None,
                  start_timeout_s: float = 60.0, device: str = "cpu"):
         """`device`: torch device of every worker ("cuda:0" puts all stages on one GPU)."""
         import zmq
 
         from coral.runtime.routing import WeightedRouter
 
-        self.topology = topology or Topology.on_loopback(spec)
+        self.addresses = addresses or PipelineAddresses.on_loopback(spec)
         self._zmq = zmq
         self._ctx = zmq.Context()
         self._inbox = self._ctx.socket(zmq.PULL)
         try:
-            self._inbox.bind(self.topology.driver_address)
+            self._inbox.bind(self.addresses.driver_address)
         except zmq.ZMQError:
             self._ctx.destroy(linger=0)
             raise
         self.last_seen_s: dict[str, float] = {}
         self._beats_stop = threading.Event()
         self._beats: threading.Thread | None = None
-        if self.topology.heartbeat_address:
+        if self.addresses.heartbeat_address:
             # heartbeats are read by a thread of their own: a driver thread busy elsewhere
             # (a long step, a loaded event loop) does not make its workers look silent
             beats = self._ctx.socket(zmq.PULL)
             try:
-                beats.bind(self.topology.heartbeat_address)
+                beats.bind(self.addresses.heartbeat_address)
             except zmq.ZMQError:
                 self._ctx.destroy(linger=0)
                 raise
@@ -273,7 +275,7 @@ class ZmqPipeline:
                                            name="coral-heartbeats", daemon=True)
             self._beats.start()
         self._first = []
-        for node in self.topology.nodes[0]:
+        for node in self.addresses.nodes[0]:
             sock = self._ctx.socket(zmq.PUSH)
             sock.connect(node.address)
             self._first.append(sock)
@@ -289,17 +291,17 @@ class ZmqPipeline:
         self._aborted = threading.Event()
         mp_ctx = mp.get_context("spawn")
         self.processes = [
-            mp_ctx.Process(target=run_worker, args=(self.topology, n.stage, n.index),
+            mp_ctx.Process(target=run_worker, args=(self.addresses, n.stage, n.index),
                            kwargs={"device": device, "parent_pid": os.getpid()},
                            name=f"coral-worker-{n.node_id}", daemon=True)
-            for stage in self.topology.nodes for n in stage]
+            for stage in self.addresses.nodes for n in stage]
         for p in self.processes:
             p.start()
         self._wait_for_heartbeats(start_timeout_s)
 
     @property
     def node_ids(self) -> list[str]:
-        return [n.node_id for stage in self.topology.nodes for n in stage]
+        return [n.node_id for stage in self.addresses.nodes for n in stage]
 
     def _read_heartbeats(self, sock: object) -> None:
         """Record every worker's heartbeats until the pipeline closes (this thread owns
@@ -373,7 +375,7 @@ class ZmqPipeline:
     def depth(self) -> int:
         """Micro-batches the engine keeps in flight: one per stage, so that every stage has
         one to work on (the step model's cyclic pipeline, `coral.perf.step`)."""
-        return len(self.topology.nodes)
+        return len(self.addresses.nodes)
 
     def launch(self, items: Sequence[WorkItem]) -> int:
         """Send one micro-batch into the pipeline without waiting; returns its id, which
@@ -435,7 +437,7 @@ class ZmqPipeline:
                 if self._wake_socket is None:
                     self._wake_socket = self._ctx.socket(self._zmq.PUSH)
                     self._wake_socket.setsockopt(self._zmq.LINGER, 0)
-                    self._wake_socket.connect(self.topology.driver_address)
+                    self._wake_socket.connect(self.addresses.driver_address)
                 self._wake_socket.send_pyobj(Wake(), flags=self._zmq.NOBLOCK)
             except self._zmq.ZMQError:  # closed, or a wake already queued: nothing to do
                 pass
@@ -472,7 +474,7 @@ class ZmqPipeline:
 
     def close(self) -> None:
         self._aborted.set()
-        for stage in self.topology.nodes:
+        for stage in self.addresses.nodes:
             for node in stage:
                 sock = self._ctx.socket(self._zmq.PUSH)
                 sock.setsockopt(self._zmq.LINGER, 500)

@@ -45,10 +45,11 @@ requests away from a queue that grows. With equal weights rule 3 reads "queued m
 `load_slack` above, and more than twice, the least queued instance's"; an instance with no
 known slots (0) counts everything in flight as queued.
 
-Users: the simulator's model router (`coral.sim.routing`), the gateway's model router
-(`coral.runtime.model_router`) and a pipeline stage's data-parallel nodes
-(`coral.runtime.routing`: no overload rule, sticky per request). This module sits below both
-the simulator and the runtime, so that they share it without importing each other.
+Users: the simulator's model router (`coral.sim.model_router.SimModelRouter`), the gateway's
+model router (`coral.runtime.model_router.GatewayModelRouter`) and the router over a pipeline
+stage's data-parallel nodes (`coral.runtime.stage_router.StageNodeRouter`: no overload rule,
+sticky per request). This module sits below both the simulator and the runtime, so that they
+share it without importing each other.
 """
 
 from __future__ import annotations

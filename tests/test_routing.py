@@ -9,16 +9,16 @@ from types import SimpleNamespace
 import pytest
 
 from coral.routing import LOAD_SLACK, SwrrRouter, overloaded, serving_slots, swrr_pick
-from coral.runtime.model_router import ModelRouter
+from coral.runtime.model_router import GatewayModelRouter
 from coral.sim import InstanceSpec, simulate, synthetic
-from coral.sim import routing as sim_routing
+from coral.sim import model_router as sim_model_router
 from coral.sim.deployment import stages_from_nodes
-from coral.sim.routing import SWRR_BLOCK, SimRouter, instance_slots
+from coral.sim.model_router import SWRR_BLOCK, SimModelRouter, instance_slots
 from coral.templates.slo import SloSpec
 
 
 class _RuntimeInstance:
-    """What `ModelRouter` reads of an instance: its name, weight, state and load."""
+    """What `GatewayModelRouter` reads of an instance: its name, weight, state and load."""
 
     def __init__(self, name: str, weight: float, slots: int = 0):
         self.spec = SimpleNamespace(weight=weight, slots=slots)
@@ -27,7 +27,7 @@ class _RuntimeInstance:
 
 def _sim_instance(weight: float, batch: int = 0, role: str = "aggregated",
                   prompt_tokens: int | None = None) -> SimpleNamespace:
-    """What `SimRouter` reads of a simulated instance: its spec (weight, role, SLO) and its
+    """What `SimModelRouter` reads of a simulated instance: its spec (weight, role, SLO) and its
     batch (`max_seqs`: sequences, or a prefill instance's prompt tokens per round)."""
     slo = None if prompt_tokens is None else SimpleNamespace(input_tokens=prompt_tokens)
     return SimpleNamespace(spec=SimpleNamespace(weight=weight, role=role, slo=slo),
@@ -101,7 +101,7 @@ def test_a_prefill_instance_past_its_share_is_skipped():
     8 at once with the round forming): one holding 5 prompts beyond them while the other
     holds 2 is skipped. Read as sequences (4,096 slots) the same loads were no queue at
     all, and the slow instance kept its share however long its prompts waited."""
-    sim = SimRouter([_sim_instance(1.0, 4096, "prefill", 1024) for _ in range(2)])
+    sim = SimModelRouter([_sim_instance(1.0, 4096, "prefill", 1024) for _ in range(2)])
     sim.inflight[:] = [8 + LOAD_SLACK + 1, 2]
     assert sim._rr.queued() == [LOAD_SLACK + 1, 0]
     assert [sim.pick().slot for _ in range(3)] == [1, 1, 1]
@@ -142,7 +142,7 @@ def test_a_prefill_instance_slower_than_its_weight_hands_its_excess_on(cat, perf
 
     share, ttft_p90 = p0_share_and_ttft_p90()
     assert share < 1.05 / 1.7 and ttft_p90 < slo.ttft_s  # what it serves, of 1.7 instances'
-    monkeypatch.setattr(sim_routing, "instance_slots", lambda i: i.max_seqs)  # as sequences
+    monkeypatch.setattr(sim_model_router, "instance_slots", lambda i: i.max_seqs)  # as sequences
     share, ttft_p90 = p0_share_and_ttft_p90()
     assert share > 1.1 / 1.7 and ttft_p90 > 2 * slo.ttft_s
 
@@ -225,9 +225,9 @@ def test_the_simulator_routes_as_the_gateway(seed):
                  "prefill", 1024), _sim_instance(0.5, 1, "decode"), _sim_instance(2.0, 3)]
     slots = [instance_slots(i) for i in sim_insts]
     assert slots == [6, 0, 2, 1, 3]
-    sim = SimRouter(sim_insts)
+    sim = SimModelRouter(sim_insts)
     gw_insts = [_RuntimeInstance(f"i{k}", w, n) for k, (w, n) in enumerate(zip(weights, slots))]
-    gateway = ModelRouter("m")
+    gateway = GatewayModelRouter("m")
     gateway.set_active(gw_insts)
     sim_picks, gw_picks = [], []
     for _ in range(4000):

@@ -20,7 +20,7 @@ httpx = pytest.importorskip("httpx")
 
 from coral.runtime.config import ModelConfig, PipelineSpec  # noqa: E402
 from coral.runtime.controller import (Controller, Instance, RuntimeInstanceSpec,  # noqa: E402
-                                      LocalProvisioner, ModelRouter)
+                                      LocalProvisioner, GatewayModelRouter)
 from coral.runtime.batching_engine import BatchingEngine  # noqa: E402
 from coral.runtime.gateway import create_app  # noqa: E402
 from coral.runtime.gateway_server import ServerThread  # noqa: E402
@@ -60,7 +60,7 @@ class _Fake(Instance):
 
 def test_router_is_smooth_weighted_and_load_aware():
     a, b = _Fake("a", 3.0), _Fake("b", 1.0)
-    router = ModelRouter("m", load_slack=2)
+    router = GatewayModelRouter("m", load_slack=2)
     router.set_active([a, b])
     picks = []
     for _ in range(8):

@@ -137,12 +137,12 @@ def test_a_request_that_crashes_workers_twice_is_refused_and_counted_once():
 
 
 def test_a_kill_from_outside_is_never_put_on_a_request():
-    from coral.runtime.model_router import ModelRouter
+    from coral.runtime.model_router import GatewayModelRouter
 
     class _Inst:
         state, name = "active", "a"
 
-    router, inst, key = ModelRouter("m"), _Inst(), "k"
+    router, inst, key = GatewayModelRouter("m"), _Inst(), "k"
     for _ in range(3):
         router._track(inst, key, 1)
         assert router.blame(inst, crashed=False) is False

@@ -18,7 +18,7 @@ sys.meta_path.insert(0, _Block())
 def test_cli_and_runtime_config_import_without_runtime_extra():
     code = BLOCK + (
         "import coral.cli.main, coral.cli.serve_cmd, coral.runtime, coral.runtime.config, "
-        "coral.runtime.tiny, coral.runtime.routing, coral.runtime.tokenizer, "
+        "coral.runtime.tiny, coral.runtime.stage_router, coral.runtime.tokenizer, "
         "coral.runtime.metrics, coral.runtime.deployment, coral.runtime.vllm, "
         "coral.runtime.skypilot, coral.runtime.checkpoint\n"
         "from coral.runtime.config import ModelConfig, PipelineSpec\n"

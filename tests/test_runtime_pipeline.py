@@ -10,7 +10,7 @@ from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec  # noqa: E
 from coral.runtime.batching_engine import BatchingEngine  # noqa: E402
 from coral.runtime.messages import SamplingParams  # noqa: E402
 from coral.runtime.pipeline import LocalPipeline  # noqa: E402
-from coral.runtime.routing import WeightedRouter  # noqa: E402
+from coral.runtime.stage_router import StageNodeRouter  # noqa: E402
 
 TINY = ModelConfig(num_layers=6, max_seq_len=128, seed=7)
 PROMPT = list(b"The quick brown fox")
@@ -121,7 +121,7 @@ def test_engine_rejects_too_long_request():
 
 
 def test_router_is_weighted_and_sticky():
-    router = WeightedRouter((1.0, 3.0))
+    router = StageNodeRouter((1.0, 3.0))
     picks = [router.route(f"r{i}") for i in range(8)]
     assert picks.count(1) == 6 and picks.count(0) == 2
     assert router.route("r0") == picks[0]  # sticky until released

@@ -8,8 +8,8 @@ the provisioner (`LocalProvisioner`: worker processes on this machine), under th
 Consecutive failures of one instance (a failed start, or a death before it stayed ready for
 `stable_s`) back off exponentially; after `max_restarts` of them the instance is reported
 `failed` and left alone until the next reconfiguration (`coral.runtime.restart_slot`). Each served model's requests go
-through its `ModelRouter` (`coral.runtime.model_router`), which routes to ready instances only
-and lets a request wait for a replacement rather than fail.
+through its `GatewayModelRouter` (`coral.runtime.model_router`), which routes to ready instances
+only and lets a request wait for a replacement rather than fail.
 
 Moving from one plan to another drops no request: start the new instances, wait until they are
 ready, shift traffic to them, drain the old ones (they finish what they accepted) and stop them.
@@ -44,7 +44,7 @@ from coral.runtime.instance import (  # noqa: F401 - re-exported: the controller
 from coral.runtime.model_router import (  # noqa: F401 - re-exported
     MAX_ATTEMPTS,
     UNAVAILABLE_WAIT_S,
-    ModelRouter,
+    GatewayModelRouter,
 )
 from coral.runtime.restart_slot import RestartSlot
 
@@ -124,7 +124,7 @@ class Controller:
         self.restart_backoff_max_s = restart_backoff_max_s
         self.stable_s = stable_s
         self.wait_s = wait_s
-        self.models: dict[str, ModelRouter] = {}
+        self.models: dict[str, GatewayModelRouter] = {}
         self._instances: dict[str, Instance] = {}  # the current object of every slot
         self._slots: dict[str, RestartSlot] = {}  # the desired state: one per planned instance
         self._lock = threading.RLock()  # one reconfiguration at a time
@@ -207,8 +207,8 @@ class Controller:
                 for model, model_specs in by_model.items():
                     router = self.models.get(model)
                     if router is None:
-                        router = ModelRouter(model, load_slack=self.load_slack,
-                                             wait_s=self.wait_s)
+                        router = GatewayModelRouter(model, load_slack=self.load_slack,
+                                                    wait_s=self.wait_s)
                         router.status_of = lambda m=model: self._model_status(m)
                     router.set_active([slots[s.name].instance for s in model_specs
                                        if slots[s.name].instance is not None

@@ -52,7 +52,7 @@ class _Histogram:
         return out
 
 
-#: Failure-handling metrics of a model's router (`ModelRouter.runtime_stats()` keys):
+#: Failure-handling metrics of a model's router (`GatewayModelRouter.runtime_stats()` keys):
 #: (key, metric name, type, help).
 RUNTIME_METRICS = (
     ("worker_deaths", "coral_worker_deaths_total", "counter",

@@ -1,6 +1,6 @@
 """Routing one served model's requests over its ready instances.
 
-`ModelRouter` is the gateway's backend for one model name. It spreads requests over the
+`GatewayModelRouter` is the gateway's backend for one model name. It spreads requests over the
 model's ready instances by `coral.routing.SwrrRouter` (the router the simulator runs too):
 smooth weighted round robin on their capacity weights, skipping instances that are not
 routable (not active, or draining) and those holding far more requests than their share. A request whose instance fails before
@@ -67,7 +67,7 @@ def request_key(prompt_ids: Sequence[int], sampling: SamplingParams) -> str:
     return digest.hexdigest()
 
 
-class ModelRouter:
+class GatewayModelRouter:
     """The gateway's backend for one served model: picks a ready instance per request.
 
     Smooth (interleaved) weighted round robin over the member instances, with the skip rules

@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 from coral.runtime.config import PipelineSpec
 from coral.runtime.messages import TokenResult, WorkItem
 from coral.runtime.model import Stage
-from coral.runtime.routing import WeightedRouter
+from coral.runtime.stage_router import StageNodeRouter
 
 
 class Executor(Protocol):
@@ -22,7 +22,7 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
-def group_by_node(items: Sequence[WorkItem], router: WeightedRouter) -> dict[int, list[WorkItem]]:
+def group_by_node(items: Sequence[WorkItem], router: StageNodeRouter) -> dict[int, list[WorkItem]]:
     """Split items among a stage's nodes; a release item frees its route after being routed."""
     groups: dict[int, list[WorkItem]] = defaultdict(list)
     for item in items:
@@ -58,7 +58,7 @@ class LocalPipeline:
         self.nodes = [[Stage(spec.model, s.first_layer, s.end_layer, device)
                        for _ in s.node_weights]
                       for s in spec.stages]
-        self.routers = [WeightedRouter(s.node_weights) for s in spec.stages]
+        self.routers = [StageNodeRouter(s.node_weights) for s in spec.stages]
 
     def execute(self, items: Sequence[WorkItem]) -> list[TokenResult]:
         current: list = list(items)

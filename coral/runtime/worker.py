@@ -119,7 +119,7 @@ def run_worker(addresses: PipelineAddresses, stage_index: int, node_index: int,
 
     from coral.runtime.model import Stage
     from coral.runtime.pipeline import group_by_node
-    from coral.runtime.routing import WeightedRouter
+    from coral.runtime.stage_router import StageNodeRouter
 
     torch.set_num_threads(torch_threads)
     me = addresses.nodes[stage_index][node_index]
@@ -134,7 +134,7 @@ def run_worker(addresses: PipelineAddresses, stage_index: int, node_index: int,
     router = None
     if not stage.is_last:
         nxt = addresses.spec.stages[stage_index + 1]
-        router = WeightedRouter(nxt.node_weights)
+        router = StageNodeRouter(nxt.node_weights)
         for node in addresses.nodes[stage_index + 1]:
             sock = ctx.socket(zmq.PUSH)
             sock.connect(node.address)
@@ -248,7 +248,7 @@ class ZmqPipeline:
         """`device`: torch device of every worker ("cuda:0" puts all stages on one GPU)."""
         import zmq
 
-        from coral.runtime.routing import WeightedRouter
+        from coral.runtime.stage_router import StageNodeRouter
 
         self.addresses = addresses or PipelineAddresses.on_loopback(spec)
         self._zmq = zmq
@@ -279,7 +279,7 @@ class ZmqPipeline:
             sock = self._ctx.socket(zmq.PUSH)
             sock.connect(node.address)
             self._first.append(sock)
-        self._router = WeightedRouter(spec.stages[0].node_weights)
+        self._router = StageNodeRouter(spec.stages[0].node_weights)
         self.step_times = StepTimes(spec.model.name, [(st.first_layer, st.end_layer)
                                                       for st in spec.stages],
                                     [st.node_type for st in spec.stages])

@@ -81,7 +81,7 @@ from coral.sim import pd
 from coral.sim.config import SimConfig
 from coral.sim.deployment import DeploymentError, InstanceSpec
 from coral.sim.results import NodeUsage, SimResult, request_results
-from coral.sim.routing import SimRouter
+from coral.sim.model_router import SimModelRouter
 from coral.sim.scheduler import Due, Seq, SimInstance
 from coral.sim.workers import model_groups, run_in_processes
 from coral.sim.workload import Request, gc_paused
@@ -150,9 +150,9 @@ class Simulator:
             if inst.spec.role != "decode":
                 by_model.setdefault(inst.spec.model, []).append(inst)
         self.by_model = by_model
-        self.routers = {m: SimRouter(v) for m, v in by_model.items()}
+        self.routers = {m: SimModelRouter(v) for m, v in by_model.items()}
         # PD: decode routers per (model, region), and the class of a KV transfer's landing
-        self.decode_routers: dict[tuple[str, str], SimRouter] = {}
+        self.decode_routers: dict[tuple[str, str], SimModelRouter] = {}
         self._landing: type | None = None
         if has_pd:
             self.decode_routers = pd.wire(self.instances, self.routers, catalog)

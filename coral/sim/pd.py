@@ -91,7 +91,7 @@ from coral.perf.step import (
 )
 from coral.sim.config import SimConfig
 from coral.sim.deployment import DeploymentError, InstanceSpec
-from coral.sim.routing import SimRouter
+from coral.sim.model_router import SimModelRouter
 from coral.sim.scheduler import Seq, SimInstance
 
 
@@ -128,7 +128,7 @@ class PrefillInstance(SimInstance):
         # the nodes' batches count prompt tokens per iteration: stages x the smallest stage's
         self.max_tokens = self.max_seqs = layout.max_seqs
         self.handoff = self.hand_over
-        self.decode_router: SimRouter | None = None  # set by `wire`
+        self.decode_router: SimModelRouter | None = None  # set by `wire`
         self.kv_arch: Any = None  # the model's architecture (its KV bytes a sequence)
         self.nic = 0.0  # slowest NIC, bytes/s
         self.nic_free = 0.0  # when the NIC has sent every transfer started so far
@@ -212,8 +212,8 @@ def instance_class(role: str) -> type[SimInstance]:
     raise DeploymentError(f"no PD instance class for role {role!r}")
 
 
-def wire(instances: Sequence[SimInstance], routers: dict[str, SimRouter],
-         catalog: Any) -> dict[tuple[str, str], SimRouter]:
+def wire(instances: Sequence[SimInstance], routers: dict[str, SimModelRouter],
+         catalog: Any) -> dict[tuple[str, str], SimModelRouter]:
     """Connect a deployment's PD halves: one decode router per (model, region), given to the
     prefill instances of that model and region, with the KV bytes per token and the NIC
     speeds that the transfers take; and the weights of the models' prefill `routers` scaled
@@ -233,7 +233,7 @@ def wire(instances: Sequence[SimInstance], routers: dict[str, SimRouter],
         if "decode" in rs and "prefill" not in rs:
             raise DeploymentError(
                 f"model {model} has decode instances but no prefill instance to feed them")
-    decode_routers = {key: SimRouter(v) for key, v in sorted(decode.items())}
+    decode_routers = {key: SimModelRouter(v) for key, v in sorted(decode.items())}
     kv_arch = {m: catalog.model(m) for m, rs in roles.items() if "prefill" in rs}
     for inst in instances:
         if isinstance(inst, (PrefillInstance, DecodeInstance)):
@@ -253,7 +253,8 @@ def wire(instances: Sequence[SimInstance], routers: dict[str, SimRouter],
     return decode_routers
 
 
-def _pair_weights(router: SimRouter, decode_routers: Mapping[tuple[str, str], SimRouter]) -> None:
+def _pair_weights(router: SimModelRouter,
+                  decode_routers: Mapping[tuple[str, str], SimModelRouter]) -> None:
     """Scale a model's prefill weights by `min(1, decode / prefill capacity)` of their region
     (its aggregated instances keep theirs)."""
     prefill: dict[str, float] = {}

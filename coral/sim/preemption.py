@@ -54,7 +54,7 @@ from coral.plans.file import PlannedInstances
 from coral.sim.deployment import InstanceSpec, instances_from_rows
 from coral.sim.event_loop import Simulator
 from coral.sim.results import SimResult
-from coral.sim.routing import SimRouter
+from coral.sim.model_router import SimModelRouter
 from coral.sim.scheduler import Seq, SimInstance
 from coral.templates.slo import SloSpec
 
@@ -251,7 +251,7 @@ class PreemptionRun:
         for i in live:
             if i.spec.role != "decode":
                 by_model.setdefault(i.spec.model, []).append(i)
-        routers = {m: SimRouter(v) for m, v in by_model.items()}
+        routers = {m: SimModelRouter(v) for m, v in by_model.items()}
         decode_routers = pd.wire(live, routers, self.sim.catalog) if fed else {}
         for r in (*routers.values(), *decode_routers.values()):
             r.inflight[:] = [len(i.waiting) + len(i.running) for i in r.insts]

@@ -140,7 +140,7 @@ class SimInstance:
         self.heap: list[float] = []
         self.due: Due = {}
         self.on_reject: Callable[[Seq], None] = lambda s: None
-        self.router: Any = None  # its model's `coral.sim.routing.SimRouter`, set by it
+        self.router: Any = None  # its model's `coral.sim.model_router.SimModelRouter`, set by it
         self.slot = 0  # this instance's index in its router's lists
         self.inflight: list[int] = [0]  # the router's (waiting + running) per instance
         # PD prefill instances: takes a seq whose prompt is done to a decode instance

@@ -7,7 +7,7 @@ from typing import Sequence
 from coral.routing import SwrrRouter
 
 
-class WeightedRouter:
+class StageNodeRouter:
     """Smooth weighted round robin (`coral.routing`) over nodes; a request keeps its node
     until released.
 

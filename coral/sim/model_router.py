@@ -23,7 +23,7 @@ def instance_slots(inst: SimInstance) -> int:
     return serving_slots(spec.role, inst.max_seqs, slo.input_tokens if slo is not None else None)
 
 
-class SimRouter:
+class SimModelRouter:
     """One model's instances, routed as the gateway routes them (`coral.routing`).
 
     The instances' (waiting + running) counts are the router's `inflight` list, which the

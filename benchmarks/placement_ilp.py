@@ -32,7 +32,7 @@ import sys
 import time
 
 from coral.templates.placement.exact import solve_placement
-from coral.templates.placement.ilp import PlacementMilp, solve_ilp
+from coral.templates.placement.ilp import make_placement_milp, solve_ilp
 from coral.templates.placement.prep import prepare
 from coral.templates.types import NodeSpec, OperatingPoint, PlacementProblem
 from coral.templates.placement.verify import verify_placement
@@ -103,7 +103,7 @@ def run(name: str, problem: PlacementProblem, time_limit: float) -> list[dict]:
     prep = prepare(problem)
     sizes = {}
     for naive in (True, False):
-        m = PlacementMilp(problem, naive=naive)
+        m = make_placement_milp(problem, naive=naive)
         if not m.prep.infeasible and m.prep.active:
             m.build()
         sizes[naive] = (m.stats.cols, m.stats.integers, m.stats.rows)

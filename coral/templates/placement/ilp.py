@@ -427,9 +427,9 @@ def canonical(prep: Prepared, a: Assignment) -> Assignment:
                       {(m(u), m(v)): f for (u, v), f in a.edges.items()})
 
 
-def PlacementMilp(problem: PlacementProblem, *, naive: bool = False,
-                  warm_start: Assignment | None = None, upper_bound: float | None = None,
-                  prep: Prepared | None = None, symmetry_breaking: bool = True) -> MilpBase:
+def make_placement_milp(problem: PlacementProblem, *, naive: bool = False,
+                        warm_start: Assignment | None = None, upper_bound: float | None = None,
+                        prep: Prepared | None = None, symmetry_breaking: bool = True) -> MilpBase:
     """The naive or the tightened MILP of `problem` (not yet built)."""
     if prep is None:
         prep = prepare(problem, filter_options=not naive)
@@ -449,6 +449,7 @@ def solve_ilp(problem: PlacementProblem, *, time_limit_s: float = 60.0, naive: b
 
     `warm_start` / `upper_bound` / `symmetry_breaking` apply to the tightened build only.
     """
-    milp = PlacementMilp(problem, naive=naive, warm_start=warm_start, upper_bound=upper_bound,
-                         prep=prep, symmetry_breaking=symmetry_breaking)
+    milp = make_placement_milp(problem, naive=naive, warm_start=warm_start,
+                               upper_bound=upper_bound, prep=prep,
+                               symmetry_breaking=symmetry_breaking)
     return milp.solve(time_limit_s=time_limit_s, threads=threads)

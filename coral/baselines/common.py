@@ -53,7 +53,7 @@ class BaselineResult:
     served_fraction: dict[str, float]  # model -> served req/s / demand, in [0, 1]
     plan: AllocationPlan | None  # instances per (template column, region), when it has one
     notes: tuple[str, ...]  # approximations and heuristics, said plainly
-    #: The plan's instances with their templates' nodes and placement (`PlannedInstances`),
+    #: The plan's instances with their templates' nodes and placement (`PlanRow`),
     #: so that the deployment can be simulated like Coral's; empty when not decodable.
     instances: tuple = ()
     #: The uniform factor on every model's demand its plan meets (`scale_down`): 1.0 when it

@@ -58,7 +58,7 @@ class MethodRun:
 
     name: str
     epochs: list[EpochRun] = field(default_factory=list)
-    instances: tuple = ()  # the last epoch's `PlannedInstances`, for the plan's description
+    instances: tuple = ()  # the last epoch's `PlanRow`, for the plan's description
 
     @property
     def provisioning_usd_per_hour(self) -> float:

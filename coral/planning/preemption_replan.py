@@ -22,8 +22,8 @@ from coral.allocator.scenario.load import AUTO_MODES, ScenarioError, load_scenar
 from coral.planning.libraries import templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
-from coral.plans.file import PlanFile
-from coral.sim.preemption import Key, PlanRow, PreemptionError
+from coral.plans.file import PlanFile, PlanRow
+from coral.sim.preemption import Key, PreemptionError
 
 if TYPE_CHECKING:  # the spot planner loads only when a plan asks for spot
     from coral.allocator.spot.market import SpotOptions

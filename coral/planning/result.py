@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from coral.allocator.plan.decode import baseline_summary, finite
 from coral.allocator.problem import AllocationPlan, TemplateRegion
-from coral.plans.file import PlanFile, PlannedInstances
+from coral.plans.file import PlanFile, PlanRow
 from coral.templates.space.engines import DEFAULT_ENGINE
 from coral.templates.slo import SloSpec
 
@@ -24,7 +24,7 @@ class PlanResult:
     scenario: str
     level: str | None
     plan: AllocationPlan
-    instances: tuple[PlannedInstances, ...]  # by region, then template id
+    instances: tuple[PlanRow, ...]  # by region, then template id
     nmax: int  # node limit the templates were built with
     scenario_nmax: int
     templates: int  # templates kept over all libraries
@@ -75,8 +75,8 @@ class PlanResult:
     def reduced(self) -> bool:
         return self.nmax != self.scenario_nmax
 
-    def by_region(self) -> dict[str, list[PlannedInstances]]:
-        out: dict[str, list[PlannedInstances]] = {}
+    def by_region(self) -> dict[str, list[PlanRow]]:
+        out: dict[str, list[PlanRow]] = {}
         for inst in self.instances:
             out.setdefault(inst.region, []).append(inst)
         return out

@@ -1,6 +1,6 @@
 """The plan file: the one contract between the planner and every reader of a plan.
 
-- `file`: the typed plan (`PlanFile`, its rows `PlannedInstances`, the spot and robust
+- `file`: the typed plan (`PlanFile`, its rows `PlanRow`, the spot and robust
   promises) and its one reader and writer (`read_plan`, `write_plan`).
 - `check`: the check of a plan's content every reader runs before it believes a row.
 - `errors`: `PlanFileError`.

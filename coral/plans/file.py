@@ -2,7 +2,7 @@
 
 `read_plan` reads a file (or `PlanFile.from_payload` an in-memory payload, such as
 `PlanResult.to_dict()`), runs the plan check (`coral.plans.check`) and returns a `PlanFile`:
-its rows as `PlannedInstances` (each with its pipeline shape), each model's `SloSpec` read
+its rows as `PlanRow` (each with its pipeline shape), each model's `SloSpec` read
 through SloSpec's checked constructor, the demand, the market and engine it was planned for
 and the spot and robust promises. `write_plan` writes one. What the file holds for people
 only (costs, baselines, notes, solver figures) is carried through unread in `report`, so a
@@ -45,7 +45,7 @@ PLAN_ORDER = (
 
 
 @dataclass(frozen=True)
-class PlannedInstances:
+class PlanRow:
     """`count` instances of one template in one region: one row of the plan file."""
 
     region: str
@@ -92,7 +92,7 @@ class PlannedInstances:
         }
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> "PlannedInstances":
+    def from_row(cls, row: Mapping[str, Any]) -> "PlanRow":
         """A row the plan check passed (`stages`, or the older per-node `placement`)."""
         shape = PipelineShape.from_row(row)
         nodes = row.get("nodes")
@@ -154,7 +154,7 @@ class PlanFile:
     (`read_plan(..., skip_bad_rows=True)`) left out, with their problems; it is not written."""
 
     scenario: str | None  # the scenario's name or file (None: an in-memory plan without)
-    instances: tuple[PlannedInstances, ...]
+    instances: tuple[PlanRow, ...]
     level: str | None = None
     mode: str | None = None  # aggregated, pd or mixed (an `auto` scenario: the one chosen)
     engine: str | None = None  # the engine every row is deployable on (None: coral)
@@ -210,7 +210,7 @@ class PlanFile:
             if problems:
                 rejected.append(RejectedRow(k, _row_name(k, row), problems))
             else:
-                rows.append(PlannedInstances.from_row(row))
+                rows.append(PlanRow.from_row(row))
         known = {"scenario", "level", "mode", "engine", "nmax", "slos", "demand_rps",
                  "instances", "spot", "robust"}
         report = {k: v for k, v in payload.items() if k not in known}

@@ -2,8 +2,8 @@
 
 A plan (`coral plan --out plan.json`, or `PlanResult.to_dict()`) lists, per region and
 template, how many instances to run, their node types and each node's layer range. Here every
-row becomes a `PlannedInstance`: its nodes in layer order, grouped into pipeline stages (nodes
-on the same range are the data-parallel nodes of one stage).
+row becomes a `DeployableInstance`: its nodes in layer order, grouped into pipeline stages
+(nodes on the same range are the data-parallel nodes of one stage).
 
 How an instance then runs depends on the engine and provisioner:
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from coral.errors import CoralError
-from coral.plans.file import PlanFile, PlannedInstances
+from coral.plans.file import PlanFile, PlanRow
 from coral.routing import serving_slots
 from coral.runtime.config import ModelConfig, PipelineSpec, StageSpec
 from coral.runtime.instance import RuntimeInstanceSpec
@@ -61,8 +61,9 @@ class PlannedNode:
 
 
 @dataclass(frozen=True)
-class PlannedInstance:
-    """`count` identical instances of one template in one region."""
+class DeployableInstance:
+    """`count` identical instances of one template in one region, as the runtime deploys them:
+    a plan's row (`coral.plans.file.PlanRow`) with its nodes in layer order."""
 
     name: str
     """Unique in the plan: `region/template_id`."""
@@ -153,11 +154,11 @@ class Refusal:
 
 
 @dataclass(frozen=True)
-class PlanRows:
+class DeployableRows:
     """A plan's rows that run (`count` >= 1): the readable ones as instances, the others
     refused with the parser's reason."""
 
-    instances: tuple[PlannedInstance, ...]
+    instances: tuple[DeployableInstance, ...]
     refused: tuple[Refusal, ...]
 
     @property
@@ -166,7 +167,7 @@ class PlanRows:
 
 
 def read_instances(plan: PlanFile | Mapping[str, Any], catalog: Catalog | None = None,
-                   source: str = "the plan") -> PlanRows:
+                   source: str = "the plan") -> DeployableRows:
     """Every row of a plan that runs (`count` >= 1), nodes in layer order. A `PlanFile`
     has been checked when read; a plan's JSON object is read here (the plan check of
     `coral.plans.check`, with `catalog` when given; `source` names the file in its
@@ -189,19 +190,19 @@ def read_instances(plan: PlanFile | Mapping[str, Any], catalog: Catalog | None =
     out = [_instance_of(row) for row in plan.instances if row.count >= 1]
     if not out and not refused:
         raise RuntimeDeploymentError("the plan runs no instance")
-    return PlanRows(tuple(out), tuple(refused))
+    return DeployableRows(tuple(out), tuple(refused))
 
 
-def _instance_of(row: PlannedInstances) -> PlannedInstance:
+def _instance_of(row: PlanRow) -> DeployableInstance:
     assert row.shape is not None  # a row read from a plan file has its stages
     nodes = tuple(PlannedNode(st.node_type, st.first_layer, st.layers, st.tp_degree, st.batch)
                   for st in row.shape.stages for _ in range(st.count))
-    return PlannedInstance(
+    return DeployableInstance(
         name=row.name, model=row.model, region=row.region, count=row.count, nodes=nodes,
         capacity_rps=row.capacity_rps or 1.0, usd_per_hour=row.usd_per_hour, mode=row.mode)
 
 
-def planned_instances(plan: PlanFile | Mapping[str, Any]) -> tuple[PlannedInstance, ...]:
+def planned_instances(plan: PlanFile | Mapping[str, Any]) -> tuple[DeployableInstance, ...]:
     """Every row of a plan's 'instances' list, nodes in layer order; a plan with a row that
     cannot be read is refused, naming every such row."""
     rows = read_instances(plan)
@@ -248,7 +249,7 @@ def approximate_model(arch, *, hidden_size: int = APPROX_HIDDEN_SIZE,
                        max_seq_len=max_seq_len, tied_embeddings=arch.tied_embeddings, seed=seed)
 
 
-def approximate_specs(instances: Sequence[PlannedInstance], catalog, *,
+def approximate_specs(instances: Sequence[DeployableInstance], catalog, *,
                       hidden_size: int = APPROX_HIDDEN_SIZE,
                       max_instances: int | None = None) -> ApproximateDeployment:
     """One local instance per plan row (a row's `count` becomes its weight), each at the
@@ -261,7 +262,7 @@ def approximate_specs(instances: Sequence[PlannedInstance], catalog, *,
     refused: list[Refusal] = []
     models: dict[str, ModelConfig] = {}
     notes: list[str] = []
-    servable: list[tuple[PlannedInstance, Any]] = []
+    servable: list[tuple[DeployableInstance, Any]] = []
     for inst in instances:
         if inst.mode != "aggregated":
             refused.append(Refusal(inst.name, (
@@ -293,10 +294,10 @@ def approximate_specs(instances: Sequence[PlannedInstance], catalog, *,
         servable.append((inst, pipeline))
     rows = [i for i, _ in servable]
     if max_instances is not None and len(rows) > max_instances:
-        by_model: dict[str, list[PlannedInstance]] = {}
+        by_model: dict[str, list[DeployableInstance]] = {}
         for i in sorted(rows, key=lambda i: -i.capacity_rps * i.count):
             by_model.setdefault(i.model, []).append(i)
-        kept: list[PlannedInstance] = []
+        kept: list[DeployableInstance] = []
         while len(kept) < max_instances:  # round robin over models
             for queue in by_model.values():
                 if queue and len(kept) < max_instances:

@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 
 import yaml
 
-from coral.runtime.deployment import PD_MODES, RuntimeDeploymentError, PlannedInstance
+from coral.runtime.deployment import PD_MODES, RuntimeDeploymentError, DeployableInstance
 from coral.runtime.vllm import (
     NODE_IP,
     PROXY_SCRIPT,
@@ -110,7 +110,7 @@ def safe_name(text: str, limit: int = 40) -> str:
     return re.sub(r"-{2,}", "-", name)[:limit].strip("-") or "coral"
 
 
-def instance_file_name(instance: PlannedInstance) -> str:
+def instance_file_name(instance: DeployableInstance) -> str:
     """`MODEL-REGION-HASH`: short enough for a cluster name and a DNS label, unique per plan
     row (the hash is of the row's region/template id)."""
     digest = hashlib.sha1(instance.name.encode()).hexdigest()[:6]
@@ -155,7 +155,7 @@ def _infra(region: str, reg) -> str:
     return f"{reg.cloud}/{region.removeprefix(f'{reg.cloud}-')}"
 
 
-def check_resources(instance: PlannedInstance, launch: VllmLaunch, catalog) -> None:
+def check_resources(instance: DeployableInstance, launch: VllmLaunch, catalog) -> None:
     """Raise `RuntimeDeploymentError` when SkyPilot could not place an instance's nodes (a node
     type, GPU or region it has no name for)."""
     for node in launch.nodes:
@@ -191,7 +191,7 @@ def _runs(launch: VllmLaunch) -> list[tuple[str, list[int]]]:
     return groups
 
 
-def _tasks(instance: PlannedInstance, launch: VllmLaunch, catalog, *, group: str,
+def _tasks(instance: DeployableInstance, launch: VllmLaunch, catalog, *, group: str,
            names: Sequence[str], setup: str, port: int | None) -> list[dict]:
     """The tasks of one instance (one per run of a node type) inside Job Group `group`;
     `port` is opened on the head's task."""
@@ -214,7 +214,7 @@ def _run_names(prefix: str, launch: VllmLaunch) -> list[str]:
     return [safe_name(f"{prefix}-stages-{r[0]}-{r[-1]}") for _t, r in runs]
 
 
-def task_documents(instance: PlannedInstance, launch: VllmLaunch, catalog
+def task_documents(instance: DeployableInstance, launch: VllmLaunch, catalog
                    ) -> tuple[list[dict], bool]:
     """The YAML documents of one aggregated instance and whether they form a Job Group."""
     if launch.mode in PD_MODES:
@@ -240,17 +240,17 @@ def _pd_tags(group: PdGroup) -> dict[str, str]:
     return tags
 
 
-def pd_proxy(group: PdGroup, instances: Mapping[str, PlannedInstance]) -> VllmProxy:
+def pd_proxy(group: PdGroup, instances: Mapping[str, DeployableInstance]) -> VllmProxy:
     """The group's proxy, addressing every copy's head by its Job Group hostname."""
     name, tags = group_file_name(group), _pd_tags(group)
 
-    def host_of(instance: PlannedInstance, launch: VllmLaunch, copy: int) -> str:
+    def host_of(instance: DeployableInstance, launch: VllmLaunch, copy: int) -> str:
         return f"{_run_names(f'{tags[launch.instance]}-{copy}', launch)[0]}-0.{name}"
 
     return vllm_proxy(group, instances, host_of=host_of)
 
 
-def pd_group_documents(group: PdGroup, instances: Mapping[str, PlannedInstance], catalog
+def pd_group_documents(group: PdGroup, instances: Mapping[str, DeployableInstance], catalog
                        ) -> list[dict]:
     """One Job Group: the proxy task, then every copy of every prefill and decode instance."""
     name, tags = group_file_name(group), _pd_tags(group)
@@ -274,7 +274,7 @@ def pd_group_documents(group: PdGroup, instances: Mapping[str, PlannedInstance],
     return docs
 
 
-def _header(inst: PlannedInstance, launch: VllmLaunch, role: str = "") -> str:
+def _header(inst: DeployableInstance, launch: VllmLaunch, role: str = "") -> str:
     return (f"# {role}{inst.model} in {inst.region}: {inst.describe()}\n"
             f"# vLLM: tensor parallel {launch.tensor_parallel}, pipeline parallel "
             f"{launch.pipeline_parallel}, layers {list(launch.partition)}; the plan runs "
@@ -290,7 +290,7 @@ class RenderedFile:
     launch_lines: tuple[str, ...]
 
 
-def render_skypilot(instances: Sequence[PlannedInstance], launches: Sequence[VllmLaunch],
+def render_skypilot(instances: Sequence[DeployableInstance], launches: Sequence[VllmLaunch],
                     catalog, out_dir: str | Path, *, groups: Sequence[PdGroup] = ()
                     ) -> tuple[list[RenderedFile], str]:
     """The files `write_skypilot` writes and the text of `launch.sh`, without writing them.
@@ -342,7 +342,7 @@ def render_skypilot(instances: Sequence[PlannedInstance], launches: Sequence[Vll
     return files, "\n".join(script) + "\n"
 
 
-def write_skypilot(instances: Sequence[PlannedInstance], launches: Sequence[VllmLaunch],
+def write_skypilot(instances: Sequence[DeployableInstance], launches: Sequence[VllmLaunch],
                    catalog, out_dir: str | Path, *, groups: Sequence[PdGroup] = ()
                    ) -> list[SkyPilotFile]:
     """Write one YAML per aggregated instance and per prefill/decode group, and

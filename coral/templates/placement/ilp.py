@@ -39,7 +39,8 @@ each returns the number of rows it added.
 from __future__ import annotations
 
 import math
-import time
+from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -74,26 +75,19 @@ class TightMilp(MilpBase):
     method = "ilp"
     presolve_off_above = 2000
 
-    def build(self) -> None:
-        t0 = time.perf_counter()
-        self._add_variables()
-        fam = self.stats.rows_by_family
-        fam["node_use"] = self._add_node_use()
-        fam["layer_range"] = self._add_layer_range()
-        fam["edge_activation"] = self._add_edge_activation()
-        fam["edge_flow_bounds"] = self._add_edge_flow_bounds()
-        fam["conservation"] = self._add_conservation()
-        fam["capacity"] = self._add_capacity()
-        fam["layer_coverage"] = self._add_layer_coverage()
-        fam["objective"] = self._add_objective()
-        fam["path_structure"] = self._add_path_structure()
-        for m, _ in latency_metrics(self.problem):
-            fam[f"latency_{m}"] = self._add_latency(m)
+    def _row_families(self) -> list[tuple[str, Callable[[], int]]]:
+        families = [("node_use", self._add_node_use), ("layer_range", self._add_layer_range),
+                    ("edge_activation", self._add_edge_activation),
+                    ("edge_flow_bounds", self._add_edge_flow_bounds),
+                    ("conservation", self._add_conservation), ("capacity", self._add_capacity),
+                    ("layer_coverage", self._add_layer_coverage),
+                    ("objective", self._add_objective),
+                    ("path_structure", self._add_path_structure)]
+        families += [(f"latency_{m}", partial(self._add_latency, m))
+                     for m, _ in latency_metrics(self.problem)]
         if self.symmetry:
-            fam["symmetry_breaking"] = self._add_symmetry_breaking()
-        if self.chain:
-            fam["chain_structure"] = self._add_chain_structure()
-        self._finish_build(t0)
+            families.append(("symmetry_breaking", self._add_symmetry_breaking))
+        return families
 
     def _add_variables(self) -> None:
         """Columns with their bounds: `used, z, first, y` binary; `s[i]` integer in

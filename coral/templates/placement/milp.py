@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
 
 import highspy
 import numpy as np
@@ -105,8 +107,9 @@ class MilpStats:
 class MilpBase:
     """Shared solve/readout of the naive and the tightened build.
 
-    Subclasses add columns and rows in `build()` and turn a column vector into an
-    `Assignment` in `_read()`; flows are then recomputed exactly on the enabled edges.
+    Subclasses add columns in `_add_variables()`, name their families of rows in
+    `_row_families()` and turn a column vector into an `Assignment` in `_read()`; flows are
+    then recomputed exactly on the enabled edges.
     """
 
     method = "ilp"
@@ -130,6 +133,26 @@ class MilpBase:
         return self.prep.active
 
     def build(self) -> None:
+        """The columns, then each family of rows in `_row_families()`'s order and the chain
+        topology's structure rows last, each family's row count in `stats.rows_by_family`."""
+        t0 = time.perf_counter()
+        self._add_variables()
+        fam = self.stats.rows_by_family
+        for name, add in self._row_families():
+            fam[name] = add()
+        if self.chain:
+            fam["chain_structure"] = self._add_chain_structure()
+        self._finish_build(t0)
+
+    def _add_variables(self) -> None:
+        raise NotImplementedError
+
+    def _row_families(self) -> list[tuple[str, Callable[[], int]]]:
+        """(family, the method that adds its rows and returns how many) in the order the
+        rows are added, which HiGHS sees as the row order."""
+        raise NotImplementedError
+
+    def _add_chain_structure(self) -> int:
         raise NotImplementedError
 
     def _finish_build(self, t0: float) -> None:
@@ -253,25 +276,19 @@ class NaiveMilp(MilpBase):
 
     method = "ilp-naive"
 
-    def build(self) -> None:
-        t0 = time.perf_counter()
-        self._add_variables()
-        fam = self.stats.rows_by_family
-        fam["option_choice"] = self._add_option_choice()
-        fam["layer_range"] = self._add_layer_range()
-        fam["memory"] = self._add_memory()
-        fam["edge_activation"] = self._add_edge_activation()
-        fam["edge_flow_bounds"] = self._add_edge_flow_bounds()
-        fam["conservation"] = self._add_conservation()
-        fam["capacity"] = self._add_capacity()
-        fam["objective"] = self._add_objective()
-        if self.problem.tpot_s is not None:
-            fam["latency_tpot"] = self._add_latency("step", self.problem.tpot_s)
-        if self.problem.ttft_s is not None:
-            fam["latency_ttft"] = self._add_latency("pre", self.problem.ttft_s)
-        if self.chain:
-            fam["chain_structure"] = self._add_chain_structure()
-        self._finish_build(t0)
+    def _row_families(self) -> list[tuple[str, Callable[[], int]]]:
+        families = [("option_choice", self._add_option_choice),
+                    ("layer_range", self._add_layer_range), ("memory", self._add_memory),
+                    ("edge_activation", self._add_edge_activation),
+                    ("edge_flow_bounds", self._add_edge_flow_bounds),
+                    ("conservation", self._add_conservation), ("capacity", self._add_capacity),
+                    ("objective", self._add_objective)]
+        tpot, ttft = self.problem.tpot_s, self.problem.ttft_s
+        if tpot is not None:
+            families.append(("latency_tpot", partial(self._add_latency, "step", tpot)))
+        if ttft is not None:
+            families.append(("latency_ttft", partial(self._add_latency, "pre", ttft)))
+        return families
 
     def _add_variables(self) -> None:
         """Columns z, s, first, xsrc, xsnk, fsrc, fsnk, y, f, a/p (latencies), T."""

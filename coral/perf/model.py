@@ -457,18 +457,10 @@ class PerfModel(MemoryQueries):
 
     # ---- public API ----
 
-    def iteration_seconds(
-        self,
-        model: str | ModelArch,
-        node: str | NodeType,
-        layers: int,
-        prefill_tokens: int = 0,
-        decode_batch: int = 0,
-        context_tokens: int = 0,
-        *,
-        first_stage: bool = False,
-        last_stage: bool = False,
-    ) -> float:
+    def iteration_seconds(self, model: str | ModelArch, node: str | NodeType, layers: int,
+                          prefill_tokens: int = 0, decode_batch: int = 0,
+                          context_tokens: int = 0, *, first_stage: bool = False,
+                          last_stage: bool = False) -> float:
         """Seconds of one iteration of `layers` consecutive layers (see the module docstring)."""
         k = self._consts(model, node)
         self._check(k, layers, prefill_tokens, decode_batch, context_tokens)
@@ -482,18 +474,9 @@ class PerfModel(MemoryQueries):
             total += c + m + x + o
         return total + ITERATION_OVERHEAD_S
 
-    def breakdown(
-        self,
-        model: str | ModelArch,
-        node: str | NodeType,
-        layers: int,
-        prefill_tokens: int = 0,
-        decode_batch: int = 0,
-        context_tokens: int = 0,
-        *,
-        first_stage: bool = False,
-        last_stage: bool = False,
-    ) -> IterationTime:
+    def breakdown(self, model: str | ModelArch, node: str | NodeType, layers: int,
+                  prefill_tokens: int = 0, decode_batch: int = 0, context_tokens: int = 0, *,
+                  first_stage: bool = False, last_stage: bool = False) -> IterationTime:
         """`iteration_seconds` with its parts and where the figures came from."""
         k = self._consts(model, node)
         self._check(k, layers, prefill_tokens, decode_batch, context_tokens)

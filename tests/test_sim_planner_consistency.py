@@ -170,3 +170,40 @@ def test_prompt_mix_keeps_the_mean_and_fills_the_budget():
     assert max(shares) == budget - seqs
     # a budget that cannot take the mean: every step full, as busy_steps has it
     assert prompt_mix(512, 1024, 256, 2048) == ((1.0, 2048),)
+
+
+def test_a_busy_instance_is_rated_by_the_steps_it_runs_below_full(cat, perf):
+    """Llama-3.3-70B on two H100 stages (2 nodes of batch 160, then 3 of batch 107; 640
+    slots), the request shape of `paper-extended`: at full occupancy the token budget's
+    prompt chunks land on a cheap stair of the step cost, but at 97 % of its rating the
+    instance runs a few slots below full, whose prompt chunks are a few tokens longer and
+    cross a dearer stair. The simulator's mean TPOT there matches the step averaged over the
+    busy band (`busy_band_step`) and not the step at full occupancy."""
+    import numpy as np
+
+    from coral.perf.step import build_step_model, busy_band, busy_band_step, prompt_mix
+    from coral.sim.deployment import InstanceSpec, stages_from_nodes
+
+    model, i_tok, o_tok = "llama-3.3-70b", 674, 356
+    nodes = [("2x-h100-sxm", 0, 34, 160, 0.5)] * 2 + [("2x-h100-sxm", 34, 46, 107, 1 / 3)] * 3
+    stages = stages_from_nodes(nodes)
+    layout = build_step_model(model, stages, perf, cat)
+    assert layout.max_seqs == 640 and busy_band(640)[0] == 640
+    assert min(busy_band(640)) == round(640 - 2 * math.sqrt(640))
+    ctx = int(640 * (i_tok + o_tok / 2))
+    full = sum(s * layout.step_cost(p, 640, ctx, 2)[0]
+               for s, p in prompt_mix(640, i_tok, o_tok, 2048))
+    band = busy_band_step(layout, 640, i_tok, o_tok, 2048)
+    assert band > 1.02 * full
+    slo = SloSpec(tpot_s=0.08, ttft_s=1.5, percentile=0.9, input_tokens=i_tok,
+                  output_tokens=o_tok)
+    spec = InstanceSpec(name="llama#0", model=model, stages=stages, weight=1.0,
+                        usd_per_hour=1.0, slo=slo)
+    rate = 0.97 * 640 / (o_tok * band)
+    reqs = synthetic(model, rate_rps=rate, duration_s=300, seed=0, prompt_tokens=i_tok,
+                     output_tokens=o_tok)
+    res = simulate([spec], reqs, perf=perf, catalog=cat)
+    tpots = [r.tpot_s for r in res.requests if r.status == "done" and 100 < r.arrival_s < 250]
+    measured = float(np.mean(tpots))
+    assert abs(measured - band) / band < 0.03, (measured, band, full)
+    assert abs(measured - band) < abs(measured - full)

@@ -366,6 +366,43 @@ def prompt_mix(seqs: int, input_tokens: int, output_tokens: int,
     return tuple((w / total_w, p) for p, w in sorted(kept.items()))
 
 
+#: Busy slots the chunked step is averaged over, in square roots of the slots below full:
+#: `BUSY_BAND_POINTS` occupancies from `slots - BUSY_BAND_SQRTS * sqrt(slots)` to `slots`.
+BUSY_BAND_SQRTS = 2.0
+BUSY_BAND_POINTS = 5
+
+
+def busy_band(seqs: int) -> tuple[int, ...]:
+    """The occupancies a busy instance of `seqs` slots steps at near its planned rate.
+
+    An instance planned so that few requests wait for a slot runs in the square-root
+    staffing regime (Halfin-Whitt): its busy slots sit within a few square roots of the
+    slots below full, not at full. The occupancy matters beyond the decodes it adds: the
+    token budget left to prompt chunks is what the decodes leave, so a step slightly below
+    full takes a few more prompt tokens, and the step's cost is a staircase in tokens (the
+    matmuls' row tiles and waves), so pricing only at full can land on a cheap stair the
+    instance rarely steps on."""
+    width = BUSY_BAND_SQRTS * math.sqrt(seqs)
+    band = {max(1, int(round(seqs - width * k / (BUSY_BAND_POINTS - 1))))
+            for k in range(BUSY_BAND_POINTS)}
+    return tuple(sorted(band, reverse=True))
+
+
+def busy_band_step(layout: StepModel, seqs: int, input_tokens: int, output_tokens: int,
+                   max_batched_tokens: int) -> float:
+    """The step a busy aggregated instance is rated by: the prompt mix the scheduler forms
+    (`prompt_mix`) at each occupancy of `busy_band`, each priced with that many decodes and
+    their context; the dearer of the mean over the band (the steps its slots turn over at
+    near its planned rate) and the step at full occupancy (what the SLO percentile's
+    requests see for TPOT while it is full)."""
+    steps = []
+    for d in busy_band(seqs):
+        context, m = int(d * (input_tokens + output_tokens / 2)), min(layout.n_stages, d)
+        steps.append(sum(share * layout.step_cost(p, d, context, m)[0] for share, p in
+                         prompt_mix(d, input_tokens, output_tokens, max_batched_tokens)))
+    return max(steps[0], sum(steps) / len(steps))  # busy_band starts at full
+
+
 def busy_rps(mode: str, seqs: int, step_s: float, input_tokens: int, output_tokens: int,
              max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS) -> float:
     """Requests/s of a busy instance whose mean step (`busy_steps`) lasts `step_s`: a
@@ -410,9 +447,7 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
     sequences = -(-b // i_tok) if mode == "prefill" else b  # prefill: prompts per step
     chunked_step, chunked_rps = dt, rps
     if mode == "aggregated":
-        context, m = int(b * (i_tok + o_tok / 2)), min(layout.n_stages, b)
-        chunked_step = sum(share * layout.step_cost(p, b, context, m)[0]
-                           for share, p in prompt_mix(b, i_tok, o_tok, max_batched_tokens))
+        chunked_step = busy_band_step(layout, b, i_tok, o_tok, max_batched_tokens)
         chunked_rps = busy_rps(mode, b, chunked_step, i_tok, o_tok, max_batched_tokens)
     return Saturation(rps=rps, step_s=dt, sequences=sequences, kv_transfer_s=kv_s,
                       chunked_step_s=chunked_step, chunked_rps=chunked_rps)

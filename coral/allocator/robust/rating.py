@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 RATINGS_FILE = "robust.json"
 #: 5: per template key, per rating key ("nominal" or "GPU=F", "/as-deployed" when not cut to a
 #: smaller batch, "@N" at N sequences per stage), the `StepRating` fields.
-RATINGS_FORMAT = 5
+RATINGS_FORMAT = 6
 
 @dataclass(frozen=True)
 class StepRating:

@@ -69,3 +69,22 @@ def test_paper_report_rows(tmp_path: Path) -> None:
            "| 3.7 % |" in text
     assert (tmp_path / "paper_cost.png").stat().st_size > 0
     assert (tmp_path / "paper_sensitivity.png").stat().st_size > 0
+
+
+def test_a_plan_with_nothing_to_simulate_is_not_reported_as_cheaper() -> None:
+    """Helix's placement (no instances to run) costs less than Coral's because it serves
+    little under the SLO: its row says it was not simulated and what it serves, rather than
+    a goodput of 0 beside a cost ratio that reads as a saving."""
+    from coral.evaluation.paper_runs import _not_simulated
+    from coral.evaluation.paper_sections import methods_table
+
+    helix = SimpleNamespace(served_fraction={"phi-4": 0.25, "qwen3-32b": 0.0})
+    sim = _not_simulated(helix)
+    runs = {"coral": _method("coral", 40.0, 0.0, 1000.0, {"phi-4": 15.0, "qwen3-32b": 25.0}),
+            "helix": MethodRun("helix", [EpochRun(0, 20.0, 0.0, 0, 1.0, 0.1, sim)])}
+    assert runs["coral"].simulated and not runs["helix"].simulated
+    assert runs["helix"].served_under_slo == 0.0
+    text = "\n".join(methods_table(CaseRun("paper-core", "default", 1, 360.0, runs, "mixed", 1.0)))
+    assert ("| helix | 20.00 | 20.00 | 0.00 | 1.000 | not simulated | - | not comparable: 0.50x "
+            "serving 0.0% of its worst model's demand under the SLO |") in text
+    assert "| coral | 40.00 | 40.00 | 0.00 | 1.000 | 1,000 | 100.0% | - |" in text

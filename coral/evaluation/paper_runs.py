@@ -114,6 +114,19 @@ class MethodRun:
     def min_attainment(self) -> float:
         return min(self.attainment().values(), default=math.nan)
 
+    @property
+    def simulated(self) -> bool:
+        """Whether its plans ran in the simulator (Helix's placement has no instances to run)."""
+        return all(not e.sim.get("not_simulated") for e in self.epochs)
+
+    @property
+    def served_under_slo(self) -> float:
+        """An unsimulated method: the least share of a model's demand its plan serves under the
+        SLO by its own account, over the epochs (nan for a simulated one)."""
+        shares = [float(e.sim["served_under_slo"]) for e in self.epochs
+                  if e.sim.get("not_simulated")]
+        return min(shares, default=math.nan)
+
 
 @dataclass
 class CaseRun:
@@ -240,7 +253,7 @@ def run_case(ctx: Any, name: str, level: str, *, epochs: int, epoch_s: float,
         for bname, b in found.items():
             n_new, usd = _starts(prev[bname], b.instances, startup_s)
             sim = (simulate_plan(ctx, base, b, epoch_s, seed=seed + 7919 * e)
-                   if b.instances and b.plan is not None else {"goodput_tokens_per_s": 0.0})
+                   if b.instances and b.plan is not None else _not_simulated(b))
             runs[bname].epochs.append(EpochRun(e, b.cost_per_hour, usd, n_new, b.demand_scale,
                                                t_base, sim))
             runs[bname].instances = b.instances
@@ -252,6 +265,13 @@ def run_case(ctx: Any, name: str, level: str, *, epochs: int, epoch_s: float,
             notes += [f"helix: {n}" for n in b.notes]
     return CaseRun(name, level, epochs, epoch_s, runs, mode, time.perf_counter() - t_case,
                    notes, best_value(tpl))
+
+
+def _not_simulated(result: Any) -> dict[str, Any]:
+    """What stands for the simulation of a plan that cannot run (no instances): no goodput,
+    and the least share of a model's demand it serves under the SLO by its own account."""
+    served = min(result.served_fraction.values(), default=0.0)
+    return {"goodput_tokens_per_s": 0.0, "not_simulated": True, "served_under_slo": served}
 
 
 def coral_at_rule(ctx: Any, planned: Scenario, templates: Any,

@@ -57,11 +57,15 @@ def methods_table(case: CaseRun) -> list[str]:
     rows = []
     coral = case.methods["coral"]
     for name, m in case.methods.items():
+        ratio = "-" if name == "coral" else f"{m.cost_usd_per_hour / coral.cost_usd_per_hour:.2f}x"
+        goodput, worst = num(m.goodput_tokens_per_s, ",.0f"), pct(m.min_attainment)
+        if not m.simulated:
+            # a plan with nothing to simulate is not a cheaper plan: say what it serves
+            goodput, worst = "not simulated", "-"
+            ratio = (f"not comparable: {ratio} serving {pct(m.served_under_slo)} of its worst "
+                     "model's demand under the SLO")
         rows.append([name, num(m.cost_usd_per_hour), num(m.provisioning_usd_per_hour),
-                     num(m.init_usd_per_hour), f"{m.demand_scale:.3f}",
-                     num(m.goodput_tokens_per_s, ",.0f"), pct(m.min_attainment),
-                     "-" if name == "coral" else
-                     f"{m.cost_usd_per_hour / coral.cost_usd_per_hour:.2f}x"])
+                     num(m.init_usd_per_hour), f"{m.demand_scale:.3f}", goodput, worst, ratio])
     head = [f"`{case.scenario}` {case.level}: {case.epochs} epochs of {case.epoch_s:g} s, "
             f"Coral in mode {case.coral_mode}, {case.seconds:.0f} s to run", ""]
     return head + md_table(["method", "$/hour", "nodes $/hour", "start-up $/hour (60 min)",
@@ -156,7 +160,7 @@ def claim_default(cases: dict[tuple[str, str], CaseRun]) -> list[Claim]:
         models = sorted(split["coral"])
         c.body += ["Each plan's $/hour per model (last epoch):", ""]
         c.body += md_table(["method", *models], [[n, *(num(s.get(m, 0.0)) for m in models)]
-                                                 for n, s in split.items()])
+                                                 for n, s in split.items() if s])
         c.body += value_table(case)
         c.body += [f"- {n}" for n in case.notes] + ([""] if case.notes else [])
         out.append(c)

@@ -402,6 +402,7 @@ def solve_cluster(problem: PlacementProblem, *, time_limit_s: float = 60.0,
                              cand.is_last, int(x[c]), flow if flow > _FLOW_EPS * fs else 0.0,
                              op.step_s, op.prefill_s))
     thr = float(col[T2]) * fs
+    thr = thr if thr > _FLOW_EPS * fs else 0.0  # the LP's round-off on a cluster that carries none
     bound = thr if optimal else max(bound, thr)
     gap = 0.0 if optimal or bound <= 0 else max(0.0, (bound - thr) / bound)
     st = SolveStatus.OPTIMAL if optimal else SolveStatus.TIME_LIMIT

@@ -21,10 +21,14 @@ difference: a node's NIC bounds all of its inflow (and outflow), not each edge o
 as a NIC does. Per (type, layers, role, start) only the point of the most capacity is
 offered, since without a latency bound a slower point of more capacity is never worse.
 
-The answer is a real placement: each entry's nodes take an equal share of its flow, and at
-each boundary the flow splits over the next entries in proportion to their flows
-(`ClusterPlacement.template`, checked by `coral.templates.placement.verify`). HiGHS runs
-under a time limit; the status and the proven gap come with the answer.
+The MILP starts from a heuristic placement (`pipelines`) and is capped by the layer-cover
+bound (`coral.baselines.helix_bound`, which also cuts every capacity to it: no node carries
+more than the whole flow); its LP relaxation alone stays near `coverage_bound`, which counts
+fractions of nodes per layer. The answer is a real placement: each entry's nodes take an
+equal share of its flow, and at each boundary the flow splits over the next entries in
+proportion to their flows (`ClusterPlacement.template`, checked by
+`coral.templates.placement.verify`). HiGHS runs under a time limit; the status and the
+proven gap (against the smaller of HiGHS's bound and the layer-cover bound) come with it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import highspy
 import numpy as np
 
 from coral.baselines.helix import path_share
+from coral.baselines.helix_bound import layer_cover_bound
 from coral.catalog.loader import Catalog
 from coral.solvers import quiet_highs
 from coral.templates.placement.milp import MilpBuilder
@@ -62,6 +67,8 @@ from coral.templates.types import (
 
 #: Placement method named in the template.
 METHOD = "helix-boundary-milp"
+#: Share of the time limit the layer-cover bound may take before the MILP starts.
+BOUND_SHARE = 0.4
 _FLOW_EPS = 1e-9
 
 
@@ -361,16 +368,23 @@ def solve_cluster(problem: PlacementProblem, *, time_limit_s: float = 60.0,
     if not cands:
         raise ValueError("no node of the cluster can carry flow")
     fs = max(c.cap for c in cands)
-    ub = coverage_bound(prep, cands, flow_upper_bound(prep))
-    b, xs, gs, T = _build(prep, cands, fs, None, ub)
     warm, wx, wg = pipelines(prep, cands)
+    cover = coverage_bound(prep, cands, flow_upper_bound(prep))
+    items: dict[tuple[int, int], float] = {}
+    for cand in cands:
+        items[cand.group, cand.layers] = max(items.get((cand.group, cand.layers), 0.0), cand.cap)
+    ub = layer_cover_bound(problem.num_layers, [len(g) for g in prep.groups],
+                           [(g, k, c) for (g, k), c in sorted(items.items())], warm, cover,
+                           deadline=t0 + BOUND_SHARE * time_limit_s)
+    b, xs, gs, T = _build(prep, cands, fs, None, ub)
     start = np.zeros(len(b.col_lb))
     start[xs] = wx
     start[gs] = wg / fs
     start[T] = warm / fs
     stats: dict[str, float] = {"cols": len(b.col_lb), "integers": sum(b.col_int),
                                "rows": len(b.row_lb), "nonzeros": len(b.row_idx),
-                               "warm_start": warm, "build_s": time.perf_counter() - t0}
+                               "warm_start": warm, "coverage_bound": cover,
+                               "layer_cover_bound": ub, "build_s": time.perf_counter() - t0}
     left = time_limit_s - (time.perf_counter() - t0)
     ts = time.perf_counter()
     h = _run(b, left, log, start)

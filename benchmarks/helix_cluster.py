@@ -75,7 +75,9 @@ def main() -> None:
           f"{int(st['rows']):,} rows, {int(st['nonzeros']):,} nonzeros; problem, warm start "
           f"and build {st['build_s']:.2f} s, HiGHS {st['solve_s']:.2f} s "
           f"({int(st['bb_nodes'])} B&B nodes), all {time.perf_counter() - t:.2f} s")
-    print(f"warm start {st['warm_start']:.4g} req/s; placement {cp.describe()}")
+    print(f"warm start {st['warm_start']:.4g} req/s; coverage bound "
+          f"{st['coverage_bound']:.4g}, layer-cover bound {st['layer_cover_bound']:.4g} req/s "
+          f"({st['bound_s']:.2f} s); placement {cp.describe()}")
     t = time.perf_counter()
     share = cp.slo_share(slo)
     print(f"path LP over entries: {time.perf_counter() - t:.4f} s, share meeting the SLO "

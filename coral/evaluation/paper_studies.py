@@ -126,16 +126,15 @@ def _helix_worker(model: str, nodes: list[str], slo: Any, time_limit_s: float, q
         q.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
 
 
-#: Share of the study's time limit the placement MILP gets; the rest loads the catalog and
-#: the operating points, builds the MILP and reads the answer out.
+#: Share of the study's time limit the placement gets (catalog, operating points, bound and
+#: MILP); the rest is slack for the child's start, the path LP and the answer's way back.
 HELIX_MILP_SHARE = 0.5
 
 
 def run_helix(model: str, nodes: list[str], slo: Any, timeout_s: float) -> dict | None:
-    """Helix's no-SLO placement of `model` on all of `nodes` (`cluster_placement`: its MILP
-    runs for `HELIX_MILP_SHARE` of `timeout_s` and answers with its best placement and the
-    proven gap), judged under `slo`, in a child process killed after `timeout_s` (None
-    then)."""
+    """Helix's no-SLO placement of `model` on all of `nodes` (`cluster_placement`, given
+    `HELIX_MILP_SHARE` of `timeout_s`: its best placement and the proven gap), judged under
+    `slo`, in a child process killed after `timeout_s` (None then)."""
     return run_in_child(_helix_worker, (model, nodes, slo, timeout_s * HELIX_MILP_SHARE),
                         timeout_s)
 

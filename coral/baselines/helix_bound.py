@@ -16,8 +16,8 @@ by the pricing's optimum), so an early stop never claims too much. A bisection b
 flow known to be reachable and a known bound gives the smallest `T` not excluded.
 
 Against `helix_cluster.coverage_bound` (the same count with fractions of a layer allowed),
-this sees that a layer takes whole items: a one-layer T4 of 8.4 req/s at `T` = 6.5 covers
-one layer, not 1.3.
+this sees that a layer takes whole items: a one-layer node of capacity `1.3 T` covers one
+layer at `T`, not 1.3.
 """
 
 from __future__ import annotations

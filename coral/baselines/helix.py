@@ -25,6 +25,7 @@ placement may run smaller batches than the SLO-bound one where memory binds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -97,19 +98,15 @@ class HelixPlacement:
                 "under the SLO")
 
 
-def _paths(template: Template) -> list[tuple[list[int], list[int]]]:
-    """Source-to-sink paths over edges with flow: (node indices, edge indices)."""
-    scale = max((f for _, _, f in template.edges), default=0.0)
-    succ: dict[int, list[tuple[int, int]]] = {}
-    for e, (u, v, f) in enumerate(template.edges):
-        if f > _FLOW_EPS * max(scale, 1.0):
-            succ.setdefault(u, []).append((v, e))
+def _paths(succ: dict[int, list[tuple[int, int]]], what: str
+           ) -> list[tuple[list[int], list[int]]]:
+    """Source-to-sink paths of the graph `succ` (node -> (next node, edge)): (node indices,
+    edge indices)."""
     out: list[tuple[list[int], list[int]]] = []
 
     def walk(u: int, nodes: list[int], edges: list[int]) -> None:
         if len(out) > MAX_PATHS:
-            raise ValueError(f"placement of {template.model} on {combo_key(template.combo)} "
-                             f"has more than {MAX_PATHS} source-to-sink paths")
+            raise ValueError(f"{what} has more than {MAX_PATHS} source-to-sink paths")
         for v, e in succ.get(u, []):
             if v == SINK:
                 out.append((list(nodes), edges + [e]))
@@ -120,30 +117,61 @@ def _paths(template: Template) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def slo_share(template: Template, slo: SloSpec) -> float:
-    """Of `template`'s flow, the most that can be routed over paths meeting `slo`, as a share.
+def _extreme_path(succ: dict[int, list[tuple[int, int]]], cost: Sequence[float],
+                  longest: bool) -> float:
+    """The longest (or shortest) source-to-sink path by summed node `cost`."""
+    pick = max if longest else min
+    memo: dict[int, float] = {}
 
-    Maximise `sum_p f_p` over paths `p` whose summed `step_s` is at most TPOT and summed
-    `prefill_s` at most TTFT, subject to `sum_{p through e} f_p <= flow_e` on every edge `e`.
+    def best(u: int) -> float:
+        if u == SINK:
+            return 0.0
+        if u not in memo:
+            own = 0.0 if u == SOURCE else cost[u]
+            tails = [best(v) for v, _ in succ.get(u, [])]
+            memo[u] = own + pick(tails) if tails else (-math.inf if longest else math.inf)
+        return memo[u]
+
+    return best(SOURCE)
+
+
+def path_share(step_s: Sequence[float], prefill_s: Sequence[float],
+               edges: Sequence[tuple[int, int, float]], throughput: float, *, tpot_s: float | None,
+               ttft_s: float | None, what: str) -> float:
+    """Of the flow on `edges` (node indices, `SOURCE`/`SINK`), the most that can be routed
+    over source-to-sink paths whose summed `step_s` is at most `tpot_s` and summed
+    `prefill_s` at most `ttft_s` (None: unchecked), as a share of `throughput`.
+
+    Maximise `sum_p f_p` over those paths `p`, subject to `sum_{p through e} f_p <= flow_e`
+    on every edge `e`. When the longest paths meet both bounds the share is 1, when the
+    shortest miss one it is 0, and only otherwise are the paths enumerated.
     """
-    if not template.feasible or template.throughput <= 0:
+    if throughput <= 0:
         return 0.0
-    paths = _paths(template)
-    check_tpot = template.mode in ("aggregated", "decode")
-    check_ttft = template.mode in ("aggregated", "prefill")
+    scale = max((f for _, _, f in edges), default=0.0)
+    succ: dict[int, list[tuple[int, int]]] = {}
+    for e, (u, v, f) in enumerate(edges):
+        if f > _FLOW_EPS * max(scale, 1.0):
+            succ.setdefault(u, []).append((v, e))
+    if SOURCE not in succ:
+        return 0.0
+    checks = [(c, b) for c, b in ((step_s, tpot_s), (prefill_s, ttft_s)) if b is not None]
+    limit = [b * (1 + _LATENCY_RTOL) for _, b in checks]
+    if all(_extreme_path(succ, c, True) <= lim for (c, _), lim in zip(checks, limit)):
+        return 1.0
+    if any(_extreme_path(succ, c, False) > lim for (c, _), lim in zip(checks, limit)):
+        return 0.0
+    paths = _paths(succ, what)
 
     def meets(nodes: list[int]) -> bool:
-        step = sum(template.nodes[i].step_s for i in nodes)
-        prefill = sum(template.nodes[i].prefill_s for i in nodes)
-        return ((not check_tpot or step <= slo.tpot_s * (1 + _LATENCY_RTOL))
-                and (not check_ttft or prefill <= slo.ttft_s * (1 + _LATENCY_RTOL)))
+        return all(sum(c[i] for i in nodes) <= lim for (c, _), lim in zip(checks, limit))
 
-    good = [edges for nodes, edges in paths if meets(nodes)]
+    good = [edges_ for nodes, edges_ in paths if meets(nodes)]
     if not good:
         return 0.0
     if len(good) == len(paths):
         return 1.0
-    flow = np.array([f for _, _, f in template.edges], dtype=float)
+    flow = np.array([f for _, _, f in edges], dtype=float)
     lp = highspy.HighsLp()
     lp.num_col_ = len(good)
     lp.num_row_ = len(flow)
@@ -163,10 +191,22 @@ def slo_share(template: Template, slo: SloSpec) -> float:
     h.passModel(lp)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:  # pragma: no cover
-        raise RuntimeError(f"path LP of {template.model} on {combo_key(template.combo)}: "
-                           f"{h.modelStatusToString(h.getModelStatus())}")
+        raise RuntimeError(f"path LP of {what}: {h.modelStatusToString(h.getModelStatus())}")
     routed = float(h.getInfo().objective_function_value)
-    return min(1.0, max(0.0, routed / template.throughput))
+    return min(1.0, max(0.0, routed / throughput))
+
+
+def slo_share(template: Template, slo: SloSpec) -> float:
+    """Of `template`'s flow, the most that can be routed over paths meeting `slo`, as a share
+    (`path_share` over the template's own edge flows)."""
+    if not template.feasible or template.throughput <= 0:
+        return 0.0
+    return path_share(
+        [n.step_s for n in template.nodes], [n.prefill_s for n in template.nodes],
+        template.edges, template.throughput,
+        tpot_s=slo.tpot_s if template.mode in ("aggregated", "decode") else None,
+        ttft_s=slo.ttft_s if template.mode in ("aggregated", "prefill") else None,
+        what=f"placement of {template.model} on {combo_key(template.combo)}")
 
 
 def helix_placement(

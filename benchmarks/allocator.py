@@ -2,10 +2,12 @@
 
 For each scenario size (`core`: 3 regions, 20 node types; `advanced`: 12 regions, all node
 types; `paper-extended`: the paper's extended setup, 6 models on 20 configurations in 3
-regions, PD) and availability level (default: every level the scenario defines), it builds
-one template set over the scenario's models (synthetic unless `--library real`), then re-plans `--draws` times: each draw perturbs every model's demand (log-normal,
-sigma 0.25) and every (node type, region) availability (uniform x0.7-1.3), and takes the
-previous draw's plan as the current deployment, as the online loop does. It prints per
+regions, PD) and availability level (default: every level of the scenario that changes
+availability), it builds one template set over the scenario's models (synthetic unless
+`--library real`), then re-plans `--draws` times: each draw perturbs every model's demand
+(log-normal, sigma 0.25) and every (node type, region) availability (uniform x0.7-1.3,
+rounded down), and takes the previous draw's plan as the current deployment, as the online
+loop does. It prints per
 (size, serving mode, level): templates, template-region columns kept by presolve, solve time
 median / p95 / max (and the median CPU time of a solve, every thread's: on a shared machine
 the wall time also holds the wait for a core), the largest proven gap, and how many plans met
@@ -21,8 +23,8 @@ every combination all three templates, so each model may mix aggregated instance
 `out/templates`, as `coral plan --nmax N` builds them; `--nmax` defaults to 3 on `core` and
 2 on `advanced`, the sizes `coral demo` and the README's figures use, and to 6 on
 `paper-extended`, its own n_max, at which `coral evaluate --paper` builds it): what `coral
-plan` solves. At the limited level real libraries are much harder than the synthetic ones: many
-templates of a model cost almost the same per request/s, and on the two `core` problems
+plan` solves. At the limited level real libraries are much harder than the synthetic ones:
+many templates of a model cost almost the same per request/s, and on the two `core` problems
 measured the Lagrangian root bound sat 0.6-0.7% below the best plan.
 
 `--reference S` also solves each draw for up to S seconds at a 0.1% gap (`REFERENCE_GAP`)
@@ -47,8 +49,8 @@ limits `LADDER_S`, then the default solve, whose plan is that close) at most
 `TARGET_NEAR_P95_S` at the 95th percentile. Under the fair objective "within 1 %" is
 lexicographic (`near`): the smallest served fraction at least 99 % of the reference's, and,
 unless it is more than 1 % above it, the priority-weighted tokens/s likewise, then the cost
-at most 1 % above. A
-solve stops at `--mip-gap` (the allocator's default, `DEFAULT_MIP_GAP`, unless given).
+at most 1 % above. A solve stops at `--mip-gap` (the allocator's default,
+`DEFAULT_MIP_GAP`, unless given).
 
     python benchmarks/allocator.py                       # both sizes, three levels, 20 draws
     python benchmarks/allocator.py --sizes core --draws 5

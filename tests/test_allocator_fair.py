@@ -76,6 +76,7 @@ def test_neighbourhoods_in_place_of_the_whole_run_prove_only_what_holds(
     # phase ends on the LP's neighbourhoods; its plan and the gap it claims hold against
     # the oracle
     monkeypatch.setattr(fair, "WHOLE_RUN_COLUMNS_PER_S", 0.0)
+    monkeypatch.setattr(fair, "WHOLE_RUN_MIN_COLUMNS", 0)
     problem = scarce_pool(seed)
     oracle = solve_bruteforce(problem)
     plan = solve_allocation(problem)

@@ -84,6 +84,10 @@ TIGHTEN_SHARE = 0.25
 #: columns) it finds the phase's plans and bound.
 WHOLE_RUN_COLUMNS_PER_S = 1_000.0
 
+#: Free columns the run on the columns reduced costs leave is always made on, however little
+#: time is left: its root on a few thousand columns ends in a fraction of a second.
+WHOLE_RUN_MIN_COLUMNS = 5_000
+
 #: Where that run does not fit, HiGHS runs instead on the LP's and the plan's columns and
 #: these shares of all x columns (least reduced cost first), each stopping at the first plan
 #: the LP bound proves, the first for half the phase's time left, the last for the rest (as
@@ -269,7 +273,8 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
         how += ", covers' bound"
 
     def whole_fits(free: int) -> bool:
-        return free <= WHOLE_RUN_COLUMNS_PER_S * (deadline - time.perf_counter())
+        return free <= max(WHOLE_RUN_MIN_COLUMNS,
+                           WHOLE_RUN_COLUMNS_PER_S * (deadline - time.perf_counter()))
 
     if relaxed is not None and relaxed.col_value is not None \
             and relative_gap(value, bound) > gap:

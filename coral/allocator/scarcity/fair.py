@@ -91,7 +91,8 @@ WHOLE_RUN_MIN_COLUMNS = 5_000
 #: Where that run does not fit, HiGHS runs instead on the LP's and the plan's columns and
 #: these shares of all x columns (least reduced cost first), each stopping at the first plan
 #: the LP bound proves, the first for half the phase's time left, the last for the rest (as
-#: the goodput objective's phase 2 does, `phases.PHASE2_GROWTH`).
+#: the goodput objective's phase 2 does, `phases.PHASE2_GROWTH`), each only while its
+#: columns fit the time left at `WHOLE_RUN_COLUMNS_PER_S`.
 GROWTH = (0.03, 0.15)
 
 PHASES = ("fairness", "tokens", "cost")
@@ -289,11 +290,12 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
         cheapest = np.argsort(relaxed.col_dual[v.x], kind="stable") \
             if relaxed.col_dual is not None and not whole else np.zeros(0, dtype=np.int64)
         for i, more in enumerate(GROWTH if len(cheapest) else ()):
-            if relative_gap(value, bound) <= gap:
-                break
+            support = support_of(relaxed, x, cheapest[:int(more * len(v.x))])
+            if relative_gap(value, bound) <= gap or int(support.sum()) > \
+                    WHOLE_RUN_COLUMNS_PER_S * (deadline - time.perf_counter()):
+                break  # proven, or its root would overrun the phase
             run, y = run_on_support(
-                arr, v, objective, col_lb, row_lb,
-                support_of(relaxed, x, cheapest[:int(more * len(v.x))]), cutoff=value,
+                arr, v, objective, col_lb, row_lb, support, cutoff=value,
                 target=target(), mip_gap=gap, threads=threads,
                 time_limit_s=(0.5 if i + 1 < len(GROWTH) else 1.0)
                 * (deadline - time.perf_counter()))

@@ -148,9 +148,9 @@ def _dominance_of_useful(templates: tuple[TemplateColumn, ...], useful: np.ndarr
 
     A collection dominating `t` sits on a sub-multiset of `t`'s nodes, so it fits wherever
     `t` fits; every relation found among the useful templates holds by the same test as over
-    all of them, and the others are dropped anyway. On `paper-extended` at n_max 6 (40,936
-    templates) the whole set's dominance takes seconds of a 10 s solve, and at the scarce
-    level nine in ten templates fit nowhere."""
+    all of them, and the others are dropped anyway. On n_max-6 libraries the whole set's
+    dominance takes much of a solve's time limit, and at scarce levels most templates fit
+    nowhere (benchmarks/results/scarcity.md, "Per phase at the paper's scale")."""
     key = tuple(map(id, templates))
     if key in _DOMINANCE_CACHE or useful.all():
         return _cached_dominance(templates)

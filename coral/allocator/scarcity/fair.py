@@ -77,11 +77,11 @@ TIGHTEN_SHARE = 0.25
 
 #: x columns HiGHS's root gets through per second of a phase, about: the run on the columns
 #: reduced costs leave is made only where its free columns fit the time left at this rate
-#: (else the neighbourhoods of `GROWTH` get its time). On
-#: `advanced` at n_max 6 (18,506 columns, all free) that run's root does not end within a
-#: phase's 6 s, so it returns no plan and no bound, overruns its limit (HiGHS does not stop
-#: inside the root) and leaves the cost phase nothing; on `paper-extended` scarce (1,330
-#: columns) it finds the phase's plans and bound.
+#: (else the neighbourhoods of `GROWTH` get its time). On `advanced` at n_max 6 nearly every
+#: column is free, that run's root does not end within a phase, so it returns no plan and
+#: no bound and overruns its limit (HiGHS does not stop inside the root), leaving the cost
+#: phase nothing; on the small problems it is what finds the phase's plans and bound
+#: (benchmarks/results/scarcity.md, "Per phase at the paper's scale").
 WHOLE_RUN_COLUMNS_PER_S = 1_000.0
 
 #: Free columns the run on the columns reduced costs leave is always made on, however little

@@ -273,6 +273,31 @@ def test_dominance_checks_prices_of_the_parts() -> None:
     assert dominated_templates([one, pair, wide, dear]) == {"zz": ("pair",)}
 
 
+def test_dominance_over_the_templates_that_fit_keeps_the_same_columns() -> None:
+    # presolve tests dominance only among templates some region can run; the columns it keeps
+    # are those of the test over every template
+    from coral.allocator.core import presolve
+
+    one = column("one", "m", {"a": 1}, 2.0, {"r1": 1.0, "r2": 1.2})
+    pair = column("pair", "m", {"a": 2}, 4.0, {"r1": 2.0, "r2": 2.4})  # = 2 x one
+    piped = column("piped", "m", {"a": 3}, 6.5, {"r1": 3.0, "r2": 3.6})
+    big = column("big", "m", {"b": 4}, 30.0, {"r1": 9.0})  # b: 2 nodes, fits nowhere
+    big_pair = column("bigpair", "m", {"b": 8}, 60.0, {"r1": 18.0})
+    n = column("n", "n", {"a": 1}, 1.0, {"r2": 1.0})  # no demand for n
+    problem = _problem([one, pair, piped, big, big_pair, n], [ModelDemand("m", 9.0)],
+                       {("a", "r1"): 2, ("a", "r2"): 3, ("b", "r1"): 2})
+    presolve._DOMINANCE_CACHE.clear()
+    subset = presolve_columns(problem)
+    assert len(presolve._DOMINANCE_CACHE) == 1
+    (held, _), = presolve._DOMINANCE_CACHE.values()
+    assert [t.id for t in held] == ["one", "pair", "piped"]  # only these fit somewhere
+    presolve._DOMINANCE_CACHE.clear()
+    presolve._cached_dominance(problem.templates)  # the whole set's, as before
+    whole = presolve_columns(problem)
+    assert subset.columns == whole.columns == 3  # one r1, one r2, piped r2; pair dominated
+    assert subset.dominated == whole.dominated == 2
+
+
 def test_presolve_keeps_running_dominated_templates() -> None:
     base = column("base", "m", {"a": 1}, 2.0, {"r1": 1.0})
     bigger = column("bigger", "m", {"a": 1, "b": 1}, 2.0, {"r1": 1.9})

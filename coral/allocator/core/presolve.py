@@ -141,6 +141,22 @@ def _cached_dominance(templates: tuple[TemplateColumn, ...]) -> dict[str, tuple[
     return result
 
 
+def _dominance_of_useful(templates: tuple[TemplateColumn, ...], useful: np.ndarray
+                         ) -> dict[str, tuple[str, ...]]:
+    """Dominance among the templates some region can run for a model with demand (`useful`,
+    per template), or the whole set's where that is cached already.
+
+    A collection dominating `t` sits on a sub-multiset of `t`'s nodes, so it fits wherever
+    `t` fits; every relation found among the useful templates holds by the same test as over
+    all of them, and the others are dropped anyway. On n_max-6 libraries the whole set's
+    dominance takes much of a solve's time limit, and at scarce levels most templates fit
+    nowhere (benchmarks/results/scarcity.md, "Per phase at the paper's scale")."""
+    key = tuple(map(id, templates))
+    if key in _DOMINANCE_CACHE or useful.all():
+        return _cached_dominance(templates)
+    return _cached_dominance(tuple(t for t, on in zip(templates, useful) if on))
+
+
 @dataclass(frozen=True)
 class PresolveReport:
     """What presolve dropped, in (template, region) pairs."""
@@ -266,7 +282,7 @@ def run_presolve(problem: AllocationProblem, ix: Index, *, dominance: bool) -> C
     dominated_by: dict[str, tuple[str, ...]] = {}
     keep = useful.copy()
     if dominance:
-        dominated_by = _cached_dominance(ix.templates)
+        dominated_by = _dominance_of_useful(ix.templates, useful.any(axis=1))
         if dominated_by:
             dom = np.array([t.id in dominated_by for t in ix.templates], dtype=bool)
             protected = (ix.current > 0) & (problem.startup_s > 0)  # running now: kept

@@ -21,7 +21,10 @@ Each phase (`_phase`) starts from the previous phase's plan (phase A from the be
 given, e.g. a baseline's), bounds itself by its LP relaxation, and calls HiGHS only for the
 gap those leave: first on the columns the LP and the plan use, stopping at the first plan the
 LP bound proves, then on the columns reduced costs leave (`fix_by_reduced_cost`), as
-`scarcity.scarcity_bounded` does for the goodput objective.
+`scarcity.scarcity_bounded` does for the goodput objective. Where those are too many for
+HiGHS's root to end in the phase's time (`WHOLE_RUN_COLUMNS_PER_S`: `advanced` at n_max 6),
+that last run is replaced by runs on growing neighbourhoods of the LP (`GROWTH`), which find
+plans where the whole run found none and overran the limit.
 """
 
 from __future__ import annotations
@@ -71,6 +74,26 @@ SUPPORT_SHARE = 0.4
 
 #: Share of a phase's time its bound beyond the LP's (`tighten`) may take.
 TIGHTEN_SHARE = 0.25
+
+#: x columns HiGHS's root gets through per second of a phase, about: the run on the columns
+#: reduced costs leave is made only where its free columns fit the time left at this rate
+#: (else the neighbourhoods of `GROWTH` get its time). On `advanced` at n_max 6 nearly every
+#: column is free, that run's root does not end within a phase, so it returns no plan and
+#: no bound and overruns its limit (HiGHS does not stop inside the root), leaving the cost
+#: phase nothing; on the small problems it is what finds the phase's plans and bound
+#: (benchmarks/results/scarcity.md, "Per phase at the paper's scale").
+WHOLE_RUN_COLUMNS_PER_S = 1_000.0
+
+#: Free columns the run on the columns reduced costs leave is always made on, however little
+#: time is left: its root on a few thousand columns ends in a fraction of a second.
+WHOLE_RUN_MIN_COLUMNS = 5_000
+
+#: Where that run does not fit, HiGHS runs instead on the LP's and the plan's columns and
+#: these shares of all x columns (least reduced cost first), each stopping at the first plan
+#: the LP bound proves, the first for half the phase's time left, the last for the rest (as
+#: the goodput objective's phase 2 does, `phases.PHASE2_GROWTH`), each only while its
+#: columns fit the time left at `WHOLE_RUN_COLUMNS_PER_S`.
+GROWTH = (0.03, 0.15)
 
 PHASES = ("fairness", "tokens", "cost")
 
@@ -249,8 +272,14 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
         bound = max(bound, tighten(relaxed, value, time.perf_counter() + TIGHTEN_SHARE * (
             deadline - time.perf_counter())))
         how += ", covers' bound"
+
+    def whole_fits(free: int) -> bool:
+        return free <= max(WHOLE_RUN_MIN_COLUMNS,
+                           WHOLE_RUN_COLUMNS_PER_S * (deadline - time.perf_counter()))
+
     if relaxed is not None and relaxed.col_value is not None \
             and relative_gap(value, bound) > gap:
+        whole = whole_fits(len(v.x))
         run, y = run_on_support(arr, v, objective, col_lb, row_lb,
                                 support_of(relaxed, x, np.zeros(0, dtype=np.int64)),
                                 cutoff=value, target=target(),
@@ -258,15 +287,34 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
                                 mip_gap=gap, threads=threads)
         if take(y):
             how = f"HiGHS on the LP's and the plan's columns ({run.detail}), LP bound"
+        cheapest = np.argsort(relaxed.col_dual[v.x], kind="stable") \
+            if relaxed.col_dual is not None and not whole else np.zeros(0, dtype=np.int64)
+        for i, more in enumerate(GROWTH if len(cheapest) else ()):
+            support = support_of(relaxed, x, cheapest[:int(more * len(v.x))])
+            if relative_gap(value, bound) <= gap or int(support.sum()) > \
+                    WHOLE_RUN_COLUMNS_PER_S * (deadline - time.perf_counter()):
+                break  # proven, or its root would overrun the phase
+            run, y = run_on_support(
+                arr, v, objective, col_lb, row_lb, support, cutoff=value,
+                target=target(), mip_gap=gap, threads=threads,
+                time_limit_s=(0.5 if i + 1 < len(GROWTH) else 1.0)
+                * (deadline - time.perf_counter()))
+            if take(y):
+                how = (f"HiGHS on the LP's and the plan's columns and {more:.0%} more "
+                       f"({run.detail}), LP bound")
     if relaxed is not None and relaxed.col_value is not None \
             and relative_gap(value, bound) > gap:
         limit = min(value - gap * INSIDE * abs(value), value - 1e-9 * max(1.0, abs(value)))
         lo, hi = fix_by_reduced_cost(arr, relaxed, col_lb, limit)
-        run = run_highs(arr.highs_lp(objective, lo, row_lb, maximise=False, col_ub=hi),
-                        time_limit_s=deadline - time.perf_counter(), mip_gap=gap,
-                        threads=threads, cutoff=value, target=target())
-        take(plan_of_run(run, v))
-        bound = bound_with_limit(run, limit, bound)
-        how = f"HiGHS on {free_columns(lo, hi, v)} of {len(v.x)} columns ({run.detail})"
+        free = free_columns(lo, hi, v)
+        if whole_fits(free):
+            run = run_highs(arr.highs_lp(objective, lo, row_lb, maximise=False, col_ub=hi),
+                            time_limit_s=deadline - time.perf_counter(), mip_gap=gap,
+                            threads=threads, cutoff=value, target=target())
+            take(plan_of_run(run, v))
+            bound = bound_with_limit(run, limit, bound)
+            how = f"HiGHS on {free} of {len(v.x)} columns ({run.detail})"
+        else:
+            how += f"; no time for HiGHS on {free} of {len(v.x)} columns"
     notes.append(f"fair phase {name}: {abs(value):.6g}, bound {abs(bound):.6g} ({how})")
     return x, value, bound

@@ -21,12 +21,13 @@ def bench():
 
 def _plan(cost: float, gap: float, served: float, *, goodput_gap: float = 0.0,
           demand: float = 10.0) -> AllocationPlan:
+    """A plan sought by the goodput objective (a fair plan's gaps are per phase, below)."""
     return AllocationPlan(
         status=PlanStatus.OPTIMAL if served >= demand else PlanStatus.INFEASIBLE,
         instances={}, cost_usd_per_hour=cost, penalty_usd=0.0,
         demand_rps={"m": demand}, capacity_rps={"m": served}, served_rps={"m": served},
         goodput=served, nodes_used={}, started={}, stopped={}, gap=gap, solve_s=0.1,
-        goodput_gap=goodput_gap,
+        goodput_gap=goodput_gap, scarcity="goodput",
     )
 
 
@@ -63,3 +64,21 @@ def test_nothing_proven_reads_infinite(bench):
     timed = _plan(100.0, math.inf, 10.0)
     reference = _plan(100.0, math.inf, 10.0)
     assert bench.gap_by_reference(timed, reference) == math.inf
+
+
+def test_a_fair_plan_is_proven_by_the_better_fairness_bound_and_its_own_later_phases(bench):
+    """A fair plan short of demand: its smallest served fraction against the better of the
+    two solves' fairness bounds (a reference meeting demand proves 1); the tokens and cost
+    phases keep their own gaps, as the reference's hold at its own floors."""
+    from dataclasses import replace
+
+    fair = replace(_plan(50.0, 0.0, 8.0), scarcity="fair", fair_level=0.8,
+                   phase_gaps={"fairness": 0.10, "tokens": 0.01, "cost": 0.03})
+    # own bound 0.88; a reference at 0.82 proven within 2 % bounds it by 0.8364
+    ref = replace(_plan(60.0, 0.0, 8.2), scarcity="fair", fair_level=0.82,
+                  phase_gaps={"fairness": 0.02})
+    assert bench.gap_by_reference(fair, ref) == pytest.approx(0.8364 / 0.8 - 1.0)
+    # a reference meeting demand bounds the level by 1; the cost phase's 3 % is larger
+    assert bench.gap_by_reference(fair, _plan(80.0, 0.0, 10.0)) == pytest.approx(0.10)
+    tight = replace(fair, phase_gaps={"fairness": 0.0, "tokens": 0.01, "cost": 0.03})
+    assert bench.gap_by_reference(tight, ref) == pytest.approx(0.03)

@@ -147,16 +147,24 @@ class BatchingEngine:
         with self._lock:
             items, self._releases = self._releases, []
             items += self._decode_items(list(self._running.values()))
-            while self._waiting and len(self._running) < self.max_running:
-                r = self._waiting.pop(0)
-                if r.cancelled:
-                    r.on_token(None, True, None)
-                    continue
-                self._running[r.request_id] = r
-                items.append(WorkItem(r.request_id, 0, r.prompt_ids, r.sampling, step=0))
+            items += [WorkItem(r.request_id, 0, r.prompt_ids, r.sampling, step=0)
+                      for r in self._admit()]
             items.extend(self._releases)  # releases of cancelled requests, after their peers
             self._releases = []
             return items
+
+    def _admit(self) -> list[_Request]:
+        """Waiting requests taken into the running set, first come first served, while it
+        has room (under the lock); a cancelled one is finished instead."""
+        admitted = []
+        while self._waiting and len(self._running) < self.max_running:
+            r = self._waiting.pop(0)
+            if r.cancelled:
+                r.on_token(None, True, None)
+                continue
+            self._running[r.request_id] = r
+            admitted.append(r)
+        return admitted
 
     def _decode_items(self, requests: list[_Request]) -> list[WorkItem]:
         """One decode token of each request (under the lock); cancelled ones are finished."""
@@ -234,12 +242,7 @@ class BatchingEngine:
         items += self._decode_items(
             [r for r in self._running.values() if self._slot_of.get(r.request_id) == slot])
         spread = bool(self._running)
-        while self._waiting and len(self._running) < self.max_running:
-            r = self._waiting.pop(0)
-            if r.cancelled:
-                r.on_token(None, True, None)
-                continue
-            self._running[r.request_id] = r
+        for r in self._admit():
             n = len(r.prompt_ids)
             self._prefill[r.request_id] = [0, -(-n // slots) if spread else n]
         for rid, state in list(self._prefill.items()):

@@ -55,6 +55,7 @@ from coral.allocator.core.highs_runs import (
 from coral.allocator.decomposition.lagrange import Decomposition
 from coral.allocator.core.presolve import MODE_DECODE, Index
 from coral.allocator.problem import AllocationProblem, fair_weights
+from coral.allocator.scarcity.phases import PHASE2_GROWTH
 
 #: Phase B and C keep the fairness level `t` within this relative distance of phase A's.
 FAIR_REL_TOL = 1e-6
@@ -89,11 +90,11 @@ WHOLE_RUN_COLUMNS_PER_S = 1_000.0
 WHOLE_RUN_MIN_COLUMNS = 5_000
 
 #: Where that run does not fit, HiGHS runs instead on the LP's and the plan's columns and
-#: these shares of all x columns (least reduced cost first), each stopping at the first plan
-#: the LP bound proves, the first for half the phase's time left, the last for the rest (as
-#: the goodput objective's phase 2 does, `phases.PHASE2_GROWTH`), each only while its
-#: columns fit the time left at `WHOLE_RUN_COLUMNS_PER_S`.
-GROWTH = (0.03, 0.15)
+#: the goodput objective's phase-2 shares of all x columns (least reduced cost first), each
+#: stopping at the first plan the LP bound proves, the first for half the phase's time left,
+#: the last for the rest, each only while its columns fit the time left at
+#: `WHOLE_RUN_COLUMNS_PER_S`.
+GROWTH = PHASE2_GROWTH
 
 PHASES = ("fairness", "tokens", "cost")
 
@@ -273,9 +274,13 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
             deadline - time.perf_counter())))
         how += ", covers' bound"
 
+    def root_fits(columns: int, at_least: int = 0) -> bool:
+        """HiGHS's root on `columns` free columns ends in the phase's time left."""
+        return columns <= max(at_least,
+                              WHOLE_RUN_COLUMNS_PER_S * (deadline - time.perf_counter()))
+
     def whole_fits(free: int) -> bool:
-        return free <= max(WHOLE_RUN_MIN_COLUMNS,
-                           WHOLE_RUN_COLUMNS_PER_S * (deadline - time.perf_counter()))
+        return root_fits(free, WHOLE_RUN_MIN_COLUMNS)
 
     if relaxed is not None and relaxed.col_value is not None \
             and relative_gap(value, bound) > gap:
@@ -290,10 +295,11 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
         cheapest = np.argsort(relaxed.col_dual[v.x], kind="stable") \
             if relaxed.col_dual is not None and not whole else np.zeros(0, dtype=np.int64)
         for i, more in enumerate(GROWTH if len(cheapest) else ()):
+            if relative_gap(value, bound) <= gap:
+                break
             support = support_of(relaxed, x, cheapest[:int(more * len(v.x))])
-            if relative_gap(value, bound) <= gap or int(support.sum()) > \
-                    WHOLE_RUN_COLUMNS_PER_S * (deadline - time.perf_counter()):
-                break  # proven, or its root would overrun the phase
+            if not root_fits(int(support.sum())):
+                break  # its root would overrun the phase
             run, y = run_on_support(
                 arr, v, objective, col_lb, row_lb, support, cutoff=value,
                 target=target(), mip_gap=gap, threads=threads,

@@ -471,6 +471,54 @@ def test_saturation_of_pd_templates_matches_the_simulator(cat, perf):
     assert (len(ends) - 1) / (ends[-1] - ends[0]) == pytest.approx(ds.rps, rel=0.05)
 
 
+def test_a_prefill_instance_whose_cache_holds_under_two_chunks_is_rated_by_what_fits(cat, perf):
+    """A prefill instance keeps a round's KV blocks until their transfers land, and the next
+    round is formed at once: with room for fewer than two chunks its rounds cannot all be
+    full. Llama-2-70B over 1, 2 and 4 L4s (a 3,072-token chunk, room for about 4,000
+    tokens) alternates rounds of 1 and 2 prompts of 1,024 tokens; `busy_prefill` replays
+    that, and the simulator, overloaded, hands out first tokens at its rate, well below the
+    full rounds' rate."""
+    from coral.perf.prefill_rounds import busy_prefill
+    from coral.perf.step import build_step_model, kv_transfer_bytes, slowest_nic_bytes_per_s
+
+    model, prompt = "llama-2-70b", 1024
+    nodes = [("1x-l4", 0, 12, 1024, 1.0), ("2x-l4", 12, 25, 1024, 1.0),
+             ("4x-l4", 37, 43, 1024, 1.0)]
+    stages = stages_from_nodes(nodes)
+    layout = build_step_model(model, stages, perf, cat)
+    assert 2 * layout.max_seqs > layout.kv_cap > layout.max_seqs  # under two chunks
+    send = kv_transfer_bytes(cat.model(model), prompt) / slowest_nic_bytes_per_s(
+        [n[0] for n in nodes], cat)
+    busy = busy_prefill(layout, prompt, send, pd.KV_TRANSFER_LATENCY_S)
+    full_rounds = layout.max_seqs / prompt / layout.step_cost(layout.max_seqs, 0, 0, 3)[0]
+    assert busy.rps < 0.6 * full_rounds
+    assert 1.0 < busy.prompts_per_round < 2.0
+    decode = [("8x-a100-40gb", 0, 80, 256, 1.0)]
+    specs = [InstanceSpec("p", model, stages, 1.0, 1.0, role="prefill", region="a"),
+             InstanceSpec("d", model, stages_from_nodes(decode), 1.0, 1.0, role="decode",
+                          region="a")]
+    res = simulate(specs, synthetic(model, rate_rps=2.0 * busy.rps, duration_s=600, seed=2,
+                                    prompt_tokens=prompt, output_tokens=16),
+                   perf=perf, catalog=cat, config=SimConfig(horizon_s=600))
+    firsts = sorted(r.first_token_s for r in res.requests if r.first_token_s is not None)
+    assert (len(firsts) - 1) / (firsts[-1] - firsts[0]) == pytest.approx(busy.rps, rel=0.03)
+
+
+def test_a_prefill_instance_with_room_for_two_chunks_runs_full_rounds(cat, perf):
+    """Where the cache holds the round in progress beside the last one's, every round is a
+    full chunk: the replay's rate is the chunk's prompts over its step."""
+    from coral.perf.prefill_rounds import busy_prefill
+    from coral.perf.step import build_step_model
+
+    layout = build_step_model(MODEL, stages_from_nodes([("1x-l40s", 0, 32, 4096, 1.0)]),
+                              perf, cat)
+    assert layout.kv_cap >= 2 * layout.max_seqs
+    busy = busy_prefill(layout, 1024, 0.01, pd.KV_TRANSFER_LATENCY_S)
+    step = layout.step_cost(4096, 0, 0, 1)[0]
+    assert busy.rps == pytest.approx(4.0 / step, rel=1e-9)
+    assert busy.service_s == pytest.approx(step, rel=1e-9) and busy.prompts_per_round == 4.0
+
+
 def test_saturation_of_aggregated_templates_is_unchanged(cat, perf):
     from coral.templates.builder.solve import build_template
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from coral.perf.pipeline import PipelineShape
+from coral.perf.prefill_rounds import busy_prefill
 
 #: Latency of one activation hand-over between two nodes, s (one network hop plus the
 #: send/receive software path; approximate, of the order of a TCP/ZeroMQ round on a cloud VPC).
@@ -249,8 +250,8 @@ class Saturation:
     """An instance at full occupancy, under the step model."""
 
     rps: float  # requests/s of the template's workload mix
-    step_s: float  # one step: the TPOT every sequence sees (prefill: a prompt's time in it)
-    sequences: int  # sequences in flight (prefill: prompts per step, rounded up)
+    step_s: float  # one step: the TPOT every sequence sees (prefill: a prompt's time in its rounds)
+    sequences: int  # sequences in flight (prefill: prompts per round, rounded up)
     #: PD halves: one prompt's KV cache over this instance's slowest NIC, with the fixed
     #: hand-over latency (0 for aggregated instances, which hand nothing over)
     kv_transfer_s: float = 0.0
@@ -425,9 +426,10 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
     slot decoding, `b / O` whole prompts per step on average (mean request shapes; an
     approximation of a busy steady state), within the scheduler's token budget per step.
 
-    A prefill instance busy runs steps of its whole token chunk (stages x the smallest stage's
-    batch, which counts prompt tokens), so it serves `chunk / (I x step)` requests/s and a
-    prompt sees one such step; a decode instance busy runs every slot decoding with no prompt
+    A prefill instance busy runs rounds of up to its token chunk (stages x the smallest
+    stage's batch, which counts prompt tokens) as far as its KV cache, still holding the last
+    round's prompts while their transfers run, lets it (`busy_prefill`: its rate, and a
+    prompt's time in its rounds as `step_s`); a decode instance busy runs every slot decoding with no prompt
     in its steps, so it serves `b / (O x step)` requests/s at TPOT `step`. An aggregated
     instance's rate and step are also given with the prompt chunks the scheduler forms
     (`prompt_mix`; `chunked_step_s`, `chunked_rps`): the template search rates by the mean
@@ -440,16 +442,20 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
     if mode in ("prefill", "decode"):
         nic = slowest_nic_bytes_per_s(shape.node_types(), catalog)
         kv_s = transfer_seconds(1, kv_transfer_bytes(catalog.model(model), i_tok), nic, nic)
+    if mode == "prefill":
+        busy = busy_prefill(layout, i_tok, kv_s - KV_TRANSFER_LATENCY_S, KV_TRANSFER_LATENCY_S)
+        return Saturation(rps=busy.rps, step_s=busy.service_s,
+                          sequences=math.ceil(busy.prompts_per_round), kv_transfer_s=kv_s,
+                          chunked_step_s=busy.service_s, chunked_rps=busy.rps)
     dt = 0.0
     for share, step in busy_steps(mode, layout.n_stages, b, i_tok, o_tok):
         dt += share * layout.step_cost(*step)[0]
     rps = busy_rps(mode, b, dt, i_tok, o_tok, max_batched_tokens)
-    sequences = -(-b // i_tok) if mode == "prefill" else b  # prefill: prompts per step
     chunked_step, chunked_rps = dt, rps
     if mode == "aggregated":
         chunked_step = busy_band_step(layout, b, i_tok, o_tok, max_batched_tokens)
         chunked_rps = busy_rps(mode, b, chunked_step, i_tok, o_tok, max_batched_tokens)
-    return Saturation(rps=rps, step_s=dt, sequences=sequences, kv_transfer_s=kv_s,
+    return Saturation(rps=rps, step_s=dt, sequences=b, kv_transfer_s=kv_s,
                       chunked_step_s=chunked_step, chunked_rps=chunked_rps)
 
 

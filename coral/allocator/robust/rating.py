@@ -68,7 +68,8 @@ log = logging.getLogger(__name__)
 RATINGS_FILE = "robust.json"
 #: 5: per template key, per rating key ("nominal" or "GPU=F", "/as-deployed" when not cut to a
 #: smaller batch, "@N" at N sequences per stage), the `StepRating` fields.
-RATINGS_FORMAT = 6
+#: 7: a prefill instance rated by the rounds its KV cache lets it run (`busy_prefill`).
+RATINGS_FORMAT = 7
 
 @dataclass(frozen=True)
 class StepRating:

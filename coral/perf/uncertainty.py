@@ -141,8 +141,8 @@ def measured_profiles(catalog: Catalog, perf: Any
 
 
 def file_figures(own: Mapping[str, PhaseFactors], held_out: Mapping[str, PhaseFactors],
-            layer_fitted: Mapping[str, Mapping[str, Sequence[float]]] | None = None
-            ) -> dict[str, Any]:
+                 layer_fitted: Mapping[str, Mapping[str, Sequence[float]]] | None = None
+                 ) -> dict[str, Any]:
     """The file's figures from the own-profile and held-out phase factors and each
     layer-fitted card's errors per phase: the floor is each phase's smallest own-profile
     factor (1 without any), the borrowers' each phase's largest held-out one."""

@@ -226,19 +226,24 @@ def fit_layer_levels(catalog: Catalog | None = None, path: Path = DATA) -> dict[
 
 
 def unfitted_errors(catalog: Catalog | None = None, perf: PerfModel | None = None,
-                    path: Path = DATA) -> dict[str, list[float]]:
-    """Per layer-fitted card (`perf.layer_fits`), the errors of its LLM points that its fit
-    did not use (every point but `FIT_MODEL`'s prefill layers): the held-out figures
-    `coral.perf.uncertainty` takes the card's slowdown from."""
+                    path: Path = DATA) -> dict[str, dict[str, list[float]]]:
+    """Per layer-fitted card (`perf.layer_fits`) and phase ("prefill", "decode"), the errors of
+    its LLM points that its fit did not use (every point but `FIT_MODEL`'s prefill layers; a
+    whole decode step counts as decode): the held-out figures `coral.perf.uncertainty` takes
+    the card's slowdowns from."""
     catalog = catalog or default_catalog()
     perf = perf or PerfModel(catalog)
     points = [p for p in all_points(catalog, perf, path) if p.phase in LLM_PHASES]
-    out: dict[str, list[float]] = {}
+    out: dict[str, dict[str, list[float]]] = {}
     for gpu in sorted(perf.layer_fits):
         used = set(map(id, _prefill(points, gpu, FIT_MODEL)))
-        errs = [p.error for p in points if p.gpu == gpu and id(p) not in used]
-        if errs:
-            out[gpu] = errs
+        phases: dict[str, list[float]] = {}
+        for p in points:
+            if p.gpu == gpu and id(p) not in used:
+                phases.setdefault("prefill" if p.phase == "prefill" else "decode",
+                                  []).append(p.error)
+        if phases:
+            out[gpu] = phases
     return out
 
 

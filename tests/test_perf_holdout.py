@@ -130,26 +130,90 @@ def test_moe_leave_one_model_out_median():
             assert e.median_abs <= 0.15, (model, kind, e.median_abs)
 
 
-def test_the_committed_uncertainty_is_what_the_perf_model_measures_now():
+@pytest.fixture(scope="module")
+def unfitted() -> dict[str, dict[str, list[float]]]:
+    """The layer-fitted cards' public points their fits did not use, per phase."""
+    with benchmark_module("perf_public.py", "perf_public_for_uncertainty") as public:
+        return public.unfitted_errors(CATALOG, PerfModel(CATALOG))
+
+
+def test_the_committed_uncertainty_is_what_the_perf_model_measures_now(unfitted):
     """`coral plan --robust auto` plans against coral/perf/data/uncertainty.yaml: it must be
     the figures the committed perf model measures (write it again with `python
     benchmarks/perf_holdout.py --write-uncertainty` after changing the model)."""
     from coral.perf import uncertainty
 
     perf = PerfModel(CATALOG)
-    with benchmark_module("perf_public.py", "perf_public_for_uncertainty") as public:
-        layer_fitted = public.unfitted_errors(CATALOG, perf)
-    assert uncertainty.measure(CATALOG, perf, layer_fitted=layer_fitted) == uncertainty.load()
+    doc = uncertainty.load()
+    assert uncertainty.measure(CATALOG, perf, layer_fitted=unfitted) == doc
     cards = uncertainty.card_uncertainty(CATALOG, perf)
     assert cards["a100-80gb"].basis == "own profile"
     # the cards whose matmuls are fitted on their own public layers: their held-out points
-    assert set(layer_fitted) == {"a100-40gb", "l4", "t4", "v100"}
-    for gpu in layer_fitted:
+    assert set(unfitted) == {"a100-40gb", "l4", "t4", "v100"}
+    for gpu, phases in unfitted.items():
         assert cards[gpu].basis == "layer fit" and cards[gpu].donor, gpu
-        assert len(layer_fitted[gpu]) >= 7, gpu
+        assert len(phases["prefill"]) >= 2 and len(phases["decode"]) >= 5, gpu
     assert cards["a10g"].basis == "borrowed" and cards["a10g"].donor
-    assert all(c.factor >= 1.0 for c in cards.values())
-    assert cards["a10g"].factor == uncertainty.load()["borrowed"]
+    for card in cards.values():
+        assert card.phases is not None and set(card.phases) == {"prefill", "decode"}
+        assert card.factor == max(card.phases.values()), card.gpu
+        for ph, f in card.phases.items():
+            assert f >= doc["floor"][ph] >= 1.0, (card.gpu, ph)
+    assert cards["a10g"].phases == doc["borrowed"]
+
+
+def test_a_card_factor_follows_its_own_points_phase_by_phase(unfitted):
+    """Change one held-out point of a layer-fitted card and only that card's phase moves; a
+    card with its own profile keeps its own figures; a phase whose points are all slower than
+    predicted stands at the floor, and one without points at the borrowers' figure."""
+    from coral.perf import uncertainty
+
+    perf = PerfModel(CATALOG)
+    doc = uncertainty.load()
+
+    def cards(layer_fitted: dict) -> dict:
+        figures = uncertainty.file_figures(doc["own"], doc["held_out"], layer_fitted)
+        return uncertainty.card_uncertainty(CATALOG, perf, figures=figures)
+
+    base = cards(unfitted)
+    assert base == uncertainty.card_uncertainty(CATALOG, perf)  # the committed file's cards
+    moved = {g: {ph: list(e) for ph, e in v.items()} for g, v in unfitted.items()}
+    moved["l4"]["prefill"][0] = -0.3  # one prefill layer predicted 30 % too fast
+    moved["a100-80gb"] = {"prefill": [-0.5], "decode": [-0.5]}  # no say over an own profile
+    after = cards(moved)
+    assert after["l4"].phases["prefill"] > base["l4"].phases["prefill"] + 0.2
+    assert after["l4"].factor == after["l4"].phases["prefill"]
+    assert after["l4"].phases["decode"] == base["l4"].phases["decode"]
+    for gpu in set(base) - {"l4"}:
+        assert after[gpu] == base[gpu], gpu
+    own = base["a100-80gb"]
+    assert own.basis == "own profile" and own.phases == doc["own"]["a100-80gb"]
+    # every L4 decode point is predicted slower than measured: its decode is the floor
+    assert all(e > 0 for e in unfitted["l4"]["decode"])
+    assert "decode" in base["l4"].floored
+    assert base["l4"].phases["decode"] == doc["floor"]["decode"]
+    del moved["l4"]["decode"]
+    assert cards(moved)["l4"].phases["decode"] == doc["borrowed"]["decode"]
+
+
+def test_a_bad_uncertainty_file_names_the_entry_and_the_fix(tmp_path):
+    import yaml
+
+    from coral.perf import uncertainty
+
+    doc = uncertainty.load()
+    for entry, edit in (("floor", lambda d: d["floor"].pop("decode")),
+                        ("layer_fitted.l4.prefill",
+                         lambda d: d["layer_fitted"]["l4"].update(prefill=0.9)),
+                        ("format", lambda d: d.update(format=1))):
+        bad = yaml.safe_load(yaml.safe_dump(doc))
+        edit(bad)
+        path = tmp_path / "uncertainty.yaml"
+        path.write_text(yaml.safe_dump(bad))
+        with pytest.raises(ValueError) as err:
+            uncertainty.load(path)
+        assert str(path) in str(err.value) and f"{entry}:" in str(err.value)
+        assert "--write-uncertainty" in str(err.value)
 
 
 def test_a_slowdown_factor_is_the_percentile_of_measured_over_predicted():

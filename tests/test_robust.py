@@ -383,6 +383,9 @@ def test_plan_cli_robust_auto_plans_each_card_against_its_own_uncertainty(tiny):
     for gpu in entry["gpu_types"]:
         assert entry["factors"][gpu] == pytest.approx(cards[gpu].factor)
         assert "borrowed from" in entry["basis"][gpu]
+        # both phases' factors, the card planned at the larger
+        assert all(f"{ph} {f:.3g}x" in entry["basis"][gpu]
+                   for ph, f in (cards[gpu].phases or {}).items()), entry["basis"][gpu]
     scenario = load_scenario(paths["aggregated"], catalog=catalog)
     plan = plan_scenario(scenario, catalog=catalog, perf=perf, templates=templates,
                          baselines=False, options=PlanOptions(robust="auto", mip_gap=0.0))

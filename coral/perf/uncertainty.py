@@ -15,14 +15,27 @@ not assumed:
   the fit did not use (the held-out model's prefill layers and every decode layer), predicted
   by the model plans use;
 - **borrowed**: the leave-one-GPU-out check (`coral.perf.holdout`): each measured type
-  predicted from fits on the others only, as a type without a profile is; the worst of
-  those held-out types stands for every borrower, as nobody can say which held-out type a
-  borrower resembles most.
+  predicted from fits on the others only, as a type without a profile is; in each phase the
+  worst of those held-out types stands for every borrower, as nobody can say which held-out
+  type a borrower resembles most.
 
-A slowdown is `measured / predicted` of a point; a card's factor is its `PERCENTILE`-th
-percentile over its points (at least 1): slower-than-modelled is what breaks an SLO, and one
-slowdown is applied to every step of the card, so the factor stands for most steps rather
-than the single worst kernel choice. The figures live in `data/uncertainty.yaml`, written by
+A slowdown is `measured / predicted` of a point. Each phase (prefill, decode) of a card gets its
+own factor: the `PERCENTILE`-th percentile of its points' slowdowns (at least 1), since
+slower-than-modelled is what breaks an SLO, and one slowdown stands for most steps rather than
+the single worst kernel choice. Phases are kept apart because pooling lets the phase with many
+points (Vidur's prefill tables, thousands against hundreds of decode points) hide the other's
+error. Two rules bound a phase's factor from below:
+
+- **floor**: no card is planned surer, in a phase, than the best own-profile card is measured
+  in it (the smallest own-profile factor of that phase): a few public layer timings cannot
+  show a card's model better than a card's full profile shows its own, and a phase whose few
+  points all come out slower than measured (the L4's decode) would otherwise plan no margin;
+- a layer-fitted card's phase without points takes the borrowers' figure of that phase.
+
+The robust re-rating and `coral simulate --slowdown` slow every iteration of a card by one
+factor (`coral.perf.slowdown.SlowedPerf`, one computation in both), so a card is planned
+against the larger of its two phase factors; the plan file names both.
+The figures live in `data/uncertainty.yaml`, written by
 `python benchmarks/perf_holdout.py --write-uncertainty`, which reads the layer-fitted cards'
 public points through `benchmarks/perf_public.py` (`tests/test_perf_holdout.py` checks
 the file against a fresh measurement, so a perf-model change that moves them cannot go
@@ -42,10 +55,16 @@ from coral.catalog.loader import Catalog
 from coral.perf.holdout import _vidur_errors, committed_check, leave_one_gpu_out
 from coral.perf.vidur_profiles import VIDUR_GPUS
 
-#: Percentile of a card's slowdowns (measured / predicted) its factor is taken at.
+#: Percentile of a phase's slowdowns (measured / predicted) its factor is taken at.
 PERCENTILE = 95.0
-#: Format of `data/uncertainty.yaml`.
-FORMAT = 1
+#: The phases a card's points and factors are kept apart by.
+PHASES = ("prefill", "decode")
+#: Format of `data/uncertainty.yaml` (2: every figure per phase, with the floor).
+FORMAT = 2
+
+Basis = Literal["own profile", "layer fit", "borrowed"]
+#: Phase -> slowdown factor.
+PhaseFactors = Mapping[str, float]
 
 
 def uncertainty_file() -> Path:
@@ -54,12 +73,14 @@ def uncertainty_file() -> Path:
 
 @dataclass(frozen=True)
 class CardUncertainty:
-    """How sure the perf model is of one GPU type."""
+    """How sure the perf model is of one GPU type, per phase and as planned."""
 
     gpu: str
-    basis: Literal["own profile", "layer fit", "borrowed"]
-    factor: float  # slowdown planned against: measured / predicted at PERCENTILE
+    basis: Basis
+    factor: float  # slowdown planned against: the larger phase factor
     donor: str | None = None  # the type whose fit a borrowed one carries
+    phases: PhaseFactors | None = None  # phase -> its factor (floor and fallback applied)
+    floored: tuple[str, ...] = ()  # phases whose factor is the floor, not their points
 
     @property
     def r(self) -> float:
@@ -74,7 +95,10 @@ class CardUncertainty:
                    f"{self.donor or 'a profiled type'}; held-out public points")
         else:
             how = f"borrowed from {self.donor}" if self.donor else "borrowed"
-        return f"{self.gpu} {self.factor:.3g}x ({how})"
+        phases = "; ".join(
+            f"{ph} {f:.3g}x" + (" (floor)" if ph in self.floored else "")
+            for ph, f in (self.phases or {}).items())
+        return f"{self.gpu} {self.factor:.3g}x ({how}" + (f"; {phases})" if phases else ")")
 
 
 def slowdown_factor(errors: np.ndarray) -> float:
@@ -86,72 +110,143 @@ def slowdown_factor(errors: np.ndarray) -> float:
     return max(1.0, float(np.percentile(1.0 / (1.0 + errors), PERCENTILE)))
 
 
-def measure(catalog: Catalog, perf: Any,
-            layer_fitted: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
-    """The file's figures, measured now: each own-profile type's factor, each layer-fitted
-    type's (from `layer_fitted`: card -> errors of its public points the fit did not use,
-    as `benchmarks/perf_public.py` scores them) and the borrowers'."""
-    def layers(held: Any) -> np.ndarray:
-        return np.concatenate([held.kind("prefill").errors, held.kind("decode").errors,
-                               held.kind("prefill", ("moe layer",)).errors,
-                               held.kind("decode", ("moe layer",)).errors])
+def _phase_factors(errors: Mapping[str, Any]) -> dict[str, float]:
+    """Phase -> rounded `slowdown_factor` of its errors; a phase without points is left out
+    (the card then takes the borrowers' figure of it)."""
+    return {ph: round(slowdown_factor(np.asarray(errors[ph], dtype=float)), 4)
+            for ph in PHASES if len(errors.get(ph, ())) > 0}
 
-    own: dict[str, float] = {}
+
+def measured_profiles(catalog: Catalog, perf: Any
+                      ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Per phase, each own-profile type's factor on its own points and each measured type's
+    when held out (predicted from fits on the others only)."""
+    def layers(held: Any, phase: str) -> np.ndarray:
+        return np.concatenate([held.kind(phase).errors,
+                               held.kind(phase, ("moe layer",)).errors])
+
+    own: dict[str, dict[str, float]] = {}
     for vgpu, name in VIDUR_GPUS.items():
         eff = perf.efficiencies_for(name)
         if eff.borrowed_from:  # plans carry another type's fit to it: a borrower
             continue
         errs = _vidur_errors(catalog, vgpu, eff)
-        own[name] = slowdown_factor(np.concatenate(
-            [errs[("layer", "prefill")].errors, errs[("layer", "decode")].errors]))
+        own[name] = _phase_factors({ph: errs[("layer", ph)].errors for ph in PHASES})
     if not perf.efficiencies_for("h200").borrowed_from:
-        own["h200"] = slowdown_factor(layers(committed_check(catalog, perf)))
-    held_out = {h.gpu: slowdown_factor(layers(h)) for h in leave_one_gpu_out(catalog)}
+        checked = committed_check(catalog, perf)
+        own["h200"] = _phase_factors({ph: layers(checked, ph) for ph in PHASES})
+    held_out = {h.gpu: _phase_factors({ph: layers(h, ph) for ph in PHASES})
+                for h in leave_one_gpu_out(catalog)}
+    return own, held_out
+
+
+def file_figures(own: Mapping[str, PhaseFactors], held_out: Mapping[str, PhaseFactors],
+                 layer_fitted: Mapping[str, Mapping[str, Sequence[float]]] | None = None
+                 ) -> dict[str, Any]:
+    """The file's figures from the own-profile and held-out phase factors and each
+    layer-fitted card's errors per phase: the floor is each phase's smallest own-profile
+    factor (1 without any), the borrowers' each phase's largest held-out one."""
+    def per(section: Mapping[str, PhaseFactors]) -> dict[str, dict[str, float]]:
+        return {k: {ph: float(v[ph]) for ph in PHASES if ph in v}
+                for k, v in sorted(section.items())}
+
+    def extreme(section: Mapping[str, PhaseFactors], pick: Any, empty: float
+                ) -> dict[str, float]:
+        return {ph: float(pick([v[ph] for v in section.values() if ph in v], default=empty))
+                for ph in PHASES}
+
     return {"format": FORMAT, "percentile": PERCENTILE,
-            "own": {k: round(v, 4) for k, v in sorted(own.items())},
-            "held_out": {k: round(v, 4) for k, v in sorted(held_out.items())},
-            "layer_fitted": {k: round(slowdown_factor(np.asarray(v, dtype=float)), 4)
-                             for k, v in sorted((layer_fitted or {}).items())},
-            "borrowed": round(max(held_out.values()), 4)}
+            "own": per(own), "held_out": per(held_out),
+            "layer_fitted": per({k: _phase_factors(v)
+                                 for k, v in (layer_fitted or {}).items()}),
+            "floor": extreme(own, min, 1.0),
+            "borrowed": extreme(held_out, max, 1.0)}
+
+
+def measure(catalog: Catalog, perf: Any,
+            layer_fitted: Mapping[str, Mapping[str, Sequence[float]]] | None = None
+            ) -> dict[str, Any]:
+    """The file's figures, measured now (`layer_fitted`: card -> phase -> errors of its public
+    points the fit did not use, as `benchmarks/perf_public.py` scores them)."""
+    return file_figures(*measured_profiles(catalog, perf), layer_fitted)
 
 
 def write(figures: Mapping[str, Any], path: Path | None = None) -> Path:
     path = path or uncertainty_file()
     head = ("# Written by `python benchmarks/perf_holdout.py --write-uncertainty` "
             "(coral.perf.uncertainty):\n# slowdown factors (measured / predicted at the "
-            "percentile) per GPU type with its own profile,\n# each held-out type's when "
-            "predicted from the others, each layer-fitted type's on its\n# public points "
-            "the fit did not use, and the borrowers' (the worst held-out).\n")
+            "percentile), per phase, of each GPU type with\n# its own profile, of each "
+            "held-out type when predicted from the others, of each\n# layer-fitted type on "
+            "its public points the fit did not use; the floor (the smallest\n# own-profile "
+            "factor) and the borrowers' (the worst held-out), per phase.\n")
     path.write_text(head + yaml.safe_dump(dict(figures), sort_keys=False))
     return path
 
 
-def load() -> dict[str, Any]:
-    doc = yaml.safe_load(uncertainty_file().read_text())
+def _problem(path: Path, entry: str, what: str) -> ValueError:
+    return ValueError(f"{path}: {entry}: {what}; write the file again with `python "
+                      "benchmarks/perf_holdout.py --write-uncertainty`")
+
+
+def check(doc: Any, path: Path) -> dict[str, Any]:
+    """`doc` if it is a format-`FORMAT` uncertainty file, else a `ValueError` naming the entry,
+    the field and the fix."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"{uncertainty_file()}: not a format-{FORMAT} uncertainty file; "
-                         "write it again with `python benchmarks/perf_holdout.py "
-                         "--write-uncertainty`")
+        raise _problem(path, "format", f"not a format-{FORMAT} uncertainty file")
+
+    def factor(entry: str, value: Any) -> None:
+        if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 1.0):
+            raise _problem(path, entry, f"must be a slowdown factor >= 1, got {value!r}")
+
+    for section in ("floor", "borrowed"):
+        phases = doc.get(section)
+        if not isinstance(phases, dict) or set(phases) != set(PHASES):
+            raise _problem(path, section, f"must map each of {', '.join(PHASES)} to a factor")
+        for ph, v in phases.items():
+            factor(f"{section}.{ph}", v)
+    for section in ("own", "held_out", "layer_fitted"):
+        cards = doc.get(section) or {}
+        if not isinstance(cards, dict):
+            raise _problem(path, section, "must map GPU types to their phase factors")
+        for gpu, phases in cards.items():
+            if not isinstance(phases, dict) or not set(phases) <= set(PHASES):
+                raise _problem(path, f"{section}.{gpu}",
+                               f"must map some of {', '.join(PHASES)} to a factor")
+            for ph, v in phases.items():
+                factor(f"{section}.{gpu}.{ph}", v)
     return doc
 
 
-def card_uncertainty(catalog: Catalog, perf: Any, gpus: Any = None
-                     ) -> dict[str, CardUncertainty]:
-    """Each GPU type's (`gpus`, default every catalog type) uncertainty: its own profile's
-    figure where the committed file has one and plans use that fit, its layer fit's where
-    plans use the committed layer fit, else the borrowers' (a type fitted later by the user
-    counts as borrowed: no held-out figure says how good that fit is)."""
-    doc = load()
+def load(path: Path | None = None) -> dict[str, Any]:
+    path = path or uncertainty_file()
+    return check(yaml.safe_load(path.read_text()), path)
+
+
+def card_uncertainty(catalog: Catalog, perf: Any, gpus: Any = None,
+                     figures: Mapping[str, Any] | None = None) -> dict[str, CardUncertainty]:
+    """Each GPU type's (`gpus`, default every catalog type) uncertainty from `figures`
+    (default the committed file): its own profile's phase factors where the file has them and
+    plans use that fit, its layer fit's where plans use the committed layer fit, else the
+    borrowers' (a type fitted later by the user counts as borrowed: no held-out figure says
+    how good that fit is); each phase at least the floor, the card at its larger phase."""
+    doc = figures if figures is not None else load()
     fitted = doc.get("layer_fitted") or {}
+    own = doc.get("own") or {}
+    floor, borrowed = doc["floor"], doc["borrowed"]
     out = {}
     for name in sorted(gpus if gpus is not None else catalog.gpus):
         eff = perf.efficiencies_for(name)
-        if not eff.borrowed_from and name in doc["own"]:
-            out[name] = CardUncertainty(name, "own profile", float(doc["own"][name]))
+        basis: Basis
+        if not eff.borrowed_from and name in own:
+            basis, measured = "own profile", own[name]
         elif eff.borrowed_from and eff.matmul_fitted_on and name in fitted:
-            out[name] = CardUncertainty(name, "layer fit", float(fitted[name]),
-                                        eff.borrowed_from)
+            basis, measured = "layer fit", fitted[name]
         else:
-            out[name] = CardUncertainty(name, "borrowed", float(doc["borrowed"]),
-                                        eff.borrowed_from or None)
+            basis, measured = "borrowed", {}
+        raw = {ph: float(measured.get(ph, borrowed[ph])) for ph in PHASES}
+        phases = {ph: max(v, float(floor[ph])) for ph, v in raw.items()}
+        out[name] = CardUncertainty(
+            name, basis, max(phases.values()),
+            None if basis == "own profile" else (eff.borrowed_from or None), phases,
+            tuple(ph for ph in PHASES if raw[ph] < float(floor[ph])))
     return out

@@ -87,6 +87,7 @@ from coral.allocator.core.formulation import (
 )
 from coral.allocator.scarcity.fair import add_fair_rows, scarcity_fair
 from coral.allocator.core.highs_runs import (
+    HighsRun,
     bound_with_limit,
     highs_after_decomposition,
     lp_relaxation,
@@ -124,6 +125,11 @@ log = logging.getLogger(__name__)
 #: proves (`highs_runs.highs_after_decomposition`): branch and price alone can end without
 #: a plan meeting demand where HiGHS finds one.
 DECOMPOSED_SHARE = 0.4
+#: Share of the time limit HiGHS may take on the whole cost problem (every demand met) when
+#: scarcity phases would follow: with no plan by then, they get the rest, and where a plan
+#: meeting every demand exists their first phase finds it too (its level reaches 1); with
+#: one, a second run below its cost takes the rest.
+DEMAND_SEARCH_SHARE = 0.5
 
 
 _INF = highspy.kHighsInf
@@ -330,14 +336,21 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
                 return plan_of(start.counts, start.status, relative_gap(start.cost,
                                                                         start.bound))
     if not proven_short and dec is None:
-        run = run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
-                         time_limit_s=remaining(), mip_gap=problem.mip_gap, threads=threads)
+        cost_lp = arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False)
+        limit = remaining()
+        if scarcity_search:
+            limit = min(limit, DEMAND_SEARCH_SHARE * problem.time_limit_s)
+        run = run_highs(cost_lp, time_limit_s=limit, mip_gap=problem.mip_gap, threads=threads)
         if run.ok and not run.infeasible:
             assert run.values is not None
-            if not run.optimal:
+            x, gap = x_of(run.values), run.gap
+            if not run.optimal and remaining() > MIN_PHASE_S:
+                x, gap = _improve(cost_lp, run, x, remaining(), problem.mip_gap, threads,
+                                  x_of, notes)
+            elif not run.optimal:
                 notes.append(f"HiGHS: {run.detail}")
-            return plan_of(x_of(run.values),
-                           PlanStatus.OPTIMAL if run.optimal else PlanStatus.TIME_LIMIT, run.gap)
+            return plan_of(x, PlanStatus.OPTIMAL if gap <= problem.mip_gap
+                           else PlanStatus.TIME_LIMIT, gap)
         proven_short = run.infeasible
         notes.append(f"demand cannot be met in full (HiGHS: {run.detail})" if run.infeasible
                      else f"no plan meeting every demand found in time (HiGHS: {run.detail})")
@@ -374,6 +387,30 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
         if plan.meets_demand:  # the cost phase found no plan in time; the goodput phases did
             plan = plan_of(best, PlanStatus.TIME_LIMIT, gap, goodput_gap)
     return plan
+
+
+def _improve(cost_lp: highspy.HighsLp, first: HighsRun, x: np.ndarray, time_limit_s: float, mip_gap: float,
+             threads: int | None, x_of: Callable[[np.ndarray], np.ndarray],
+             notes: list[str]) -> tuple[np.ndarray, float]:
+    """A second HiGHS run on the cost problem, for the time left, looking only for plans
+    cheaper than `first`'s (a cutoff, not a start: `run_highs` says why): its plan where it
+    finds one; `first`'s, proven optimal where none exists, else with the better bound."""
+    cutoff = first.objective
+    run = run_highs(cost_lp, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads,
+                    cutoff=cutoff)
+    if run.ok and run.values is not None and run.objective < cutoff:
+        if not run.optimal:
+            notes.append(f"HiGHS (second run, below the first plan's cost): {run.detail}")
+        return x_of(run.values), run.gap
+    if run.infeasible:  # nothing cheaper than the first plan exists
+        notes.append("HiGHS: the first plan proven optimal by a second run below its cost")
+        return x, 0.0
+    bounds = [b for b in (first.bound, run.bound) if math.isfinite(b)]
+    notes.append(f"HiGHS: {first.detail}; a second run found nothing cheaper ({run.detail})")
+    if not bounds:
+        return x, first.gap
+    bound = min(max(bounds), cutoff)
+    return x, relative_gap(cutoff, bound)
 
 
 def _fair_plan(problem: AllocationProblem, dec: Decomposition | None, lp: LpBuilder, ix: Index,

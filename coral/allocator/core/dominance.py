@@ -83,6 +83,8 @@ def _no_dearer(t: TemplateColumn, parts: Sequence[TemplateColumn]) -> bool:
 
 
 def _fits_codes(first: dict[Multiset, TemplateColumn]) -> bool:
+    """The group's multisets and shapes have int64 codes (`_CODE_LIMIT`): always so at the
+    libraries' n_max, not for templates of dozens of nodes."""
     types = {g for key in first for g, _ in key}
     nodes = max((sum(n for _, n in key) for key in first), default=0)
     return (len(types) + 1) ** nodes < _CODE_LIMIT and (nodes + 1) ** nodes < _CODE_LIMIT

@@ -4,10 +4,11 @@ HiGHS run on every column (`fair._phase`).
 Above the fairness floor, the tokens and cost phases trade nodes between the models held at
 their floor and the models served beyond it; a plan found near the LP keeps floors with
 instances that take the nodes a model above its floor could use best. HiGHS on two models'
-columns, every other column held at the plan's counts, re-packs those two models exactly
-and ends in well under a second on `advanced` at n_max 6 (1,000-7,000 columns), where its
-root on all 18,000 columns does not end within a phase
-(benchmarks/results/scarcity.md, "Neighbourhoods by pairs of models").
+columns, every other column held at the plan's counts, re-packs those two models exactly;
+its root ends quickly on a few thousand columns, where its root on every column of
+`advanced` at n_max 6 does not end within a phase
+(benchmarks/results/scarcity.md, "Presolve dominance on arrays; neighbourhoods by pairs of
+models").
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The allocation ILP as HiGHS sees it: the columns kept, the rows, and the runs.
 
+- `dominance`: templates that others dominate (`dominated_templates`): the most capacity a
+  collection of templates fits in each node multiset, one vectorised step per multiset size.
 - `formulation`: the allocation ILP's formulation: its variables (`add_variables`, see
   `solve/ilp.py` for what they stand for), one function per constraint family (`add_*_rows`), the
   arrays HiGHS is given (`LpArrays`), and the same problem seen as per-model covers tied by
@@ -11,6 +13,6 @@
   bound such a restricted run proves for the whole problem (`bound_with_limit`); and the HiGHS runs
   that follow branch and price on the cost problem (`highs_after_decomposition`).
 - `presolve`: presolve of the allocation ILP: the problem as arrays (`Index`), templates that others
-  dominate (`dominated_templates`), and the (template, region) columns the ILP keeps
-  (`presolve_columns`) with the bounds that lose nothing.
+  dominate (`dominated_templates`, remembered per template set), and the (template, region)
+  columns the ILP keeps (`presolve_columns`) with the bounds that lose nothing.
 """

@@ -1,6 +1,6 @@
 """Presolve of the allocation ILP: the problem as arrays (`Index`), templates that others
-dominate (`dominated_templates`), and the (template, region) columns the ILP keeps
-(`presolve_columns`) with the bounds that lose nothing.
+dominate (`dominated_templates`, from `dominance`, remembered per template set), and the
+(template, region) columns the ILP keeps (`presolve_columns`) with the bounds that lose nothing.
 
 Bounds that lose nothing: `u[t,r]` is the fewest of (a) nodes available over nodes needed, for
 each of `t`'s node types, and (b) `ceil(demand / capacity)` instances, more of which would only
@@ -9,109 +9,19 @@ add cost (every price is positive) without serving more.
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 
+from coral.allocator.core.dominance import dominated_templates
 from coral.allocator.problem import MODES, AllocationProblem, TemplateColumn
 
 MODE_INDEX = {mode: i for i, mode in enumerate(MODES)}
 
 
 MODE_AGG, MODE_PREFILL, MODE_DECODE = (MODE_INDEX[m] for m in MODES)
-
-
-Multiset = tuple[tuple[str, int], ...]
-"""A node multiset as sorted (node type, count) pairs."""
-
-
-def _multiset(t: TemplateColumn) -> Multiset:
-    return tuple(sorted(t.node_counts.items()))
-
-
-def _sub_multisets(key: Multiset) -> Iterator[Multiset]:
-    names = [g for g, _ in key]
-    for combo in itertools.product(*[range(n + 1) for _, n in key]):
-        yield tuple((g, k) for g, k in zip(names, combo) if k)
-
-
-def _minus(a: Multiset, b: Multiset) -> Multiset:
-    take = dict(b)
-    return tuple((g, n - take.get(g, 0)) for g, n in a if n > take.get(g, 0))
-
-
-def dominated_templates(templates: Sequence[TemplateColumn]) -> dict[str, tuple[str, ...]]:
-    """Templates that others dominate: template id -> ids of a collection that dominates it.
-
-    A collection of templates (repeats allowed) dominates template `t` when all serve the same
-    model in the same mode, their nodes together form a sub-multiset of `t`'s nodes, their
-    capacities sum to at least `t`'s and their prices to at most `t`'s in every region `t` runs
-    in (always so when prices are sums of node prices). The collection then needs no more of
-    any node type, costs no more, and its start-up penalty (proportional to price) is no
-    larger: replacing each `t` by it keeps a plan feasible and costs no more, so dropping `t`
-    loses nothing — as long as `t` is not running now (see `presolve_columns`).
-
-    This covers one template on a sub-multiset of the nodes (the library's own rule) and also
-    a multi-node template that does no better than data parallelism over its parts, e.g.
-    `2x(1x-l4)` at exactly twice one `1x-l4` replica. Of identical templates the one of highest
-    capacity, then first by id, is kept.
-
-    Price per unit of capacity is *not* a dominance rule: with whole instances the cheaper
-    per-unit template can overshoot demand.
-    """
-    out: dict[str, tuple[str, ...]] = {}
-    groups: dict[tuple[str, str], list[TemplateColumn]] = {}
-    for t in templates:
-        groups.setdefault((t.model, t.mode), []).append(t)
-    for group in groups.values():
-        first: dict[Multiset, TemplateColumn] = {}
-        for t in sorted(group, key=lambda t: (-t.capacity, t.id)):
-            key = _multiset(t)
-            if key not in first:
-                first[key] = t
-            elif _no_dearer(t, [first[key]]):
-                out[t.id] = (first[key].id,)
-        cap = {key: t.capacity for key, t in first.items()}
-        memo: dict[Multiset, tuple[float, tuple[Multiset, ...]]] = {(): (0.0, ())}
-
-        def best(q: Multiset, *, proper: bool = False) -> tuple[float, tuple[Multiset, ...]]:
-            """Most capacity a collection of templates fits in `q` (excluding `q` itself
-            when `proper`)."""
-            if not proper and q in memo:
-                return memo[q]
-            value, parts = (0.0, ())
-            if not proper and q in cap:
-                value, parts = cap[q], (q,)
-            for p in _sub_multisets(q):
-                if p and p != q and p in cap:
-                    rest_value, rest_parts = best(_minus(q, p))
-                    if cap[p] + rest_value > value:
-                        value, parts = cap[p] + rest_value, (p,) + rest_parts
-            if not proper:
-                memo[q] = (value, parts)
-            return value, parts
-
-        for key, t in first.items():
-            if len(key) == 1 and key[0][1] == 1:
-                continue  # one node: nothing smaller to dominate it
-            value, parts = best(key, proper=True)
-            if parts and value >= t.capacity and _no_dearer(t, [first[p] for p in parts]):
-                out[t.id] = tuple(first[p].id for p in parts)
-    return out
-
-
-def _no_dearer(t: TemplateColumn, parts: Sequence[TemplateColumn]) -> bool:
-    """The parts together cost no more than `t` in every region `t` is priced in. Always true
-    when prices are sums of node prices; checked because a column's prices may be anything."""
-    for region, usd in t.price_usd_per_hour.items():
-        total = sum(p.price_usd_per_hour.get(region, math.inf) for p in parts)
-        if total > usd * (1.0 + 1e-12):
-            return False
-    return True
 
 
 _DOMINANCE_CACHE: OrderedDict[tuple[int, ...], tuple[tuple[TemplateColumn, ...],

@@ -4,6 +4,8 @@ uniform-scale rule.
 - `fair`: the fair scarcity objective (`AllocationProblem.scarcity == "fair"`, the default): when
   the demand cannot be met in full, three phases on the allocation ILP's rows, each a lexicographic
   step with its own proven gap.
+- `fair_pairs`: neighbourhoods of a fair phase's plan by pairs of models (HiGHS on two models'
+  columns, the others held at the plan), for problems too large for one run on every column.
 - `fair_search`: plans for the fair scarcity phases (`fair.py`) without a solver: HiGHS on a max-min
   objective gets no guidance from reduced costs (only `t` is priced) and finds good plans slowly, so
   each phase starts from one of these.

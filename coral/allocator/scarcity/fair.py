@@ -24,7 +24,10 @@ LP bound proves, then on the columns reduced costs leave (`fix_by_reduced_cost`)
 `scarcity.scarcity_bounded` does for the goodput objective. Where those are too many for
 HiGHS's root to end in the phase's time (`WHOLE_RUN_COLUMNS_PER_S`: `advanced` at n_max 6),
 that last run is replaced by runs on growing neighbourhoods of the LP (`GROWTH`), which find
-plans where the whole run found none and overran the limit.
+plans where the whole run found none and overran the limit, and in the tokens and cost
+phases by HiGHS on two models' columns at a time, the others held at the plan
+(`fair_pairs`): above the floor those phases trade nodes between models, and a plan found
+near the LP keeps the floors with nodes a model above its floor could use better.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import numpy as np
 
 from coral.allocator.decomposition.branch_price import relative_gap
 from coral.allocator.core.formulation import LpArrays, LpBuilder, Vars
+from coral.allocator.scarcity.fair_pairs import model_pairs, run_around
 from coral.allocator.scarcity.fair_search import level_bound, level_fill, rounded, tokens_fill
 from coral.allocator.core.highs_runs import (
     INSIDE,
@@ -95,6 +99,9 @@ WHOLE_RUN_MIN_COLUMNS = 5_000
 #: the last for the rest, each only while its columns fit the time left at
 #: `WHOLE_RUN_COLUMNS_PER_S`.
 GROWTH = PHASE2_GROWTH
+
+#: Share of a phase's time left that one run on a pair of models may take.
+PAIR_TIME_SHARE = 1.0 / 3.0
 
 PHASES = ("fairness", "tokens", "cost")
 
@@ -197,6 +204,9 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
     level = -value
     lb[fr.t] = level * (1.0 - FAIR_REL_TOL)
 
+    def pairs(y: np.ndarray) -> list[np.ndarray]:
+        return model_pairs(dec, y, fr.weight * dec.demand * lb[fr.t])
+
     def keeps_level(y: np.ndarray) -> bool:
         return dec.fits(y) and fair_level(dec, fr, y) >= lb[fr.t] * (1.0 - 1e-9) - 1e-12
 
@@ -214,7 +224,7 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
         "tokens", arr, lp, v, objective, lb, row_lb, x0=x, heuristic=fill_tokens,
         value_of=lambda y: -tokens_of(y),
         fits=keeps_level, deadline=deadline(PHASE_SHARES[1]), gap=gap, threads=threads,
-        notes=notes)
+        notes=notes, pairs=pairs)
     out.gaps["tokens"] = relative_gap(value, bound)
     out.seconds["tokens"] = time.perf_counter() - start
     tokens = -value
@@ -228,7 +238,8 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
     start = time.perf_counter()
     x, value, bound = _phase(
         "cost", arr, lp, v, arr.cost, lb, row_lb, x0=x, value_of=dec.cost, fits=keeps_tokens,
-        deadline=deadline(PHASE_SHARES[2]), gap=gap, threads=threads, notes=notes)
+        deadline=deadline(PHASE_SHARES[2]), gap=gap, threads=threads, notes=notes,
+        pairs=pairs)
     out.gaps["cost"] = relative_gap(value, bound)
     out.seconds["cost"] = time.perf_counter() - start
     out.x, out.level, out.tokens, out.cost = x, fair_level(dec, fr, x), tokens_of(x), dec.cost(x)
@@ -242,7 +253,8 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
            value_of: Callable[[np.ndarray], float], fits: Callable[[np.ndarray], bool],
            deadline: float, gap: float, threads: int | None, notes: list[str],
            heuristic: Callable[[Relaxation, np.ndarray], list[np.ndarray]] | None = None,
-           tighten: Callable[[Relaxation, float, float], float] | None = None
+           tighten: Callable[[Relaxation, float, float], float] | None = None,
+           pairs: Callable[[np.ndarray], list[np.ndarray]] | None = None
            ) -> tuple[np.ndarray, float, float]:
     """One phase, minimising `objective` from the plan `x0` (which keeps every floor set
     so far): the LP bound, then HiGHS near the LP and the plan, then HiGHS on the columns
@@ -308,6 +320,14 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
             if take(y):
                 how = (f"HiGHS on the LP's and the plan's columns and {more:.0%} more "
                        f"({run.detail}), LP bound")
+        if not whole and pairs is not None:
+            # what the run on every column would have had: pairs of models re-packed
+            better = _pair_runs(arr, v, objective, col_lb, row_lb, pairs, take,
+                                lambda: x, lambda: value,
+                                lambda: relative_gap(value, bound) <= gap,
+                                target=target, deadline=deadline, gap=gap, threads=threads)
+            if better:
+                how += f"; {better} better plans by HiGHS on pairs of models"
     if relaxed is not None and relaxed.col_value is not None \
             and relative_gap(value, bound) > gap:
         limit = min(value - gap * INSIDE * abs(value), value - 1e-9 * max(1.0, abs(value)))
@@ -324,3 +344,29 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
             how += f"; no time for HiGHS on {free} of {len(v.x)} columns"
     notes.append(f"fair phase {name}: {abs(value):.6g}, bound {abs(bound):.6g} ({how})")
     return x, value, bound
+
+
+def _pair_runs(arr: LpArrays, v: Vars, objective: np.ndarray, col_lb: np.ndarray,
+               row_lb: np.ndarray, pairs: Callable[[np.ndarray], list[np.ndarray]],
+               take: Callable[[np.ndarray | None], bool], plan: Callable[[], np.ndarray],
+               value: Callable[[], float], proven: Callable[[], bool], *,
+               target: Callable[[], float], deadline: float, gap: float,
+               threads: int | None) -> int:
+    """HiGHS on two models' columns at a time, the others held at the plan's counts
+    (`fair_pairs`), round after round while one finds a better plan, until the gap is
+    proven or the phase's time is spent. Returns how many better plans were taken."""
+    better, found = 0, True
+    while found and not proven():
+        found = False
+        for free in pairs(plan()):
+            left = deadline - time.perf_counter()
+            if proven() or left < MIN_PHASE_S:
+                return better
+            _, y = run_around(arr, v, objective, col_lb, row_lb, plan(), free,
+                              cutoff=value(), target=target(),
+                              time_limit_s=PAIR_TIME_SHARE * left, mip_gap=gap,
+                              threads=threads)
+            if take(y):
+                better += 1
+                found = True
+    return better

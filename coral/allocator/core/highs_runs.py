@@ -28,6 +28,19 @@ INSIDE = 1.0 - 1e-6
 #: second.
 ROOT_NEIGHBOURHOOD_SHARE = 0.5
 
+#: x columns HiGHS's root on an allocation ILP gets through per second, about, and the
+#: columns a run is always made on however little time is left (its root on a few thousand
+#: columns ends in a fraction of a second). Past them the root does not end in the time left,
+#: and HiGHS, which does not stop inside it, overruns its limit: on `advanced` at n_max 6
+#: (18,795 columns, 5 s left) by two to three minutes (benchmarks/results/scarcity.md).
+ROOT_COLUMNS_PER_S = 1_000.0
+ROOT_MIN_COLUMNS = 5_000
+
+
+def root_fits(columns: int, seconds: float) -> bool:
+    """Whether HiGHS's root on `columns` free x columns ends within `seconds`."""
+    return columns <= max(ROOT_MIN_COLUMNS, ROOT_COLUMNS_PER_S * seconds)
+
 
 #: Where HiGHS on the whole ILP would get less than this (seconds), the neighbourhood gets
 #: all the time: the whole ILP's presolve and root LP, which HiGHS does not interrupt, would
@@ -211,7 +224,9 @@ def highs_after_decomposition(arr: "LpArrays", v: Vars, dec: Decomposition,
     end = time.perf_counter() + time_limit_s
     target = bound / (1.0 - mip_gap * INSIDE) if math.isfinite(bound) else -math.inf
     first = neighbourhood is not None and counts is not None
-    whole = not first or (1.0 - ROOT_NEIGHBOURHOOD_SHARE) * time_limit_s >= WHOLE_ILP_MIN_S
+    columns = len(v.x)
+    whole_s = (1.0 - ROOT_NEIGHBOURHOOD_SHARE) * time_limit_s if first else time_limit_s
+    whole = (not first or whole_s >= WHOLE_ILP_MIN_S) and root_fits(columns, whole_s)
 
     def take(x: np.ndarray | None) -> None:
         nonlocal counts, cost
@@ -228,8 +243,11 @@ def highs_after_decomposition(arr: "LpArrays", v: Vars, dec: Decomposition,
         take(x)
         notes.append(f"HiGHS on the root's and the plan's {int(support.sum())} columns: "
                      f"{run.detail}, cost {cost:.6g}")
-    if cost <= target or not whole or end - time.perf_counter() <= min_run_s:
+    if cost <= target or end - time.perf_counter() <= min_run_s:
         return counts, cost, bound  # the bound proves the plan, or no time is left
+    if not whole or not root_fits(columns, end - time.perf_counter()):
+        notes.append(f"no time for HiGHS on the whole ILP ({columns} columns)")
+        return counts, cost, bound
     run = run_highs(arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False),
                      time_limit_s=end - time.perf_counter(), mip_gap=mip_gap,
                      threads=threads, cutoff=cost, target=target)

@@ -46,6 +46,8 @@ from coral.allocator.scarcity.fair_pairs import model_pairs, run_around
 from coral.allocator.scarcity.fair_search import level_bound, level_fill, rounded, tokens_fill
 from coral.allocator.core.highs_runs import (
     INSIDE,
+    ROOT_COLUMNS_PER_S,
+    ROOT_MIN_COLUMNS,
     Relaxation,
     bound_with_limit,
     fix_by_reduced_cost,
@@ -87,11 +89,11 @@ TIGHTEN_SHARE = 0.25
 #: no bound and overruns its limit (HiGHS does not stop inside the root), leaving the cost
 #: phase nothing; on the small problems it is what finds the phase's plans and bound
 #: (benchmarks/results/scarcity.md, "Per phase at the paper's scale").
-WHOLE_RUN_COLUMNS_PER_S = 1_000.0
+WHOLE_RUN_COLUMNS_PER_S = ROOT_COLUMNS_PER_S
 
 #: Free columns the run on the columns reduced costs leave is always made on, however little
 #: time is left: its root on a few thousand columns ends in a fraction of a second.
-WHOLE_RUN_MIN_COLUMNS = 5_000
+WHOLE_RUN_MIN_COLUMNS = ROOT_MIN_COLUMNS
 
 #: Where that run does not fit, HiGHS runs instead on the LP's and the plan's columns and
 #: the goodput objective's phase-2 shares of all x columns (least reduced cost first), each

@@ -89,6 +89,7 @@ from coral.allocator.scarcity.fair import add_fair_rows, scarcity_fair
 from coral.allocator.core.highs_runs import (
     HighsRun,
     bound_with_limit,
+    root_fits,
     highs_after_decomposition,
     lp_relaxation,
     run_highs,
@@ -340,8 +341,15 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
         limit = remaining()
         if scarcity_search:
             limit = min(limit, DEMAND_SEARCH_SHARE * problem.time_limit_s)
-        run = run_highs(cost_lp, time_limit_s=limit, mip_gap=problem.mip_gap, threads=threads)
-        if run.ok and not run.infeasible:
+        if scarcity_search and not root_fits(len(v.x), limit):
+            # its root would overrun the limit: the scarcity phases search instead, and find
+            # a plan meeting every demand where their first phase reaches level 1
+            run = None
+            notes.append(f"no time for HiGHS on the whole cost ILP ({len(v.x)} columns)")
+        else:
+            run = run_highs(cost_lp, time_limit_s=limit, mip_gap=problem.mip_gap,
+                            threads=threads)
+        if run is not None and run.ok and not run.infeasible:
             assert run.values is not None
             x, gap = x_of(run.values), run.gap
             if not run.optimal and remaining() > MIN_PHASE_S:
@@ -351,9 +359,11 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
                 notes.append(f"HiGHS: {run.detail}")
             return plan_of(x, PlanStatus.OPTIMAL if gap <= problem.mip_gap
                            else PlanStatus.TIME_LIMIT, gap)
-        proven_short = run.infeasible
-        notes.append(f"demand cannot be met in full (HiGHS: {run.detail})" if run.infeasible
-                     else f"no plan meeting every demand found in time (HiGHS: {run.detail})")
+        if run is not None:
+            proven_short = run.infeasible
+            notes.append(f"demand cannot be met in full (HiGHS: {run.detail})"
+                         if run.infeasible else
+                         f"no plan meeting every demand found in time (HiGHS: {run.detail})")
     final_status = PlanStatus.INFEASIBLE if proven_short else PlanStatus.TIME_LIMIT
     if not scarcity_search:
         notes.append("scarcity phases skipped (asked only whether demand can be met)")

@@ -148,7 +148,6 @@ def plan_scenario(
             f"{_served_share(t.plan):.1%}" for t in tried) + f" -> {mode}")
     _fill_scarcity(extras, plan, scenario)
     if not plan.meets_demand:
-        notes.append(infeasibility_message(problem, plan))
         if planner.scarcity_rule:
             extras["uniform_scale"], scaled = uniform_scale(problem, plan, scenario)
             if (options.scarcity == "fair"
@@ -160,13 +159,20 @@ def plan_scenario(
                                                           dict(plan.instances)])
                 if _plan_rank(again) < _plan_rank(plan):
                     notes.append(f"fair plan re-solved from the scarcity rule's plan (floor "
-                                 f"{plan.fair_level:.4f} -> {again.fair_level:.4f})")
+                                 f"{plan.fair_level:.4f} -> {again.fair_level:.4f})"
+                                 + (f": it meets every demand, ${again.cost_usd_per_hour:,.2f}"
+                                    f"/hour in mode {mode}" if again.meets_demand else ""))
                     plan = again
                     _fill_scarcity(extras, plan, scenario)
-            notes.append(f"scarcity rule (as for the baselines): every model's demand scaled "
-                         f"down uniformly, Coral's allocation meets "
-                         f"{extras['uniform_scale']['factor']:.4f} of it at "
-                         f"${extras['uniform_scale']['cost_per_hour']:,.2f}/hour")
+            if plan.meets_demand:  # the rule's plan led to one meeting demand: no rule
+                del extras["uniform_scale"]
+            else:
+                notes.append(f"scarcity rule (as for the baselines): every model's demand "
+                             f"scaled down uniformly, Coral's allocation meets "
+                             f"{extras['uniform_scale']['factor']:.4f} of it at "
+                             f"${extras['uniform_scale']['cost_per_hour']:,.2f}/hour")
+        if not plan.meets_demand:
+            notes.append(infeasibility_message(problem, plan))
     return PlanResult(
         scenario=scenario.name,
         level=scenario.level,

@@ -48,6 +48,36 @@ def scarce_pool(seed: int) -> AllocationProblem:
                              availability=availability, time_limit_s=20.0, mip_gap=0.0)
 
 
+def fair_ilp(problem: AllocationProblem) -> tuple:
+    """The fair objective's ILP of `problem` as `solve_allocation` builds it: (builder,
+    variables, decomposition, fair rows, arrays, column lower bounds with the slack free)."""
+    ix = presolve.Index.build(problem)
+    cols = presolve.run_presolve(problem, ix, dominance=True)
+    lp = formulation.LpBuilder()
+    v = formulation.add_variables(lp, problem, ix, cols)
+    formulation.add_plan_rows(lp, ix, v)
+    dec = formulation.decomposition_of(ix, v, lp)
+    fr = fair.add_fair_rows(lp, problem, ix, v)
+    arr = lp.arrays()
+    col_lb = arr.col_lb.copy()
+    col_lb[v.s] = 0.0
+    return lp, v, dec, fr, arr, col_lb
+
+
+def solved_against_oracle(seed: int) -> tuple:
+    """(problem, brute-force optimum, `solve_allocation`'s plan) of `scarce_pool(seed)`, the
+    plan checked to fit the pools and to claim no higher level than the optimum's."""
+    problem = scarce_pool(seed)
+    oracle = solve_bruteforce(problem)
+    plan = solve_allocation(problem)
+    for (g, r), n in plan.nodes_used.items():
+        assert n <= problem.availability.get((g, r), 0)
+    assert plan.fair_level <= oracle.fair_level + 1e-9
+    return problem, oracle, plan
+
+
+
+
 SEEDS = range(16)
 
 
@@ -77,12 +107,7 @@ def test_neighbourhoods_in_place_of_the_whole_run_prove_only_what_holds(
     # the oracle
     monkeypatch.setattr(fair, "WHOLE_RUN_COLUMNS_PER_S", 0.0)
     monkeypatch.setattr(fair, "WHOLE_RUN_MIN_COLUMNS", 0)
-    problem = scarce_pool(seed)
-    oracle = solve_bruteforce(problem)
-    plan = solve_allocation(problem)
-    for (g, r), n in plan.nodes_used.items():
-        assert n <= problem.availability.get((g, r), 0)
-    assert plan.fair_level <= oracle.fair_level + 1e-9
+    problem, oracle, plan = solved_against_oracle(seed)
     # the whole run (its note: "HiGHS on N of M columns (status)") is never made
     assert not any(re.search(r"HiGHS on \d+ of \d+ columns \(", note) for note in plan.notes)
     gap = plan.phase_gaps["fairness"]
@@ -159,16 +184,7 @@ def test_level_bound_and_water_filling_hold_against_the_oracle(seed: int) -> Non
     water-filled plan fits and is never above it."""
     problem = scarce_pool(seed)
     oracle = solve_bruteforce(problem)
-    ix = presolve.Index.build(problem)
-    cols = presolve.run_presolve(problem, ix, dominance=True)
-    lp = formulation.LpBuilder()
-    v = formulation.add_variables(lp, problem, ix, cols)
-    formulation.add_plan_rows(lp, ix, v)
-    dec = formulation.decomposition_of(ix, v, lp)
-    fr = fair.add_fair_rows(lp, problem, ix, v)
-    arr = lp.arrays()
-    col_lb = arr.col_lb.copy()
-    col_lb[v.s] = 0.0
+    lp, v, dec, fr, arr, col_lb = fair_ilp(problem)
     objective = np.zeros(lp.n_col)
     objective[fr.t] = -1.0
     relaxed = highs_runs.lp_relaxation(arr, objective, col_lb, arr.row_lb, lp, len(v.x))

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_allocator_fair import SEEDS, scarce_pool
+from test_allocator_fair import SEEDS, fair_ilp, scarce_pool, solved_against_oracle
 
-from coral.allocator.core import formulation, presolve
 from coral.allocator.decomposition.lagrange import Decomposition
 from coral.allocator.scarcity import fair, fair_pairs
-from coral.allocator.solve.bruteforce import solve_bruteforce
-from coral.allocator.solve.ilp import solve_allocation
 
 
 def _pairs_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,12 +56,7 @@ def test_pair_runs_keep_the_other_columns_and_hold_against_the_oracle(
         return run, y
 
     monkeypatch.setattr(fair, "run_around", spy)
-    problem = scarce_pool(seed)
-    oracle = solve_bruteforce(problem)
-    plan = solve_allocation(problem)
-    for (g, r), n in plan.nodes_used.items():
-        assert n <= problem.availability.get((g, r), 0)
-    assert plan.fair_level <= oracle.fair_level + 1e-9
+    problem, oracle, plan = solved_against_oracle(seed)
     if plan.fair_level >= oracle.fair_level * (1.0 - 1e-6):  # at the oracle's floor
         assert plan.tokens_per_s <= oracle.tokens_per_s * (1.0 + 1e-6) + 1e-6
         gap = plan.phase_gaps["tokens"]
@@ -78,16 +70,7 @@ def test_a_pair_run_holds_the_other_models_at_the_plan(seed: int) -> None:
     # the tokens objective from no plan: the pair (0, 1) first, then (1, 2) from its plan,
     # which must keep model 0's instances as they are
     problem = scarce_pool(seed)
-    ix = presolve.Index.build(problem)
-    cols = presolve.run_presolve(problem, ix, dominance=True)
-    lp = formulation.LpBuilder()
-    v = formulation.add_variables(lp, problem, ix, cols)
-    formulation.add_plan_rows(lp, ix, v)
-    dec = formulation.decomposition_of(ix, v, lp)
-    fr = fair.add_fair_rows(lp, problem, ix, v)
-    arr = lp.arrays()
-    col_lb = arr.col_lb.copy()
-    col_lb[v.s] = 0.0
+    lp, v, dec, fr, arr, col_lb = fair_ilp(problem)
     objective = np.zeros(lp.n_col)
     objective[v.s] = -fr.token_value
     x = np.zeros(len(v.x), dtype=np.int64)

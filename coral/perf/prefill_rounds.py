@@ -14,8 +14,8 @@ on a `coral.sim.pd.PrefillInstance`: chunks of prompts in progress first, then w
 prompts first come first served while the whole prompt fits in the free cache, each round's
 transfers sent one after another over the instance's NIC, an idle instance starting a round
 when a transfer lands) for an endless queue of prompts of one length, and gives the rate and
-a prompt's time in service (its rounds), averaged over the rounds after a warm-up. Decode instances are
-assumed to take every transfer at once (the planner sizes them to).
+a prompt's time in service (its rounds), averaged over the rounds after a warm-up. Decode
+instances are assumed to take every transfer at once (the planner sizes them to).
 """
 
 from __future__ import annotations

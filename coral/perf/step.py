@@ -250,7 +250,7 @@ class Saturation:
     """An instance at full occupancy, under the step model."""
 
     rps: float  # requests/s of the template's workload mix
-    step_s: float  # one step: the TPOT every sequence sees (prefill: a prompt's time in its rounds)
+    step_s: float  # one step: the TPOT every sequence sees (prefill: a prompt's rounds)
     sequences: int  # sequences in flight (prefill: prompts per round, rounded up)
     #: PD halves: one prompt's KV cache over this instance's slowest NIC, with the fixed
     #: hand-over latency (0 for aggregated instances, which hand nothing over)
@@ -429,8 +429,9 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
     A prefill instance busy runs rounds of up to its token chunk (stages x the smallest
     stage's batch, which counts prompt tokens) as far as its KV cache, still holding the last
     round's prompts while their transfers run, lets it (`busy_prefill`: its rate, and a
-    prompt's time in its rounds as `step_s`); a decode instance busy runs every slot decoding with no prompt
-    in its steps, so it serves `b / (O x step)` requests/s at TPOT `step`. An aggregated
+    prompt's time in its rounds as `step_s`); a decode instance busy runs every slot
+    decoding with no prompt in its steps, so it serves `b / (O x step)` requests/s at TPOT
+    `step`. An aggregated
     instance's rate and step are also given with the prompt chunks the scheduler forms
     (`prompt_mix`; `chunked_step_s`, `chunked_rps`): the template search rates by the mean
     prompts, the planner judges TPOT at the SLO percentile by the chunked step.
@@ -441,9 +442,10 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
     kv_s = 0.0
     if mode in ("prefill", "decode"):
         nic = slowest_nic_bytes_per_s(shape.node_types(), catalog)
-        kv_s = transfer_seconds(1, kv_transfer_bytes(catalog.model(model), i_tok), nic, nic)
+        kv_bytes = kv_transfer_bytes(catalog.model(model), i_tok)
+        kv_s = transfer_seconds(1, kv_bytes, nic, nic)
     if mode == "prefill":
-        busy = busy_prefill(layout, i_tok, kv_s - KV_TRANSFER_LATENCY_S, KV_TRANSFER_LATENCY_S)
+        busy = busy_prefill(layout, i_tok, kv_bytes / nic, KV_TRANSFER_LATENCY_S)
         return Saturation(rps=busy.rps, step_s=busy.service_s,
                           sequences=math.ceil(busy.prompts_per_round), kv_transfer_s=kv_s,
                           chunked_step_s=busy.service_s, chunked_rps=busy.rps)

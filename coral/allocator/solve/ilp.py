@@ -399,8 +399,8 @@ def _solve(problem: AllocationProblem, *, presolve: bool, decompose: bool,
     return plan
 
 
-def _improve(cost_lp: highspy.HighsLp, first: HighsRun, x: np.ndarray, time_limit_s: float, mip_gap: float,
-             threads: int | None, x_of: Callable[[np.ndarray], np.ndarray],
+def _improve(cost_lp: highspy.HighsLp, first: HighsRun, x: np.ndarray, time_limit_s: float,
+             mip_gap: float, threads: int | None, x_of: Callable[[np.ndarray], np.ndarray],
              notes: list[str]) -> tuple[np.ndarray, float]:
     """A second HiGHS run on the cost problem, for the time left, looking only for plans
     cheaper than `first`'s (a cutoff, not a start: `run_highs` says why): its plan where it

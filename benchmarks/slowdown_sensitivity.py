@@ -22,11 +22,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from coral.perf.slowdown import PhaseSlowdown, slowdown_spec
+
 
 def simulate(plan: Path, duration: float, slowdown: str | None) -> dict:
     cmd = [sys.executable, "-m", "coral.cli.main", "simulate", str(plan), "--json",
            "--no-progress", "--duration", str(duration),
-           "--out", str(plan.parent / "sensitivity" / (slowdown or "base").replace("=", "_"))]
+           "--out", str(plan.parent / "sensitivity" / (slowdown or "base").replace("=", "_")
+                                                    .replace(":", "-").replace(",", "+"))]
     if slowdown:
         cmd += ["--slowdown", slowdown]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     if robust is not None:
         nominal = robust.figures.get("nominal_cost_per_hour")
         slow = (f"{robust.factor:g}x" if robust.factor else "by its own factor ("
-                + ", ".join(f"{g} {f:.3g}x" for g, f in robust.factors.items()) + ")")
+                + ", ".join(f"{g} {PhaseSlowdown.of(f).text()}"
+                            for g, f in robust.factors.items()) + ")")
         print(f"plan {args.plan.name}: robust to any one GPU type {slow} slower "
               f"(R = {robust.r}); nominal plan "
               + (f"${nominal:,.2f}/hour, robustness "
@@ -86,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for gpu in sorted(nodes, key=lambda g: -usd[g]):
         f = factors.get(gpu, 1.0)
-        s = runs[gpu] = simulate(args.plan, args.duration, f"{gpu}={f:g}")
+        s = runs[gpu] = simulate(args.plan, args.duration, slowdown_spec(gpu, f))
         miss = [f"{m} ({100 * v['slo_attainment']:.1f}%)" for m, v in s["models"].items()
                 if not v["slo_met"]]
-        print(f"| {gpu} | {f:.4g} | {nodes[gpu]} | {100 * usd[gpu] / total:.1f}% | "
+        print(f"| {gpu} | {PhaseSlowdown.of(f).text()} | {nodes[gpu]} | "
+              f"{100 * usd[gpu] / total:.1f}% | "
               f"{100 * s['slo_attainment']:.1f}% | {', '.join(miss) or 'none'} |", flush=True)
     models = list(base["models"])
     print()

@@ -13,6 +13,7 @@ import pytest
 from coral.allocator.scenario.load import load_scenario
 from coral.allocator.spot.planner import SpotOptions
 from coral.catalog import default_catalog
+from coral.perf.slowdown import PhaseSlowdown
 from coral.planning.libraries import templates_for_scenario
 from coral.planning.options import PlanOptions
 from coral.planning.plan import plan_scenario
@@ -95,6 +96,21 @@ def test_each_kind_carries_its_own_entries(plans, tmp_path):
         assert all(r.shape is not None and r.count >= 1 for r in plan.instances)
 
 
+def test_a_robust_promise_per_phase_reads_back(plans, tmp_path):
+    """`--robust auto` writes a card whose phases differ as {"prefill": P, "decode": D}: the
+    file reads back to the same promise and writes the same text again."""
+    payload = plans["robust"].to_dict()
+    payload["robust"].update(R="auto", factor=None, factors={
+        "l4": {"prefill": 1.0835, "decode": 1.0685}, "a10g": 1.1841})
+    first = _write(tmp_path, payload)
+    plan = read_plan(first)
+    assert plan.robust.factors == {"l4": PhaseSlowdown(1.0835, 1.0685), "a10g": 1.1841}
+    second = tmp_path / "second.json"
+    write_plan(plan, second)
+    assert read_plan(second) == plan
+    assert json.loads(second.read_text())["robust"]["factors"] == payload["robust"]["factors"]
+
+
 def _write(tmp_path: Path, payload: dict) -> Path:
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(payload))
@@ -115,6 +131,10 @@ def test_a_bad_slo_names_the_file_the_entry_and_the_field(plans, tmp_path):
 @pytest.mark.parametrize("entry, value, field", [
     ("spot", {"risk_target": "high", "window_s": 3600}, "spot.risk_target"),
     ("robust", {"R": 0.2, "factor": 1.2, "factors": {"l4": "slow"}}, "robust.factors"),
+    ("robust", {"R": "auto", "factor": None, "factors": {"l4": {"prefill": 1.1}}},
+     "robust.factors"),
+    ("robust", {"R": "auto", "factor": None,
+                "factors": {"l4": {"prefill": 1.1, "decode": -1}}}, "robust.factors"),
     ("nmax", 0, "nmax"),
     ("engine", 7, "engine"),
 ])

@@ -41,6 +41,7 @@ from coral.allocator.robust.rating import (
     gpu_types_of,
     robust_columns,
     scenario_capacities,
+    slowdown_key,
     step_rating,
 )
 from coral.allocator.scenario.load import load_scenario
@@ -54,7 +55,7 @@ from coral.perf.step import (
     saturation,
     stages_from_shape,
 )
-from coral.perf.slowdown import SlowedPerf
+from coral.perf.slowdown import PhaseSlowdown, SlowedPerf
 from coral.templates.builder.parallel import default_perf_factory
 
 MODEL = "llama-3.1-8b"
@@ -159,27 +160,30 @@ def _rated(template, p, catalog, micro: int | None) -> tuple[Saturation, float]:
     return s, max(layout.step_cost(*step)[0] for _, step in steps)
 
 
-def _independent_capacity(template, scenario, perf, catalog, gpu: str, factor: float
+def _independent_capacity(template, scenario, perf, catalog, gpu: str, factor
                           ) -> float:
     """A column's capacity with `gpu` slowed, from `coral.perf.step` and the headroom rule
     directly: deployed at the largest micro-batch (scanned one by one) whose busy step meets
     TPOT with each of its GPU types slowed in turn, the template's figures scaled by what
     that batch and the slowdown do to the step model's, never above its nominal rating at
-    that batch."""
+    that batch. `factor`: one slowdown for every GPU type, or each type's own (a number or
+    a `PhaseSlowdown`)."""
+    factors = factor if isinstance(factor, dict) else {
+        g: factor for g in gpu_types_of(template, catalog)}
     slo = template.slo
     target = slo.tpot_s * (1 + 1e-9)
     full = min(st.count * st.batch for st in template.shape.stages)
     deployed = None
     if template.mode != "prefill":
         for g in gpu_types_of(template, catalog):
-            m = _largest_micro_batch(template, SlowedPerf(perf, catalog, {g: factor}), catalog,
-                                     target)
+            m = _largest_micro_batch(template, SlowedPerf(perf, catalog, {g: factors.get(g, 1.0)}),
+                                     catalog, target)
             if 0 < m < full:
                 deployed = m if deployed is None else min(deployed, m)
     nominal, nominal_ttft = _rated(template, perf, catalog, None)
     own, own_ttft = _rated(template, perf, catalog, deployed)
-    slowed, slowed_ttft = _rated(template, SlowedPerf(perf, catalog, {gpu: factor}), catalog,
-                                 deployed)
+    slowed, slowed_ttft = _rated(template, SlowedPerf(perf, catalog, {gpu: factors.get(gpu, 1.0)}),
+                                 catalog, deployed)
     spec = scenario.model_spec(template.model)
 
     def rate(s: Saturation, ttft: float) -> float:
@@ -381,11 +385,13 @@ def test_plan_cli_robust_auto_plans_each_card_against_its_own_uncertainty(tiny):
     assert entry["R"] == "auto" and entry["factor"] is None
     assert entry["gpu_types"] == ["a10g", "l4", "l40s"]
     for gpu in entry["gpu_types"]:
-        assert entry["factors"][gpu] == pytest.approx(cards[gpu].factor)
+        # each phase slowed by its own factor, both named with why
+        phases = cards[gpu].phases or {}
+        assert entry["factors"][gpu] == pytest.approx(
+            phases if len(set(phases.values())) > 1 else cards[gpu].factor)
         assert "borrowed from" in entry["basis"][gpu]
-        # both phases' factors, the card planned at the larger
         assert all(f"{ph} {f:.3g}x" in entry["basis"][gpu]
-                   for ph, f in (cards[gpu].phases or {}).items()), entry["basis"][gpu]
+                   for ph, f in phases.items()), entry["basis"][gpu]
     scenario = load_scenario(paths["aggregated"], catalog=catalog)
     plan = plan_scenario(scenario, catalog=catalog, perf=perf, templates=templates,
                          baselines=False, options=PlanOptions(robust="auto", mip_gap=0.0))
@@ -394,7 +400,7 @@ def test_plan_cli_robust_auto_plans_each_card_against_its_own_uncertainty(tiny):
     demand = scenario.model_spec(MODEL).demand_rps
     for gpu in entry["gpu_types"]:
         cap = sum(n * _independent_capacity(chosen[tid], rated, perf, catalog, gpu,
-                                            cards[gpu].factor)
+                                            {g: c.slowdown for g, c in cards.items()})
                   for (tid, _), n in plan.plan.instances.items())
         assert cap >= demand * (1 - 1e-6), (gpu, cap)
 
@@ -509,16 +515,18 @@ def _simulated(template, perf, catalog, rate_rps: float, duration_s: float = 900
     return summarize(res, {MODEL: slo})["models"][MODEL]
 
 
-def test_the_slowed_instance_the_simulator_runs_is_the_one_rated(tiny):
+@pytest.mark.parametrize("factor", [1.2, PhaseSlowdown(1.1, 1.2)], ids=["both", "per-phase"])
+def test_the_slowed_instance_the_simulator_runs_is_the_one_rated(tiny, factor):
     """Every aggregated column whose busy step would miss TPOT with its GPU type 1.2x slower
-    is deployed at a smaller batch; the simulator, running that deployed instance with the
-    same GPU type slowed (`SlowedPerf`, as `coral simulate --slowdown` does), sees the rated
-    busy step when saturated (TPOT within target), and holds the SLO at the rated capacity.
-    The template's own batch, run the same way, misses TPOT: the cut is what holds it."""
+    (in decode; its prefill as slow or less) is deployed at a smaller batch; the simulator,
+    running that deployed instance with the same GPU type slowed (`SlowedPerf`, as `coral
+    simulate --slowdown` does), sees the rated busy step when saturated (TPOT within
+    target), and holds the SLO at the rated capacity. The template's own batch, run the same
+    way, misses TPOT: the cut is what holds it."""
     _, catalog, perf, _, mixed, templates = tiny
     _, chosen = columns_and_templates(mixed, templates)
     store = RatingStore(perf, catalog)
-    columns = robust_columns(mixed, chosen, 1.2, store)
+    columns = robust_columns(mixed, chosen, {g: factor for g in catalog.gpus}, store)
     cut = {cid: col for cid, col in columns.items()
            if col.micro_batch and col.deployed.mode == "aggregated"}
     assert len(cut) >= 2
@@ -526,8 +534,10 @@ def test_the_slowed_instance_the_simulator_runs_is_the_one_rated(tiny):
         template, deployed = chosen[cid], col.deployed
         assert deployed.shape != template.shape
         for gpu in gpu_types_of(template, catalog):
-            slowed = SlowedPerf(perf, catalog, {gpu: 1.2})
-            rating = store.rating(deployed, f"{gpu}=1.2", cut_batch=False)
+            slowed = SlowedPerf(perf, catalog, {gpu: factor})
+            rating = store.rating(deployed, slowdown_key(gpu, factor), cut_batch=False)
+            # one computation: the stored rating is the step model's on the slowed perf
+            assert rating == step_rating(deployed, slowed, catalog)
             busy = _simulated(deployed, slowed, catalog, 2.0 * rating.rps, 300)
             assert busy["tpot_s_at_percentile"] == pytest.approx(
                 rating.saturation().tail_step_s, rel=0.05), (cid, gpu)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from coral.allocator.scarcity.uniform_scale import SCALE_TOL
 from coral.cli.common import console
+from coral.perf.slowdown import PhaseSlowdown, slowdown_from_json
 
 
 def pct(x: float) -> str:
@@ -63,7 +64,8 @@ def print_plan(result: Any, *, title: str | None = None) -> None:
             f"robust: every demand covered with any one of {len(robust['gpu_types'])} GPU types "
             + (f"{robust['factor']:g}x slower than modelled" if robust.get("factor") else
                "slower than modelled by its own uncertainty (" + ", ".join(
-                   f"{g} {f:.3g}x" for g, f in robust.get("factors", {}).items()) + ")")
+                   f"{g} {PhaseSlowdown.of(slowdown_from_json(f)).text()}"
+                   for g, f in robust.get("factors", {}).items()) + ")")
             + "; the nominal plan "
             + (f"${nominal:,.2f}/hour (robustness {100 * robust['cost_of_robustness']:+.1f}%)"
                if nominal is not None else "does not meet demand"), highlight=False)

@@ -25,6 +25,7 @@ from coral.cli.common import (
     print_json,
     user_errors,
 )
+from coral.perf.slowdown import PhaseSlowdown, Slowdown, slowdown_json
 
 #: Node limit of the templates when a scenario is planned here (quick; see `coral demo`).
 SIMULATE_NMAX = 2
@@ -198,7 +199,7 @@ def print_preemptions(p: dict) -> None:
         f"planned ${p['planned_cost_per_hour']:,.2f}/hour)", highlight=False)
 
 
-def simulate_plan_summary(plan: Path, cat: Any, *, factors: dict[str, float] | None,
+def simulate_plan_summary(plan: Path, cat: Any, *, factors: dict[str, Slowdown] | None,
                           duration: float, seed: int = 0) -> dict:
     """`coral simulate PLAN --slowdown ...`'s summary, with no files written and no progress
     bar: for commands that judge a plan by simulating it (`coral perf calibrate --plan`)."""
@@ -269,7 +270,8 @@ def simulate(
     slowdown: Annotated[Optional[str], typer.Option(
         "--slowdown", help="Run the plan with some GPU types slower than the perf model says: "
         "GPU=FACTOR,... (e.g. l4=1.3,t4=1.3: every iteration on an L4 or T4 node takes 1.3x "
-        "the modelled time).")] = None,
+        "the modelled time), or per phase GPU:prefill=F,GPU:decode=F (a mixed iteration "
+        "takes the two weighted by each part's time).")] = None,
     catalog: CatalogFiles = None,
     json: JsonFlag = False,
 ) -> None:
@@ -343,7 +345,7 @@ def simulate(
         summary["mode"] = mode
         summary["seed"] = seed
         summary["models_without_instances"] = unserved
-        summary["slowdown"] = factors or {}
+        summary["slowdown"] = {g: slowdown_json(f) for g, f in (factors or {}).items()}
         folder = out if out is not None else Path("out/simulate") / name
         _write(folder, result, summary)
     if json:
@@ -353,8 +355,9 @@ def simulate(
     if summary.get("preemptions"):
         print_preemptions(summary["preemptions"])
     if factors:
-        console.print("slowdown: " + ", ".join(f"{g} x{f:g}" for g, f in factors.items())
-                      + " (every iteration on a node of that GPU type)", highlight=False)
+        console.print("slowdown: " + ", ".join(f"{g} {PhaseSlowdown.of(f).text()}"
+                                               for g, f in factors.items())
+                      + " (the iterations on a node of that GPU type)", highlight=False)
     if unserved:
         console.print(f"[yellow]no instance serves {', '.join(map(escape, unserved))}[/]: its "
                       "requests were rejected and count as missing the SLO", highlight=False)

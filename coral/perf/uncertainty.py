@@ -32,9 +32,10 @@ error. Two rules bound a phase's factor from below:
   points all come out slower than measured (the L4's decode) would otherwise plan no margin;
 - a layer-fitted card's phase without points takes the borrowers' figure of that phase.
 
-The robust re-rating and `coral simulate --slowdown` slow every iteration of a card by one
-factor (`coral.perf.slowdown.SlowedPerf`, one computation in both), so a card is planned
-against the larger of its two phase factors; the plan file names both.
+The robust re-rating and `coral simulate --slowdown` slow a card's prefill and decode work
+each by its own factor (`coral.perf.slowdown.SlowedPerf`, one computation in both: a mixed
+iteration takes the two factors weighted by each part's time), so a card is planned against
+each phase's factor, and the plan file's `robust.factors` names both.
 The figures live in `data/uncertainty.yaml`, written by
 `python benchmarks/perf_holdout.py --write-uncertainty`, which reads the layer-fitted cards'
 public points through `benchmarks/perf_public.py` (`tests/test_perf_holdout.py` checks
@@ -53,6 +54,7 @@ import yaml
 
 from coral.catalog.loader import Catalog
 from coral.perf.holdout import _vidur_errors, committed_check, leave_one_gpu_out
+from coral.perf.slowdown import PhaseSlowdown, Slowdown, simplest
 from coral.perf.vidur_profiles import VIDUR_GPUS
 
 #: Percentile of a phase's slowdowns (measured / predicted) its factor is taken at.
@@ -77,15 +79,22 @@ class CardUncertainty:
 
     gpu: str
     basis: Basis
-    factor: float  # slowdown planned against: the larger phase factor
+    factor: float  # the larger phase factor (the card's headline uncertainty)
     donor: str | None = None  # the type whose fit a borrowed one carries
     phases: PhaseFactors | None = None  # phase -> its factor (floor and fallback applied)
     floored: tuple[str, ...] = ()  # phases whose factor is the floor, not their points
 
     @property
     def r(self) -> float:
-        """`--robust R` of this card alone."""
+        """`--robust R` of this card alone, at its larger phase."""
         return self.factor - 1.0
+
+    @property
+    def slowdown(self) -> Slowdown:
+        """What a robust plan slows this card by: each phase by its own factor."""
+        if not self.phases:
+            return self.factor
+        return simplest(PhaseSlowdown(self.phases["prefill"], self.phases["decode"]))
 
     def describe(self) -> str:
         if self.basis == "own profile":

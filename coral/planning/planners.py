@@ -22,6 +22,7 @@ from coral.allocator.problem import (
 from coral.allocator.robust.planner import RobustPlanner
 from coral.allocator.scenario.load import Scenario
 from coral.catalog.loader import Catalog
+from coral.perf.slowdown import Slowdown
 from coral.perf.uncertainty import card_uncertainty
 from coral.planning.options import PlanOptions
 from coral.templates.space.operating_points import PerfLike
@@ -99,10 +100,10 @@ class RobustPlanning:
     def __init__(self, robust: float | str, *, catalog: Catalog, perf: PerfLike,
                  template_dirs: Mapping[str, str] | None) -> None:
         basis: dict[str, str] = {}
-        r: float | dict[str, float]
+        r: float | dict[str, Slowdown]
         if robust == "auto":
             cards = card_uncertainty(catalog, perf)
-            r = {g: c.r for g, c in cards.items()}
+            r = {g: c.slowdown for g, c in cards.items()}
             basis = {g: c.describe() for g, c in cards.items()}
         else:
             r = robust  # type: ignore[assignment]

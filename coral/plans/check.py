@@ -46,6 +46,7 @@ from coral.plans.json_values import amount_problem, short, show, whole_problem
 from coral.catalog import Catalog
 from coral.messages import did_you_mean, field_problem
 from coral.perf.pipeline import PipelineShape, ShapeError
+from coral.perf.slowdown import slowdown_from_json
 from coral.templates.slo import SloSpec
 
 #: Most instances one row may run. Plans for the paper's scenarios run tens; the bound
@@ -78,6 +79,15 @@ REPLAN = "or re-plan with `coral plan SCENARIO --out FILE`"
 class PlanCheckError(PlanFileError):
     """A plan file whose content a reader must not believe; the message lists every problem."""
 
+
+
+def _factor_problem(value: Any) -> str | None:
+    """What is wrong with a robust promise's slowdown of one GPU type (None: nothing)."""
+    try:
+        slowdown_from_json(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 @dataclass(frozen=True)
 class PlanProblem:
@@ -385,11 +395,13 @@ class _Checker:
                 continue
             ok = isinstance(value, MappingABC) and all(
                 isinstance(g, str) and (isinstance(v, str) if key == "basis"
-                                        else not amount_problem(v)) for g, v in value.items())
+                                        else not _factor_problem(v))
+                for g, v in value.items())
             if not ok:
                 self.add(None, "", f"{name}.{key}", "must map GPU types to "
-                         + ("text" if key == "basis" else "numbers") + f", got {show(value)}",
-                         fix)
+                         + ("text" if key == "basis" else
+                            "numbers (or, per phase, {\"prefill\": P, \"decode\": D})")
+                         + f", got {show(value)}", fix)
 
     def demand(self, raw: Any) -> dict[str, float]:
         """The models with demand (req/s > 0) of a sound 'demand_rps'."""

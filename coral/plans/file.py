@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from coral.perf.pipeline import PipelineShape
+from coral.perf.slowdown import Slowdown, slowdown_from_json, slowdown_json
 from coral.plans.errors import PlanFileError
 from coral.templates.slo import SloError, SloSpec
 
@@ -135,7 +136,7 @@ class RobustPromise:
 
     r: float | str  # R, or "auto" (each GPU type by its own uncertainty)
     factor: float | None  # 1 + R, or None for `auto`
-    factors: Mapping[str, float]  # GPU type -> slowdown planned for
+    factors: Mapping[str, Slowdown]  # GPU type -> slowdown planned for (or one per phase)
     basis: Mapping[str, str] = field(default_factory=dict)  # GPU type -> why that much
     figures: Mapping[str, Any] = field(default_factory=dict)
 
@@ -144,7 +145,8 @@ class RobustPromise:
         return tuple(self.factors)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"R": self.r, "factor": self.factor, "factors": dict(self.factors),
+        return {"R": self.r, "factor": self.factor,
+                "factors": {g: slowdown_json(f) for g, f in self.factors.items()},
                 "basis": dict(self.basis), "gpu_types": list(self.factors), **self.figures}
 
 
@@ -354,9 +356,14 @@ def _robust(raw: Any, source: str) -> RobustPromise | None:
     factors = raw.get("factors")
     if not isinstance(factors, Mapping):
         raise _problem(source, "robust.factors", "must map each GPU type to its slowdown")
+    read: dict[str, Slowdown] = {}
+    for g, value in factors.items():
+        try:
+            read[str(g)] = slowdown_from_json(value)
+        except ValueError as exc:
+            raise _problem(source, f"robust.factors[{g!r}]", str(exc)) from None
     return RobustPromise(
-        r=r, factor=factor,
-        factors={str(g): _number(factors, g, source, "robust.factors") for g in factors},
+        r=r, factor=factor, factors=read,
         basis={str(g): str(b) for g, b in (raw.get("basis") or {}).items()},
         figures={k: v for k, v in raw.items() if k not in ROBUST_ORDER})
 

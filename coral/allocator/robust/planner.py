@@ -86,6 +86,7 @@ from coral.allocator.robust.starts import (  # noqa: F401
     robust_start,
 )
 from coral.allocator.scenario.load import Scenario
+from coral.perf.slowdown import PhaseSlowdown, Slowdown, simplest, slowdown_json
 from coral.templates.template import Template
 
 #: Share of the time limit the conservative plan's solve may take; HiGHS on the whole ILP
@@ -248,19 +249,26 @@ class RobustPlanner:
     robust plan, and beside it the nominal plan of the same columns (the cost of robustness).
     """
 
-    def __init__(self, r: float | Mapping[str, float], *, perf: Any, catalog: Any,
+    def __init__(self, r: float | Mapping[str, Slowdown], *, perf: Any, catalog: Any,
                  template_dirs: Mapping[str, str] | None = None,
                  threads: int | None = None, basis: Mapping[str, str] | None = None) -> None:
-        """`r`: one R for every GPU type, or each type's own (`--robust auto`: how sure the
-        perf model is of each, `coral.perf.uncertainty`; `basis` says why, per type)."""
+        """`r`: one R for every GPU type, or each type's own slowdown factor, one number or
+        one per phase (`--robust auto`: how sure the perf model is of each,
+        `coral.perf.uncertainty`; `basis` says why, per type)."""
+        self._factors: dict[str, Slowdown] | None = None
         if isinstance(r, Mapping):
+            def ok(f: float) -> bool:
+                return isinstance(f, (int, float)) and math.isfinite(f) and \
+                    1.0 <= f <= 1.0 + MAX_ROBUST_R
             bad = {g: v for g, v in r.items()
-                   if not (isinstance(v, (int, float)) and math.isfinite(v)
-                           and 0.0 <= v <= MAX_ROBUST_R)}
+                   if not (isinstance(v, (int, float, PhaseSlowdown))
+                           and all(ok(f) for f in (PhaseSlowdown.of(v).prefill,
+                                                   PhaseSlowdown.of(v).decode)))}
             if bad:
-                raise RobustError(f"per-GPU R must be numbers in [0, {MAX_ROBUST_R:g}], got "
-                                  f"{bad}")
-            self.r: float | dict[str, float] = {g: float(v) for g, v in sorted(r.items())}
+                raise RobustError(f"per-GPU slowdowns must be numbers in [1, "
+                                  f"{1.0 + MAX_ROBUST_R:g}], got {bad}")
+            self._factors = {g: simplest(v) for g, v in sorted(r.items())}
+            self.r: float | None = None
         else:
             self.r = check_robust_r(r)
         self.basis = dict(basis or {})
@@ -272,12 +280,11 @@ class RobustPlanner:
     @property
     def factor(self) -> float | None:
         """The one slowdown of every GPU type (None: each has its own, `factors`)."""
-        return None if isinstance(self.r, dict) else 1.0 + self.r
+        return None if self.r is None else 1.0 + self.r
 
     @property
-    def factors(self) -> float | dict[str, float]:
-        return (self.factor if not isinstance(self.r, dict)
-                else {g: 1.0 + v for g, v in self.r.items()})
+    def factors(self) -> float | dict[str, Slowdown]:
+        return self.factor if self._factors is None else dict(self._factors)
 
     def slow_text(self, gpus: Sequence[str]) -> str:
         """How slow the plan lets any one of `gpus` be, in words."""
@@ -286,7 +293,7 @@ class RobustPlanner:
         f = self.factors
         assert isinstance(f, dict)
         return ("slower than modelled by its own uncertainty (" + ", ".join(
-            f"{g} {f.get(g, 1.0):.3g}x" for g in gpus) + ")")
+            f"{g} {PhaseSlowdown.of(f.get(g, 1.0)).text()}" for g in gpus) + ")")
 
     def solve(self, scenario: Scenario, problem: AllocationProblem,
               chosen: Mapping[str, Template], *,
@@ -334,7 +341,7 @@ class RobustPlanner:
             return
         why = ("proven: no plan covers them (HiGHS)" if plan.status is PlanStatus.INFEASIBLE
                else "no plan covering them was found within the time limit")
-        what = "auto" if isinstance(self.r, dict) else f"{self.r:g}"
+        what = "auto" if self.r is None else f"{self.r:g}"
         lines = [f"--robust {what}: no plan keeps every model's demand covered with any "
                  f"one GPU type {self.slow_text(rp.scenarios)} ({why})."]
         for (gpu, model), rps in sorted(short.items()):
@@ -351,11 +358,12 @@ class RobustPlanner:
         nominal = self.nominal_plan()
         caps = scenario_capacity_rps(rp, plan.instances)
         return {
-            "R": "auto" if isinstance(self.r, dict) else self.r,
+            "R": "auto" if self.r is None else self.r,
             "factor": self.factor,
-            # each scenario's slowdown, and why that much (`--robust auto`): the cards the
-            # plan's SLO margin rests on
-            "factors": {g: 1.0 + (self.r.get(g, 0.0) if isinstance(self.r, dict) else self.r)
+            # each scenario's slowdown (a number, or one per phase), and why that much
+            # (`--robust auto`): the cards the plan's SLO margin rests on
+            "factors": {g: slowdown_json(self.factor if self._factors is None
+                                       else self._factors.get(g, 1.0))
                         for g in rp.scenarios},
             "basis": {g: self.basis[g] for g in rp.scenarios if g in self.basis},
             "gpu_types": list(rp.scenarios),

@@ -1,8 +1,8 @@
 """What a template column delivers when one GPU type is slower than modelled (`--robust R`).
 
 Scenario "g slow": every iteration on a node of GPU type `g` takes `F = 1 + R` times what the
-perf model says (`coral.perf.slowdown.SlowedPerf`, the wrapper `coral simulate --slowdown`
-runs). A column is re-rated on the **same placement** — same stages, layer ranges and batches,
+perf model says, or under `--robust auto` its prefill and decode each their own factor
+(`coral.perf.slowdown.SlowedPerf`, the wrapper `coral simulate --slowdown` runs). A column is re-rated on the **same placement** — same stages, layer ranges and batches,
 as the plan deploys it and the simulator runs it — with the rating the planner gives it
 nominally (`Scenario.planned_capacity`: `coral.allocator.scenario.headroom.planned_capacity` fed
 with the step model's figures at full occupancy, `coral.perf.step.saturation`):
@@ -56,7 +56,7 @@ from typing import Any, Mapping
 from coral.allocator.scenario.headroom import planned_capacity
 from coral.allocator.scenario.load import Scenario
 from coral.perf.pipeline import PipelineShape
-from coral.perf.slowdown import SlowedPerf
+from coral.perf.slowdown import PhaseSlowdown, SlowedPerf, Slowdown
 from coral.routing import LOAD_SLACK
 from coral.perf.step import Saturation, build_step_model, busy_steps, saturation, stages_from_shape
 from coral.templates.builder.store import MANIFEST, TemplateLibrary
@@ -222,8 +222,21 @@ def gpu_types_of(template: Template, catalog: Any) -> tuple[str, ...]:
     return tuple(sorted({catalog.gpu_of(n).name for n in template.combo}))
 
 
-def slowdown_key(gpu: str, factor: float) -> str:
-    return f"{gpu}={factor:.12g}"
+def slowdown_key(gpu: str, factor: Slowdown) -> str:
+    """A slowed rating's key: 'l4=1.2', or 'l4=prefill:1.08;decode:1.07' per phase."""
+    s = PhaseSlowdown.of(factor)
+    if s.uniform:
+        return f"{gpu}={s.prefill:.12g}"
+    return f"{gpu}=prefill:{s.prefill:.12g};decode:{s.decode:.12g}"
+
+
+def _slowdown_of_key(key: str) -> tuple[str, Slowdown]:
+    """`slowdown_key`'s (gpu, factor) back from its key."""
+    gpu, _, text = key.partition("=")
+    if ";" not in text:
+        return gpu, float(text)
+    phases = dict(part.split(":") for part in text.split(";"))
+    return gpu, PhaseSlowdown(float(phases["prefill"]), float(phases["decode"]))
 
 
 def template_key(template: Template) -> str:
@@ -253,8 +266,8 @@ class RatingStore:
             if slowdown == "nominal":
                 p = self.perf
             else:
-                gpu, _, factor = slowdown.partition("=")
-                p = SlowedPerf(self.perf, self.catalog, {gpu: float(factor)})
+                gpu, factor = _slowdown_of_key(slowdown)
+                p = SlowedPerf(self.perf, self.catalog, {gpu: factor})
             self._perfs[slowdown] = p
         return p
 
@@ -336,13 +349,15 @@ class RobustColumn:
     micro_batch: int = 0  # sequences per stage it was cut to (0: its own batch)
 
 
-#: Slowdown factor of each GPU type (or one for all): what `robust_columns` plans against.
-Factors = float | Mapping[str, float]
+#: Slowdown of each GPU type, one factor or one per phase (or one for all): what
+#: `robust_columns` plans against.
+Factors = float | Mapping[str, Slowdown]
 
 
-def factor_of(factors: Factors, gpu: str) -> float:
+def factor_of(factors: Factors, gpu: str) -> PhaseSlowdown:
     """The slowdown `factors` give `gpu` (1: not slowed)."""
-    return float(factors) if isinstance(factors, (int, float)) else float(factors.get(gpu, 1.0))
+    return PhaseSlowdown.of(factors if isinstance(factors, (int, float))
+                            else factors.get(gpu, 1.0))
 
 
 def robust_column(template: Template, scenario: Scenario, factors: Factors, store: RatingStore
@@ -354,7 +369,7 @@ def robust_column(template: Template, scenario: Scenario, factors: Factors, stor
     own = own_micro_batch(template.shape)
     # a GPU type at its modelled speed overloads nothing: only a slowdown calls for a cut
     cuts = [r.micro_batch for r in (store.rating(template, slowdown_key(g, f))
-                                    for g, f in slow.items() if f > 1.0)
+                                    for g, f in slow.items() if f.worst > 1.0)
             if 0 < r.micro_batch < own]
     deployed, micro, own_rating = template, 0, nominal
     if cuts:
@@ -382,9 +397,10 @@ def robust_columns(scenario: Scenario, chosen: Mapping[str, Template], factors: 
     """Column id -> `robust_column` of the template behind it (`chosen`); `factors`: one
     slowdown for every GPU type, or one per type (absent: not slowed)."""
     values = [factors] if isinstance(factors, (int, float)) else list(factors.values())
-    for f in values:
-        if not (math.isfinite(f) and f >= 1.0):
-            raise ValueError(f"slowdown factor must be a finite number >= 1, got {f!r}")
+    for value in values:
+        s = PhaseSlowdown.of(value)
+        if not all(math.isfinite(f) and f >= 1.0 for f in (s.prefill, s.decode)):
+            raise ValueError(f"slowdown factor must be a finite number >= 1, got {value!r}")
     return {cid: robust_column(t, scenario, factors, store) for cid, t in sorted(chosen.items())}
 
 

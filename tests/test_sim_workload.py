@@ -13,6 +13,7 @@ from coral.sim.workload import (
     read_trace,
     synthetic,
     trace_requests,
+    trace_span_s,
 )
 
 
@@ -45,6 +46,39 @@ def test_sample_trace_and_rescaling():
     span = reqs[-1].arrival_s
     assert (len(reqs) - 1) / span == pytest.approx(10.0, rel=1e-9)
     assert [r.prompt_tokens for r in reqs] == [r.prompt_tokens for r in rows]
+
+
+def test_a_rescaled_trace_says_where_it_ends():
+    """The span of a trace rescaled to a rate is where its last request arrives."""
+    reqs = trace_requests(SAMPLE_TRACE, "m", rate_rps=10.0)
+    assert trace_span_s(SAMPLE_TRACE, rate_rps=10.0) == pytest.approx(reqs[-1].arrival_s)
+    assert trace_span_s(SAMPLE_TRACE, rate_rps=20.0) == pytest.approx(reqs[-1].arrival_s / 2)
+    assert trace_span_s(SAMPLE_TRACE) == read_trace(SAMPLE_TRACE)[-1].arrival_s
+
+
+def test_simulate_names_the_models_whose_trace_ends_early(tmp_path, one_model_plan):
+    """A replay longer than a model's rescaled trace says so (summary and text), rather
+    than reporting a quiet tail as served."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from coral.cli.main import app
+    from coral.plans.file import read_plan
+
+    plan = read_plan(one_model_plan)
+    (model, demand), = plan.demand_rps.items()
+    span = trace_span_s(SAMPLE_TRACE, rate_rps=demand)
+    base = ["simulate", str(one_model_plan), "--trace", str(SAMPLE_TRACE), "--no-progress",
+            "--workers", "1", "--out", str(tmp_path / "sim")]
+    res = CliRunner().invoke(app, [*base, "--duration", f"{2 * span:.3f}", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["trace_ends_s"] == {model: pytest.approx(span)}
+    res = CliRunner(env={"COLUMNS": "200"}).invoke(app, [*base, "--duration", f"{2 * span:.3f}"])
+    assert res.exit_code == 0 and "the trace ends before --duration" in res.output
+    assert model in res.output.split("the trace ends before")[1]
+    res = CliRunner().invoke(app, [*base, "--duration", f"{0.5 * span:.3f}", "--json"])
+    assert json.loads(res.stdout)["trace_ends_s"] == {}
 
 
 def test_azure_format(tmp_path):

@@ -78,8 +78,11 @@ def _load_deployment(ref: str, *, cat: Any, nmax: int, templates_dir: Path, leve
 
 
 def _workload(models: dict[str, float], slos: dict, *, trace: Path | None, rate: float | None,
-              duration: float | None, seed: int, lengths: str) -> list:
-    from coral.sim.workload import merge, synthetic, trace_requests
+              duration: float | None, seed: int, lengths: str,
+              trace_ends: dict[str, float] | None = None) -> list:
+    """The requests to simulate. With a trace and a duration, `trace_ends` gets each model
+    whose rescaled trace ends before the duration, and when (a trace is replayed once)."""
+    from coral.sim.workload import merge, synthetic, trace_requests, trace_span_s
 
     total = sum(models.values())
     if total <= 0:
@@ -92,6 +95,9 @@ def _workload(models: dict[str, float], slos: dict, *, trace: Path | None, rate:
             continue
         if trace is not None:
             parts.append(trace_requests(trace, model, rate_rps=r, duration_s=duration))
+            span = trace_span_s(trace, rate_rps=r)
+            if trace_ends is not None and duration is not None and span < duration:
+                trace_ends[model] = span
         else:
             slo = slos[model]
             parts.append(synthetic(model, rate_rps=r, duration_s=duration or DEFAULT_DURATION_S,
@@ -307,9 +313,10 @@ def simulate(
         # rejected and count against the SLO, rather than vanishing from the figures.
         unserved = sorted(m for m, d in demand.items()
                           if d > 0 and not any(i.model == m for i in instances))
+        trace_ends: dict[str, float] = {}
         try:
             reqs = _workload(demand, slos, trace=trace, rate=rate, duration=duration,
-                             seed=seed, lengths=lengths)
+                             seed=seed, lengths=lengths, trace_ends=trace_ends)
         except WorkloadError as exc:
             raise UserError(str(exc)) from None
         cfg = SimConfig(mode=mode, max_batched_tokens=max_batched_tokens,  # type: ignore[arg-type]
@@ -346,6 +353,8 @@ def simulate(
         summary["seed"] = seed
         summary["models_without_instances"] = unserved
         summary["slowdown"] = {g: slowdown_json(f) for g, f in (factors or {}).items()}
+        # models whose replayed trace ends before --duration: second of its last arrival
+        summary["trace_ends_s"] = dict(sorted(trace_ends.items()))
         folder = out if out is not None else Path("out/simulate") / name
         _write(folder, result, summary)
     if json:
@@ -358,6 +367,12 @@ def simulate(
         console.print("slowdown: " + ", ".join(f"{g} {PhaseSlowdown.of(f).text()}"
                                                for g, f in factors.items())
                       + " (the iterations on a node of that GPU type)", highlight=False)
+    if trace_ends:
+        console.print(
+            f"[yellow]the trace ends before --duration ({duration:g} s)[/] for "
+            + ", ".join(f"{escape(m)} (at {t:,.0f} s)" for m, t in sorted(trace_ends.items()))
+            + ": rescaled to each model's demand, it is replayed once, so those models get no "
+            "requests after it; figures cover what arrived", highlight=False)
     if unserved:
         console.print(f"[yellow]no instance serves {', '.join(map(escape, unserved))}[/]: its "
                       "requests were rejected and count as missing the SLO", highlight=False)

@@ -25,7 +25,7 @@ from datetime import datetime
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Iterator, Literal, NamedTuple, Sequence
+from typing import Any, Iterator, Literal, NamedTuple, Sequence
 
 import numpy as np
 
@@ -246,15 +246,7 @@ def trace_requests(path: str | Path, model: str, *, rate_rps: float | None = Non
     """Requests replayed from a trace file; `rate_rps` rescales arrivals to that mean rate,
     `duration_s` keeps those arriving before it."""
     rows = read_trace(path, limit=limit)
-    scale = 1.0
-    if rate_rps is not None:
-        if not rate_rps > 0:
-            raise WorkloadError(f"rate must be > 0 requests/s, got {rate_rps!r}")
-        span = rows[-1].arrival_s
-        if len(rows) < 2 or span <= 0:
-            raise WorkloadError(f"{path}: cannot rescale a trace that spans no time")
-        native = (len(rows) - 1) / span
-        scale = native / rate_rps
+    scale = _time_scale(rows, rate_rps, path)
     out = []
     for r in rows:
         t = r.arrival_s * scale
@@ -262,6 +254,26 @@ def trace_requests(path: str | Path, model: str, *, rate_rps: float | None = Non
             break
         out.append(Request(first_id + len(out), model, t, r.prompt_tokens, r.output_tokens))
     return out
+
+
+def _time_scale(rows: Sequence[Any], rate_rps: float | None, path: str | Path) -> float:
+    """What `trace_requests` multiplies arrival times by for a mean rate of `rate_rps`."""
+    if rate_rps is None:
+        return 1.0
+    if not rate_rps > 0:
+        raise WorkloadError(f"rate must be > 0 requests/s, got {rate_rps!r}")
+    span = rows[-1].arrival_s
+    if len(rows) < 2 or span <= 0:
+        raise WorkloadError(f"{path}: cannot rescale a trace that spans no time")
+    return (len(rows) - 1) / span / rate_rps
+
+
+def trace_span_s(path: str | Path, *, rate_rps: float | None = None,
+                 limit: int | None = None) -> float:
+    """Seconds from a trace's first arrival to its last once `trace_requests` rescales it to
+    `rate_rps`: a replay longer than this has no requests after it (a trace is replayed once)."""
+    rows = read_trace(path, limit=limit)
+    return rows[-1].arrival_s * _time_scale(rows, rate_rps, path)
 
 
 def merge(*workloads: Sequence[Request]) -> list[Request]:

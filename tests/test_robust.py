@@ -403,6 +403,9 @@ def test_plan_cli_robust_auto_plans_each_card_against_its_own_uncertainty(tiny):
                                             {g: c.slowdown for g, c in cards.items()})
                   for (tid, _), n in plan.plan.instances.items())
         assert cap >= demand * (1 - 1e-6), (gpu, cap)
+        # the planner's own rating of each slowed card, per phase, is the independent one
+        assert plan.extras["robust"]["capacity_rps"][gpu][MODEL] == pytest.approx(cap,
+                                                                                  rel=1e-9)
 
 
 @pytest.mark.parametrize("value", ["0", "-0.1", "nan", "11", "sometimes"])

@@ -2,8 +2,9 @@
 
 Scenario "g slow": every iteration on a node of GPU type `g` takes `F = 1 + R` times what the
 perf model says, or under `--robust auto` its prefill and decode each their own factor
-(`coral.perf.slowdown.SlowedPerf`, the wrapper `coral simulate --slowdown` runs). A column is re-rated on the **same placement** — same stages, layer ranges and batches,
-as the plan deploys it and the simulator runs it — with the rating the planner gives it
+(`coral.perf.slowdown.SlowedPerf`, the wrapper `coral simulate --slowdown` runs). A column
+is re-rated on the **same placement** — same stages, layer ranges and batches, as the plan
+deploys it and the simulator runs it — with the rating the planner gives it
 nominally (`Scenario.planned_capacity`: `coral.allocator.scenario.headroom.planned_capacity` fed
 with the step model's figures at full occupancy, `coral.perf.step.saturation`):
 

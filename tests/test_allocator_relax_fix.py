@@ -1,4 +1,4 @@
-"""Relax-and-fix by model (`solve/relax_fix.py`) on random PD problems: its plans meet every
+"""Relax-and-fix by model (`core/relax_fix.py`) on random PD problems: its plans meet every
 demand within availability (checked on the plan `make_plan` builds, not on the ILP), cost no
 less than HiGHS's proven optimum, and respect the cutoff."""
 
@@ -15,7 +15,7 @@ from test_allocator_scarcity import _internals
 from coral.allocator.core.highs_runs import lp_relaxation
 from coral.allocator.problem import PlanStatus, make_plan
 from coral.allocator.solve.ilp import solve_allocation
-from coral.allocator.solve.relax_fix import near_columns, relax_and_fix, rounding_order
+from coral.allocator.core.relax_fix import near_columns, relax_and_fix, rounding_order
 
 
 def _fixed(problem, cutoff: float = math.inf):

@@ -27,7 +27,7 @@ from coral.allocator.core.highs_runs import (
 from coral.allocator.decomposition.lagrange import Decomposition
 from coral.allocator.problem import PlanStatus
 from coral.allocator.scarcity.phases import MIN_PHASE_S, Seed
-from coral.allocator.solve.relax_fix import relax_and_fix
+from coral.allocator.core.relax_fix import relax_and_fix
 
 #: Columns of least reduced cost added to the LP's support, one HiGHS run each, when
 #: searching near a rounded PD plan (`rounded_start`).
@@ -39,8 +39,8 @@ SUPPORT_GROWTH = (0, 100, 300, 1000)
 WHOLE_ILP_MAX_COLUMNS = 5_000
 
 
-#: Share of the time left that relax-and-fix by model (`relax_fix.py`) may take, before the
-#: runs near its plan and the LP take the rest.
+#: Share of the time left that relax-and-fix by model (`core/relax_fix.py`) may take,
+#: before the runs near its plan and the LP take the rest.
 RELAX_FIX_SHARE = 0.6
 
 
@@ -64,10 +64,10 @@ def rounded_start(dec: Decomposition, arr: LpArrays, lp: LpBuilder, v: Vars, *,
                   ) -> tuple[Relaxation | None, RoundedStart | None]:
     """A plan for problems whose PD models are past exact covers: the LP optimum rounded
     down, each model's rest covered by one group at a time (`round_and_repair` without
-    exact PD covers), then relax-and-fix by model (`relax_fix.py`, for `RELAX_FIX_SHARE` of
-    the time left), then HiGHS on the columns that plan or the LP use (the LP's support, a
-    few dozen columns) and on more of those of least reduced cost (`SUPPORT_GROWTH`), the
-    whole ILP last when it has at most `WHOLE_ILP_MAX_COLUMNS`.
+    exact PD covers), then relax-and-fix by model (`core/relax_fix.py`, for
+    `RELAX_FIX_SHARE` of the time left), then HiGHS on the columns that plan or the LP use
+    (the LP's support, a few dozen columns) and on more of those of least reduced cost
+    (`SUPPORT_GROWTH`), the whole ILP last when it has at most `WHOLE_ILP_MAX_COLUMNS`.
 
     Past that HiGHS on the whole ILP is not run: on synthetic `advanced`-size PD problems
     (15,000 columns) it found no plan in 10 s, and its root cut rounds, which nothing

@@ -14,6 +14,7 @@ from test_allocator_scarcity import _internals
 
 from coral.allocator.core.highs_runs import lp_relaxation
 from coral.allocator.problem import PlanStatus, make_plan
+from coral.allocator.solve import ilp, rounded_start
 from coral.allocator.solve.ilp import solve_allocation
 from coral.allocator.core.relax_fix import near_columns, relax_and_fix, rounding_order
 
@@ -74,3 +75,22 @@ def test_lumpiest_models_first_and_their_columns_kept() -> None:
     assert near[relaxed.x > 1e-6].all()
     for m in order:  # each model keeps at least its column of least reduced cost
         assert near[dec.col_model == m].any()
+
+
+@pytest.mark.parametrize("seed", (1, 4, 8, 11))
+def test_rounded_start_takes_relax_and_fix_where_the_whole_ilp_does_not_follow(
+        seed: int, monkeypatch) -> None:
+    """Past exact PD covers and past the whole ILP's size (both limits lowered here), the
+    cost solve's plan comes from relax-and-fix or the runs after it: it meets demand within
+    availability, and its proven gap holds against HiGHS's optimum."""
+    problem = pd_problem(seed, mip_gap=0.0)
+    reference = solve_allocation(problem, decompose=False)
+    monkeypatch.setattr(ilp, "PD_MAX_REGIONS", 1)
+    monkeypatch.setattr(rounded_start, "WHOLE_ILP_MAX_COLUMNS", 0)
+    plan = solve_allocation(problem)
+    assert reference.status is PlanStatus.OPTIMAL and plan.meets_demand
+    assert any("relax-and-fix by model" in n for n in plan.notes)
+    for key, n in plan.nodes_used.items():
+        assert n <= problem.availability.get(key, 0)
+    assert plan.objective >= reference.objective - 1e-6
+    assert reference.objective >= plan.objective * (1.0 - plan.gap) - 1e-6

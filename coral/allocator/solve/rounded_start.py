@@ -64,10 +64,11 @@ def rounded_start(dec: Decomposition, arr: LpArrays, lp: LpBuilder, v: Vars, *,
                   ) -> tuple[Relaxation | None, RoundedStart | None]:
     """A plan for problems whose PD models are past exact covers: the LP optimum rounded
     down, each model's rest covered by one group at a time (`round_and_repair` without
-    exact PD covers), then relax-and-fix by model (`core/relax_fix.py`, for
-    `RELAX_FIX_SHARE` of the time left), then HiGHS on the columns that plan or the LP use
-    (the LP's support, a few dozen columns) and on more of those of least reduced cost
-    (`SUPPORT_GROWTH`), the whole ILP last when it has at most `WHOLE_ILP_MAX_COLUMNS`.
+    exact PD covers), then, where the whole ILP does not follow, relax-and-fix by model
+    (`core/relax_fix.py`, for `RELAX_FIX_SHARE` of the time left), then HiGHS on the
+    columns that plan or the LP use (the LP's support, a few dozen columns) and on more of
+    those of least reduced cost (`SUPPORT_GROWTH`), the whole ILP last when it has at most
+    `WHOLE_ILP_MAX_COLUMNS`.
 
     Past that HiGHS on the whole ILP is not run: on synthetic `advanced`-size PD problems
     (15,000 columns) it found no plan in 10 s, and its root cut rounds, which nothing
@@ -92,7 +93,9 @@ def rounded_start(dec: Decomposition, arr: LpArrays, lp: LpBuilder, v: Vars, *,
         how = ["a given plan"]
     bound, stopped = relaxed.value, False
     left = deadline - time.perf_counter()
-    if relative_gap(cost, bound) > mip_gap and left > MIN_PHASE_S:
+    # where the whole ILP follows, its run finds plans and the bound: it keeps the time
+    if len(v.x) > WHOLE_ILP_MAX_COLUMNS and relative_gap(cost, bound) > mip_gap \
+            and left > MIN_PHASE_S:
         fixed = relax_and_fix(arr, v, dec, relaxed, objective=arr.cost,
                               col_lb=arr.col_lb, row_lb=arr.row_lb,
                               deadline=time.perf_counter() + RELAX_FIX_SHARE * left,

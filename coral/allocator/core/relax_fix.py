@@ -86,8 +86,10 @@ def relax_and_fix(arr: LpArrays, v: Vars, dec: Decomposition, relaxed: Relaxatio
     while k < len(order):
         left = deadline - time.perf_counter()
         own = dec.col_model == order[k]
+        # the first models' steps are the hardest (most of the problem still free)
         run = _step(arr, v, objective, lo, hi, row_lb, own & near, cutoff=cutoff,
-                    time_limit_s=left / (len(order) - k), threads=threads)
+                    time_limit_s=left * min(1.0, 2.0 / (len(order) - k + 1)),
+                    threads=threads)
         j = k
         while run is None and j > 0 and time.perf_counter() < deadline:
             # the models fixed so far leave this one no integer cover: the last one fixed is

@@ -41,7 +41,7 @@ WHOLE_ILP_MAX_COLUMNS = 5_000
 
 #: Share of the time left that relax-and-fix by model (`core/relax_fix.py`) may take,
 #: before the runs near its plan and the LP take the rest.
-RELAX_FIX_SHARE = 0.6
+RELAX_FIX_SHARE = 0.85
 
 
 #: Where the whole ILP follows, the share of the time left each search near the rounded plan

@@ -24,10 +24,10 @@ from coral.allocator.core.highs_runs import (
     run_on_support,
     support_of,
 )
+from coral.allocator.core.relax_fix import relax_and_fix
 from coral.allocator.decomposition.lagrange import Decomposition
 from coral.allocator.problem import PlanStatus
 from coral.allocator.scarcity.phases import MIN_PHASE_S, Seed
-from coral.allocator.core.relax_fix import relax_and_fix
 
 #: Columns of least reduced cost added to the LP's support, one HiGHS run each, when
 #: searching near a rounded PD plan (`rounded_start`).

@@ -24,6 +24,7 @@ from coral.allocator.core.highs_runs import (
     run_on_support,
     support_of,
 )
+from coral.allocator.core.relax_fix import relax_and_fix
 from coral.allocator.decomposition.lagrange import Decomposition
 from coral.allocator.problem import PlanStatus
 from coral.allocator.scarcity.phases import MIN_PHASE_S, Seed
@@ -36,6 +37,11 @@ SUPPORT_GROWTH = (0, 100, 300, 1000)
 #: Up to this many columns the search near a rounded PD plan ends with HiGHS on the whole
 #: ILP, whose bound then holds; beyond it HiGHS's root cuts alone outrun the time limit.
 WHOLE_ILP_MAX_COLUMNS = 5_000
+
+
+#: Share of the time left that relax-and-fix by model (`core/relax_fix.py`) may take,
+#: before the runs near its plan and the LP take the rest.
+RELAX_FIX_SHARE = 0.85
 
 
 #: Where the whole ILP follows, the share of the time left each search near the rounded plan
@@ -58,9 +64,11 @@ def rounded_start(dec: Decomposition, arr: LpArrays, lp: LpBuilder, v: Vars, *,
                   ) -> tuple[Relaxation | None, RoundedStart | None]:
     """A plan for problems whose PD models are past exact covers: the LP optimum rounded
     down, each model's rest covered by one group at a time (`round_and_repair` without
-    exact PD covers), then HiGHS on the columns that plan or the LP use (the LP's support, a
-    few dozen columns) and on more of those of least reduced cost (`SUPPORT_GROWTH`), the
-    whole ILP last when it has at most `WHOLE_ILP_MAX_COLUMNS`.
+    exact PD covers), then, where the whole ILP does not follow, relax-and-fix by model
+    (`core/relax_fix.py`, for `RELAX_FIX_SHARE` of the time left), then HiGHS on the
+    columns that plan or the LP use (the LP's support, a few dozen columns) and on more of
+    those of least reduced cost (`SUPPORT_GROWTH`), the whole ILP last when it has at most
+    `WHOLE_ILP_MAX_COLUMNS`.
 
     Past that HiGHS on the whole ILP is not run: on synthetic `advanced`-size PD problems
     (15,000 columns) it found no plan in 10 s, and its root cut rounds, which nothing
@@ -84,6 +92,19 @@ def rounded_start(dec: Decomposition, arr: LpArrays, lp: LpBuilder, v: Vars, *,
         x, cost = seed.x.copy(), dec.cost(seed.x)
         how = ["a given plan"]
     bound, stopped = relaxed.value, False
+    left = deadline - time.perf_counter()
+    # where the whole ILP follows, its run finds plans and the bound: it keeps the time
+    if len(v.x) > WHOLE_ILP_MAX_COLUMNS and relative_gap(cost, bound) > mip_gap \
+            and left > MIN_PHASE_S:
+        fixed = relax_and_fix(arr, v, dec, relaxed, objective=arr.cost,
+                              col_lb=arr.col_lb, row_lb=arr.row_lb,
+                              deadline=time.perf_counter() + RELAX_FIX_SHARE * left,
+                              threads=threads, cutoff=cost,
+                              plan=x if math.isfinite(cost) else None)
+        if fixed is not None and dec.fits(fixed) and dec.covers(fixed) \
+                and dec.cost(fixed) < cost:
+            x, cost = fixed, dec.cost(fixed)
+            how.append(f"relax-and-fix by model: {cost:.6g}")
     cheapest = np.argsort(relaxed.col_dual[v.x], kind="stable")
     growth = SUPPORT_GROWTH + ((len(v.x),) if len(v.x) <= WHOLE_ILP_MAX_COLUMNS else ())
     for extra in growth:

@@ -207,3 +207,27 @@ def test_a_busy_instance_is_rated_by_the_steps_it_runs_below_full(cat, perf):
     measured = float(np.mean(tpots))
     assert abs(measured - band) / band < 0.03, (measured, band, full)
     assert abs(measured - band) < abs(measured - full)
+
+
+def test_saturations_sharing_iteration_times_are_the_same(cat, perf):
+    """Templates' step models sharing one bounded iteration cache (`Scenario.with_perf`) rate
+    every template exactly as one step model each does, and the cache empties itself at its
+    bound rather than grow."""
+    from coral.perf.step import IterationCache
+    from coral.templates.builder.solve import build_template
+
+    combos = [["1x-l40s"], ["1x-l4", "1x-l4"], ["1x-l40s", "1x-t4", "1x-t4"], ["2x-l4"]]
+    templates = [build_template(MODEL, c, SLO, mode, "flow", perf, cat)
+                 for c in combos for mode in ("aggregated", "prefill", "decode")]
+    templates = [t for t in templates if t.feasible]
+    assert len(templates) >= 8
+    alone = [saturation(t, perf=perf, catalog=cat) for t in templates]
+    for bound in (200_000, 50):
+        shared = IterationCache(max_entries=bound)
+        assert [saturation(t, perf=perf, catalog=cat, iter_cache=shared)
+                for t in templates] == alone
+        assert 0 < len(shared) <= bound
+    small = IterationCache(max_entries=3)
+    for k in range(10):
+        small[("m", "n", 1, k, 0, 0, False, False)] = float(k)
+    assert len(small) <= 3 and small[("m", "n", 1, 9, 0, 0, False, False)] == 9.0

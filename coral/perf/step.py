@@ -173,6 +173,23 @@ def node_part_seconds(iteration: IterFn, send: Callable[[str, int], float], node
     return (it if last else it + send(node, pn + bn)), it
 
 
+class IterationCache(dict):
+    """Iteration times shared by the step models of many templates (`node_costs`'s
+    `iter_cache`): templates of one library share node types and layer splits, so most of an
+    instance's iterations are another's. The times are a pure function of their key, so the
+    cache empties itself whenever it passes `max_entries` rather than grow with every
+    template a scenario holds; a later miss only recomputes."""
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        super().__init__()
+        self.max_entries = max_entries
+
+    def __setitem__(self, key: tuple, value: float) -> None:
+        if len(self) >= self.max_entries:
+            self.clear()
+        super().__setitem__(key, value)
+
+
 def node_costs(model: str, perf: Any, catalog: Any, *, net_latency_s: float = NET_LATENCY_S,
                iter_cache: dict[tuple, float] | None = None
                ) -> tuple[IterFn, Callable[[str, int, bool, bool], int],
@@ -421,7 +438,8 @@ def busy_rps(mode: str, seqs: int, step_s: float, input_tokens: int, output_toke
 
 def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int,
                output_tokens: int, perf: Any, catalog: Any,
-               max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS) -> Saturation:
+               max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+               iter_cache: dict[tuple, float] | None = None) -> Saturation:
     """The rate and step of one instance of `shape` at full occupancy, in any mode: every
     slot decoding, `b / O` whole prompts per step on average (mean request shapes; an
     approximation of a busy steady state), within the scheduler's token budget per step.
@@ -435,8 +453,10 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
     instance's rate and step are also given with the prompt chunks the scheduler forms
     (`prompt_mix`; `chunked_step_s`, `chunked_rps`): the template search rates by the mean
     prompts, the planner judges TPOT at the SLO percentile by the chunked step.
+    `iter_cache`: iteration times shared with other templates' step models (`IterationCache`).
     """
-    layout = build_step_model(model, stages_from_shape(shape), perf, catalog)
+    layout = build_step_model(model, stages_from_shape(shape), perf, catalog,
+                              iter_cache=iter_cache)
     b = layout.max_seqs
     i_tok, o_tok = input_tokens, output_tokens
     kv_s = 0.0
@@ -462,7 +482,8 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
 
 
 def template_saturation(template: Any, *, perf: Any, catalog: Any,
-                        max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
+                        max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+                        iter_cache: dict[tuple, float] | None = None
                         ) -> Saturation | None:
     """`saturation` of one instance of a template (`coral.templates.builder.build.Template`); None
     for an infeasible template or one that is not one pipeline."""
@@ -471,4 +492,4 @@ def template_saturation(template: Any, *, perf: Any, catalog: Any,
     return saturation(template.model, template.mode, template.shape,
                       input_tokens=template.slo.input_tokens,
                       output_tokens=template.slo.output_tokens, perf=perf, catalog=catalog,
-                      max_batched_tokens=max_batched_tokens)
+                      max_batched_tokens=max_batched_tokens, iter_cache=iter_cache)

@@ -50,7 +50,7 @@ from coral.allocator.scenario.spec import (
 )
 from coral.catalog import Catalog, default_catalog
 from coral.messages import did_you_mean
-from coral.perf.step import template_saturation
+from coral.perf.step import IterationCache, template_saturation
 from coral.templates.slo import SloSpec
 _TEMPLATE_MODES: dict[str, tuple[Mode, ...]] = {
     "aggregated": ("aggregated",),
@@ -87,14 +87,16 @@ class Scenario:
 
     def with_perf(self, perf: Any, catalog: Catalog) -> "Scenario":
         """This scenario, planning multi-stage templates by the rate the simulator's step
-        model gives them at full occupancy (memoised per template)."""
+        model gives them at full occupancy (memoised per template; their step models share
+        iteration times, `IterationCache`)."""
         memo: dict[int, tuple[Any, Any]] = {}
+        iterations = IterationCache()
 
         def saturation_of(template: Any) -> Any:
             hit = memo.get(id(template))
             if hit is None or hit[0] is not template:
                 hit = memo[id(template)] = (template, template_saturation(
-                    template, perf=perf, catalog=catalog))
+                    template, perf=perf, catalog=catalog, iter_cache=iterations))
             return hit[1]
 
         return replace(self, saturation_of=saturation_of)

@@ -24,8 +24,11 @@ The cards with Helix profiles have their matmul efficiency fitted on their own p
 hold-out. `--fits` prints each card's carried and fitted figure with its in-sample and
 held-out signed errors; `--write-fits` writes `coral/perf/data/layer_fits.yaml`;
 `--no-layer-fits` scores the model without them (borrowed figures only, perf model 7).
+`--curves` scores every batch of 2-100 of Helix's decode files instead of the three each
+`helix_layers` entry keeps (`helix_decode_curves`), per card and model, to show where the
+boards' kernels change with the row count.
 
-    python benchmarks/perf_public.py [--points] [--json] [--fits] [--no-layer-fits]
+    python benchmarks/perf_public.py [--points] [--json] [--fits] [--no-layer-fits] [--curves]
     python benchmarks/perf_public.py --write-fits
 """
 
@@ -117,6 +120,42 @@ def helix_points(doc: dict, perf: PerfModel, models: dict) -> list[Point]:
                 what = f"{e['model']} B {count} C {ctx}"
             out.append(Point(e["gpu"], phase, what, ms * 1e-3, t - ITERATION_OVERHEAD_S))
     return out
+
+
+def curve_points(doc: dict, perf: PerfModel, models: dict) -> list[Point]:
+    """Every batch of Helix's decode files (`helix_decode_curves`), scored as `helix_points`
+    scores a decode point; `what` names the model and the batch."""
+    group = doc["helix_decode_curves"]
+    ctx = int(group["decode_context_tokens"])
+    half = group["decode_resolution_ms"] / 2
+    out = []
+    for e in group["entries"]:
+        for count, ms in e["batch_ms"]:
+            if half / ms > MAX_ROUNDING:
+                continue
+            t = perf.iteration_seconds(models[e["model"]], f"1x-{e['gpu']}", 1,
+                                       decode_batch=count, context_tokens=count * ctx)
+            out.append(Point(e["gpu"], "decode", f"{e['model']} B {count}", ms * 1e-3,
+                             t - ITERATION_OVERHEAD_S))
+    return out
+
+
+def curves_report(points: list[Point]) -> list[str]:
+    """Per card and model: points, signed median, the error of largest size, how many within
+    10 %, and every batch's error."""
+    lines = [f"{'card':10} {'model':12} {'n':>3} {'signed median':>14} {'max':>8} "
+             f"{'within 10 %':>12}"]
+    keys = sorted({(p.gpu, p.what.split(' B ')[0]) for p in points})
+    for gpu, model in keys:
+        mine = [p for p in points if p.gpu == gpu and p.what.startswith(model + " B ")]
+        worst = max(mine, key=lambda p: abs(p.error))
+        lines.append(f"{gpu:10} {model:12} {len(mine):3d} "
+                     f"{100 * statistics.median(p.error for p in mine):+13.1f}% "
+                     f"{100 * worst.error:+7.1f}% "
+                     f"{sum(abs(p.error) <= 0.10 for p in mine):>7d}/{len(mine)}")
+        lines.append("    " + " ".join(f"{p.what.split(' B ')[1]}:{100 * p.error:+.0f}"
+                                        for p in mine))
+    return lines
 
 
 def gemm_points(doc: dict, perf: PerfModel, catalog: Catalog) -> list[Point]:
@@ -291,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="fit and write coral/perf/data/layer_fits.yaml")
     ap.add_argument("--no-layer-fits", action="store_true",
                     help="score the borrowed figures alone (no layer fits)")
+    ap.add_argument("--curves", action="store_true",
+                    help="score every batch of Helix's decode files instead (not in the "
+                         "default score)")
     args = ap.parse_args(argv)
     catalog = default_catalog()
     if args.fits or args.write_fits:
@@ -301,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {write_layer_fits(fits, source)}")
         return 0
     perf = PerfModel(catalog, layer_fits={}) if args.no_layer_fits else PerfModel(catalog)
+    if args.curves:
+        doc = yaml.safe_load(DATA.read_text())
+        print("\n".join(curves_report(curve_points(doc, perf, _models(doc, catalog)))))
+        return 0
     points = all_points(catalog, perf)
     rows = summary(points)
     llm = [abs(p.error) for p in points if p.phase in LLM_PHASES]

@@ -15,7 +15,8 @@ from coral.perf.model import ITERATION_OVERHEAD_S, PerfModel
 
 from conftest import benchmark_module
 
-GROUPS = ("helix_layers", "gemm_square", "gemm_continuous", "decode_steps")
+GROUPS = ("helix_layers", "gemm_square", "gemm_continuous", "decode_steps",
+          "helix_decode_curves")
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +139,23 @@ def test_a_layer_fits_file_of_another_format_names_the_file_and_the_fix(tmp_path
     with pytest.raises(ValueError, match="gpus.l4: missing field 'fitted_on'"):
         load_layer_fits(path)
     assert load_layer_fits(tmp_path / "absent.yaml") == {}
+
+
+def test_the_decode_curves_hold_the_scored_points_and_score_alike(bench, doc):
+    """Every decode point `helix_layers` scores is a point of its file's curve, and
+    `--curves` scores it to the same error."""
+    catalog = default_catalog()
+    perf = PerfModel(catalog)
+    models = bench._models(doc, catalog)
+    curves = {(e["gpu"], e["model"]): dict(e["batch_ms"])
+              for e in doc["helix_decode_curves"]["entries"]}
+    scored = {(p.gpu, p.what.split(" B ")[0], int(p.what.split(" B ")[1].split()[0])): p
+              for p in bench.helix_points(doc, perf, models) if p.phase == "decode"}
+    assert scored
+    on_curve = {(p.gpu, p.what.split(" B ")[0], int(p.what.split(" B ")[1])): p
+                for p in bench.curve_points(doc, perf, models)}
+    for (gpu, model, batch), p in scored.items():
+        assert curves[(gpu, model)][batch] == pytest.approx(p.measured_s * 1e3)
+        assert on_curve[(gpu, model, batch)].error == pytest.approx(p.error)
+    lines = bench.curves_report(list(on_curve.values()))
+    assert len(lines) == 1 + 2 * len(curves)

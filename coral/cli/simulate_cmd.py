@@ -82,20 +82,22 @@ def _workload(models: dict[str, float], slos: dict, *, trace: Path | None, rate:
               trace_ends: dict[str, float] | None = None) -> list:
     """The requests to simulate. With a trace and a duration, `trace_ends` gets each model
     whose rescaled trace ends before the duration, and when (a trace is replayed once)."""
-    from coral.sim.workload import merge, synthetic, trace_requests, trace_span_s
+    from coral.sim.workload import merge, read_trace, synthetic, trace_requests, trace_span_s
 
     total = sum(models.values())
     if total <= 0:
         raise UserError("the plan serves no demand; give --rate")
     scale = 1.0 if rate is None else rate / total
     parts = []
+    rows = read_trace(trace) if trace is not None else None  # once, for every model
     for k, (model, demand) in enumerate(sorted(models.items())):
         r = demand * scale
         if r <= 0:
             continue
         if trace is not None:
-            parts.append(trace_requests(trace, model, rate_rps=r, duration_s=duration))
-            span = trace_span_s(trace, rate_rps=r)
+            parts.append(trace_requests(trace, model, rate_rps=r, duration_s=duration,
+                                        rows=rows))
+            span = trace_span_s(trace, rate_rps=r, rows=rows)
             if trace_ends is not None and duration is not None and span < duration:
                 trace_ends[model] = span
         else:

@@ -25,7 +25,7 @@ from datetime import datetime
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Iterator, Literal, NamedTuple, Sequence
+from typing import Iterator, Literal, NamedTuple, Sequence
 
 import numpy as np
 
@@ -242,10 +242,12 @@ def read_trace(path: str | Path, *, limit: int | None = None) -> list[TraceRow]:
 
 def trace_requests(path: str | Path, model: str, *, rate_rps: float | None = None,
                    duration_s: float | None = None, limit: int | None = None,
-                   first_id: int = 0) -> list[Request]:
+                   first_id: int = 0, rows: Sequence[TraceRow] | None = None
+                   ) -> list[Request]:
     """Requests replayed from a trace file; `rate_rps` rescales arrivals to that mean rate,
-    `duration_s` keeps those arriving before it."""
-    rows = read_trace(path, limit=limit)
+    `duration_s` keeps those arriving before it. `rows`: the file already read
+    (`read_trace`), for callers replaying one trace for several models."""
+    rows = read_trace(path, limit=limit) if rows is None else rows
     scale = _time_scale(rows, rate_rps, path)
     out = []
     for r in rows:
@@ -256,7 +258,7 @@ def trace_requests(path: str | Path, model: str, *, rate_rps: float | None = Non
     return out
 
 
-def _time_scale(rows: Sequence[Any], rate_rps: float | None, path: str | Path) -> float:
+def _time_scale(rows: Sequence[TraceRow], rate_rps: float | None, path: str | Path) -> float:
     """What `trace_requests` multiplies arrival times by for a mean rate of `rate_rps`."""
     if rate_rps is None:
         return 1.0
@@ -269,10 +271,11 @@ def _time_scale(rows: Sequence[Any], rate_rps: float | None, path: str | Path) -
 
 
 def trace_span_s(path: str | Path, *, rate_rps: float | None = None,
-                 limit: int | None = None) -> float:
+                 limit: int | None = None, rows: Sequence[TraceRow] | None = None) -> float:
     """Seconds from a trace's first arrival to its last once `trace_requests` rescales it to
-    `rate_rps`: a replay longer than this has no requests after it (a trace is replayed once)."""
-    rows = read_trace(path, limit=limit)
+    `rate_rps`: a replay longer than this has no requests after it (a trace is replayed once).
+    `rows`: the file already read."""
+    rows = read_trace(path, limit=limit) if rows is None else rows
     return rows[-1].arrival_s * _time_scale(rows, rate_rps, path)
 
 

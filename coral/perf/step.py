@@ -449,10 +449,10 @@ def saturation(model: str, mode: str, shape: PipelineShape, *, input_tokens: int
     round's prompts while their transfers run, lets it (`busy_prefill`: its rate, and a
     prompt's time in its rounds as `step_s`); a decode instance busy runs every slot
     decoding with no prompt in its steps, so it serves `b / (O x step)` requests/s at TPOT
-    `step`. An aggregated
-    instance's rate and step are also given with the prompt chunks the scheduler forms
-    (`prompt_mix`; `chunked_step_s`, `chunked_rps`): the template search rates by the mean
-    prompts, the planner judges TPOT at the SLO percentile by the chunked step.
+    `step`. An aggregated instance's rate and step are also given with the prompt chunks the
+    scheduler forms (`prompt_mix`; `chunked_step_s`, `chunked_rps`): the template search
+    rates by the mean prompts, the planner judges TPOT at the SLO percentile by the chunked
+    step.
     `iter_cache`: iteration times shared with other templates' step models (`IterationCache`).
     """
     layout = build_step_model(model, stages_from_shape(shape), perf, catalog,

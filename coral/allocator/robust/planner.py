@@ -257,13 +257,13 @@ class RobustPlanner:
         `coral.perf.uncertainty`; `basis` says why, per type)."""
         self._factors: dict[str, Slowdown] | None = None
         if isinstance(r, Mapping):
-            def ok(f: float) -> bool:
-                return isinstance(f, (int, float)) and math.isfinite(f) and \
-                    1.0 <= f <= 1.0 + MAX_ROBUST_R
-            bad = {g: v for g, v in r.items()
-                   if not (isinstance(v, (int, float, PhaseSlowdown))
-                           and all(ok(f) for f in (PhaseSlowdown.of(v).prefill,
-                                                   PhaseSlowdown.of(v).decode)))}
+            def ok(v: Any) -> bool:
+                if not isinstance(v, (int, float, PhaseSlowdown)):
+                    return False
+                s = PhaseSlowdown.of(v)
+                return all(math.isfinite(f) and 1.0 <= f <= 1.0 + MAX_ROBUST_R
+                           for f in (s.prefill, s.decode))
+            bad = {g: v for g, v in r.items() if not ok(v)}
             if bad:
                 raise RobustError(f"per-GPU slowdowns must be numbers in [1, "
                                   f"{1.0 + MAX_ROBUST_R:g}], got {bad}")

@@ -6,8 +6,9 @@ regions, PD) and availability level (default: every level of the scenario that c
 availability), it builds one template set over the scenario's models (synthetic unless
 `--library real`), then re-plans `--draws` times: each draw perturbs every model's demand
 (log-normal, sigma 0.25) and every (node type, region) availability (uniform x0.7-1.3,
-rounded down), and takes the previous draw's plan as the current deployment, as the online
-loop does. It prints per
+rounded to the nearest node: rounding down took a one-node pool away on half the draws, and
+`paper-extended`'s scarce level is mostly such pools), and takes the previous draw's plan as
+the current deployment, as the online loop does. It prints per
 (size, serving mode, level): templates, template-region columns kept by presolve, solve time
 median / p95 / max (and the median CPU time of a solve, every thread's: on a shared machine
 the wall time also holds the wait for a core), the largest proven gap, and how many plans met
@@ -427,7 +428,7 @@ def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
                     priority=d.priority)
             for d in base.demands
         )
-        availability = {k: int(n * rng.uniform(0.7, 1.3)) for k, n in base.availability.items()}
+        availability = {k: round(n * rng.uniform(0.7, 1.3)) for k, n in base.availability.items()}
         problem = type(base)(**{**base.__dict__, "demands": demands,
                                 "availability": availability, "current": current})
         cpu = time.process_time()

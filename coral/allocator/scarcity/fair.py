@@ -23,11 +23,12 @@ gap those leave: first on the columns the LP and the plan use, stopping at the f
 LP bound proves, then on the columns reduced costs leave (`fix_by_reduced_cost`), as
 `scarcity.scarcity_bounded` does for the goodput objective. Where those are too many for
 HiGHS's root to end in the phase's time (`WHOLE_RUN_COLUMNS_PER_S`: `advanced` at n_max 6),
-that last run is replaced by runs on growing neighbourhoods of the LP (`GROWTH`), which find
-plans where the whole run found none and overran the limit, and in the tokens and cost
-phases by HiGHS on two models' columns at a time, the others held at the plan
-(`fair_pairs`): above the floor those phases trade nodes between models, and a plan found
-near the LP keeps the floors with nodes a model above its floor could use better.
+that last run is replaced by runs on growing neighbourhoods of the LP, each model's columns of
+least reduced cost (`NEIGHBOURHOODS`), which find plans where the whole run found none and
+overran the limit, and in the tokens and cost phases by HiGHS on two models' columns at a
+time, the others held at the plan (`fair_pairs`): above the floor those phases trade nodes
+between models, and a plan found near the LP keeps the floors with nodes a model above its
+floor could use better.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from coral.allocator.decomposition.branch_price import relative_gap
 from coral.allocator.core.formulation import LpArrays, LpBuilder, Vars
 from coral.allocator.scarcity.fair_pairs import model_pairs, run_around
 from coral.allocator.scarcity.fair_search import level_bound, level_fill, rounded, tokens_fill
+from coral.allocator.core.relax_fix import COLUMNS_PER_MODEL, near_columns
 from coral.allocator.core.highs_runs import (
     INSIDE,
     ROOT_COLUMNS_PER_S,
@@ -61,7 +63,6 @@ from coral.allocator.core.highs_runs import (
 from coral.allocator.decomposition.lagrange import Decomposition
 from coral.allocator.core.presolve import MODE_DECODE, Index
 from coral.allocator.problem import AllocationProblem, fair_weights
-from coral.allocator.scarcity.phases import PHASE2_GROWTH
 
 #: Phase B and C keep the fairness level `t` within this relative distance of phase A's.
 FAIR_REL_TOL = 1e-6
@@ -84,11 +85,11 @@ TIGHTEN_SHARE = 0.25
 
 #: x columns HiGHS's root gets through per second of a phase, about: the run on the columns
 #: reduced costs leave is made only where its free columns fit the time left at this rate
-#: (else the neighbourhoods of `GROWTH` get its time). On `advanced` at n_max 6 nearly every
-#: column is free, that run's root does not end within a phase, so it returns no plan and
-#: no bound and overruns its limit (HiGHS does not stop inside the root), leaving the cost
-#: phase nothing; on the small problems it is what finds the phase's plans and bound
-#: (benchmarks/results/scarcity.md, "Per phase at the paper's scale").
+#: (else the neighbourhoods of `NEIGHBOURHOODS` get its time). On `advanced` at n_max 6
+#: nearly every column is free, that run's root does not end within a phase, so it returns
+#: no plan and no bound and overruns its limit (HiGHS does not stop inside the root),
+#: leaving the cost phase nothing; on the small problems it is what finds the phase's plans
+#: and bound (benchmarks/results/scarcity.md, "Per phase at the paper's scale").
 WHOLE_RUN_COLUMNS_PER_S = ROOT_COLUMNS_PER_S
 
 #: Free columns the run on the columns reduced costs leave is always made on, however little
@@ -96,11 +97,15 @@ WHOLE_RUN_COLUMNS_PER_S = ROOT_COLUMNS_PER_S
 WHOLE_RUN_MIN_COLUMNS = ROOT_MIN_COLUMNS
 
 #: Where that run does not fit, HiGHS runs instead on the LP's and the plan's columns and
-#: the goodput objective's phase-2 shares of all x columns (least reduced cost first), each
+#: each model's this many columns of least reduced cost (`relax_fix.near_columns`), each run
 #: stopping at the first plan the LP bound proves, the first for half the phase's time left,
 #: the last for the rest, each only while its columns fit the time left at
-#: `WHOLE_RUN_COLUMNS_PER_S`.
-GROWTH = PHASE2_GROWTH
+#: `WHOLE_RUN_COLUMNS_PER_S`. Per model rather than the least reduced costs of all columns:
+#: those crowd into a few models' columns, and the plans a phase needs re-pack every model
+#: (on six pickled `advanced` draws, each plan lexicographically at least as good, the
+#: `limited` draws' tokens and cost gaps smaller on every draw; benchmarks/results/scarcity.md,
+#: "Fair phases' neighbourhoods by model").
+NEIGHBOURHOODS = (30, COLUMNS_PER_MODEL)
 
 #: Share of a phase's time left that one run on a pair of models may take.
 PAIR_TIME_SHARE = 1.0 / 3.0
@@ -197,7 +202,7 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
                             deadline=end, pd_covers=pd_covers)
 
     x, value, bound = _phase(
-        "fairness", arr, lp, v, objective, lb, row_lb, x0=out.x, heuristic=fill_level,
+        "fairness", arr, lp, v, dec, objective, lb, row_lb, x0=out.x, heuristic=fill_level,
         tighten=covers_bound,
         value_of=lambda y: -fair_level(dec, fr, y), fits=dec.fits,
         deadline=deadline(PHASE_SHARES[0]), gap=gap, threads=threads, notes=notes)
@@ -223,7 +228,7 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
                 for base in (y, floor)]
 
     x, value, bound = _phase(
-        "tokens", arr, lp, v, objective, lb, row_lb, x0=x, heuristic=fill_tokens,
+        "tokens", arr, lp, v, dec, objective, lb, row_lb, x0=x, heuristic=fill_tokens,
         value_of=lambda y: -tokens_of(y),
         fits=keeps_level, deadline=deadline(PHASE_SHARES[1]), gap=gap, threads=threads,
         notes=notes, pairs=pairs)
@@ -239,9 +244,9 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
     # ---- C: the cheapest plan at those tokens/s
     start = time.perf_counter()
     x, value, bound = _phase(
-        "cost", arr, lp, v, arr.cost, lb, row_lb, x0=x, value_of=dec.cost, fits=keeps_tokens,
-        deadline=deadline(PHASE_SHARES[2]), gap=gap, threads=threads, notes=notes,
-        pairs=pairs)
+        "cost", arr, lp, v, dec, arr.cost, lb, row_lb, x0=x, value_of=dec.cost,
+        fits=keeps_tokens, deadline=deadline(PHASE_SHARES[2]), gap=gap, threads=threads,
+        notes=notes, pairs=pairs)
     out.gaps["cost"] = relative_gap(value, bound)
     out.seconds["cost"] = time.perf_counter() - start
     out.x, out.level, out.tokens, out.cost = x, fair_level(dec, fr, x), tokens_of(x), dec.cost(x)
@@ -250,8 +255,8 @@ def scarcity_fair(problem: AllocationProblem, dec: Decomposition, arr: LpArrays,
     return out
 
 
-def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarray,
-           col_lb: np.ndarray, row_lb: np.ndarray, *, x0: np.ndarray,
+def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, dec: Decomposition,
+           objective: np.ndarray, col_lb: np.ndarray, row_lb: np.ndarray, *, x0: np.ndarray,
            value_of: Callable[[np.ndarray], float], fits: Callable[[np.ndarray], bool],
            deadline: float, gap: float, threads: int | None, notes: list[str],
            heuristic: Callable[[Relaxation, np.ndarray], list[np.ndarray]] | None = None,
@@ -306,22 +311,21 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, objective: np.ndarr
                                 mip_gap=gap, threads=threads)
         if take(y):
             how = f"HiGHS on the LP's and the plan's columns ({run.detail}), LP bound"
-        cheapest = np.argsort(relaxed.col_dual[v.x], kind="stable") \
-            if relaxed.col_dual is not None and not whole else np.zeros(0, dtype=np.int64)
-        for i, more in enumerate(GROWTH if len(cheapest) else ()):
+        sizes = NEIGHBOURHOODS if relaxed.col_dual is not None and not whole else ()
+        for i, per_model in enumerate(sizes):
             if relative_gap(value, bound) <= gap:
                 break
-            support = support_of(relaxed, x, cheapest[:int(more * len(v.x))])
+            support = near_columns(dec, relaxed, v, x, per_model=per_model)
             if not root_fits(int(support.sum())):
                 break  # its root would overrun the phase
             run, y = run_on_support(
                 arr, v, objective, col_lb, row_lb, support, cutoff=value,
                 target=target(), mip_gap=gap, threads=threads,
-                time_limit_s=(0.5 if i + 1 < len(GROWTH) else 1.0)
+                time_limit_s=(0.5 if i + 1 < len(sizes) else 1.0)
                 * (deadline - time.perf_counter()))
             if take(y):
-                how = (f"HiGHS on the LP's and the plan's columns and {more:.0%} more "
-                       f"({run.detail}), LP bound")
+                how = (f"HiGHS on the LP's and the plan's columns and each model's "
+                       f"{per_model} of least reduced cost ({run.detail}), LP bound")
         if not whole and pairs is not None:
             # what the run on every column would have had: pairs of models re-packed
             better = _pair_runs(arr, v, objective, col_lb, row_lb, pairs, take,

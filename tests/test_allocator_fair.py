@@ -113,6 +113,35 @@ def test_neighbourhoods_in_place_of_the_whole_run_prove_only_what_holds(
     gap = plan.phase_gaps["fairness"]
     assert plan.fair_level * (1.0 + gap) >= oracle.fair_level * (1.0 - 1e-6) - 1e-9
 
+
+@pytest.mark.parametrize("seed", (0, 1, 2, 4, 5))  # a phase's gap open after the LP's columns
+def test_neighbourhoods_take_columns_of_every_model(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the neighbourhoods after the LP's and the plan's columns hold each model's columns of
+    # least reduced cost, so no model is left only its LP columns, and what they find still
+    # holds against the oracle
+    monkeypatch.setattr(fair, "WHOLE_RUN_COLUMNS_PER_S", 0.0)
+    monkeypatch.setattr(fair, "WHOLE_RUN_MIN_COLUMNS", 0)
+    monkeypatch.setattr(fair, "NEIGHBOURHOODS", (1,))
+    neighbourhoods: list[tuple] = []
+    near = fair.near_columns
+
+    def spy(dec, relaxed, v, x, per_model):
+        support = near(dec, relaxed, v, x, per_model=per_model)
+        neighbourhoods.append((dec, support))
+        return support
+
+    monkeypatch.setattr(fair, "near_columns", spy)
+    problem, oracle, plan = solved_against_oracle(seed)
+    assert neighbourhoods
+    for dec, support in neighbourhoods:
+        assert set(np.unique(dec.col_model[support])) == set(np.unique(dec.col_model))
+    for name, gap in plan.phase_gaps.items():
+        assert gap >= 0.0, name
+    assert plan.fair_level * (1.0 + plan.phase_gaps["fairness"]) \
+        >= oracle.fair_level * (1.0 - 1e-6) - 1e-9
+
+
 def test_oracle_orders_fairness_before_tokens_before_cost() -> None:
     """The oracle's fair plan is never below any other vector's fairness level, nor below
     the goodput objective's plan on it, and the goodput plan serves no fewer weighted req/s."""

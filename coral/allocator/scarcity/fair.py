@@ -46,6 +46,7 @@ from coral.allocator.core.formulation import LpArrays, LpBuilder, Vars
 from coral.allocator.scarcity.fair_pairs import model_pairs, run_around
 from coral.allocator.scarcity.fair_search import level_bound, level_fill, rounded, tokens_fill
 from coral.allocator.core.relax_fix import COLUMNS_PER_MODEL, near_columns
+from coral.allocator.core.root_bound import RootBound
 from coral.allocator.core.highs_runs import (
     INSIDE,
     ROOT_COLUMNS_PER_S,
@@ -274,7 +275,7 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, dec: Decomposition,
     how = "the plan so far, LP bound"
 
     def target() -> float:
-        # the value the LP bound proves within the gap (minimising, either sign)
+        # the value the bound proves within the gap (minimising, either sign)
         return bound + gap * INSIDE * abs(bound) if math.isfinite(bound) else -math.inf
 
     def take(y: np.ndarray | None) -> bool:
@@ -301,39 +302,60 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, dec: Decomposition,
     def whole_fits(free: int) -> bool:
         return root_fits(free, WHOLE_RUN_MIN_COLUMNS)
 
+    child: RootBound | None = None
     if relaxed is not None and relaxed.col_value is not None \
-            and relative_gap(value, bound) > gap:
-        whole = whole_fits(len(v.x))
-        run, y = run_on_support(arr, v, objective, col_lb, row_lb,
-                                support_of(relaxed, x, np.zeros(0, dtype=np.int64)),
-                                cutoff=value, target=target(),
-                                time_limit_s=SUPPORT_SHARE * (deadline - time.perf_counter()),
-                                mip_gap=gap, threads=threads)
-        if take(y):
-            how = f"HiGHS on the LP's and the plan's columns ({run.detail}), LP bound"
-        sizes = NEIGHBOURHOODS if relaxed.col_dual is not None and not whole else ()
-        for i, per_model in enumerate(sizes):
-            if relative_gap(value, bound) <= gap:
-                break
-            support = near_columns(dec, relaxed, v, x, per_model=per_model)
-            if not root_fits(int(support.sum())):
-                break  # its root would overrun the phase
+            and relative_gap(value, bound) > gap and not whole_fits(len(v.x)):
+        # no time for HiGHS on every column here: its root's bound from a child process
+        child = RootBound.of(arr, objective, col_lb, row_lb, cutoff=value, mip_gap=gap,
+                             time_limit_s=deadline - time.perf_counter())
+
+    def proven() -> bool:
+        """The gap closed, the bound first raised to the child's where that is higher (no
+        plan below the child's cutoff, this phase's first plan, is under its bound)."""
+        nonlocal bound, raised
+        if child is not None and min(child.bound(), value) > bound:
+            bound, raised = min(child.bound(), value), True
+        return relative_gap(value, bound) <= gap
+
+    raised = False
+    try:
+        if relaxed is not None and relaxed.col_value is not None and not proven():
+            whole = whole_fits(len(v.x))
             run, y = run_on_support(
-                arr, v, objective, col_lb, row_lb, support, cutoff=value,
+                arr, v, objective, col_lb, row_lb,
+                support_of(relaxed, x, np.zeros(0, dtype=np.int64)), cutoff=value,
                 target=target(), mip_gap=gap, threads=threads,
-                time_limit_s=(0.5 if i + 1 < len(sizes) else 1.0)
-                * (deadline - time.perf_counter()))
+                time_limit_s=SUPPORT_SHARE * (deadline - time.perf_counter()))
             if take(y):
-                how = (f"HiGHS on the LP's and the plan's columns and each model's "
-                       f"{per_model} of least reduced cost ({run.detail}), LP bound")
-        if not whole and pairs is not None:
-            # what the run on every column would have had: pairs of models re-packed
-            better = _pair_runs(arr, v, objective, col_lb, row_lb, pairs, take,
-                                lambda: x, lambda: value,
-                                lambda: relative_gap(value, bound) <= gap,
-                                target=target, deadline=deadline, gap=gap, threads=threads)
-            if better:
-                how += f"; {better} better plans by HiGHS on pairs of models"
+                how = f"HiGHS on the LP's and the plan's columns ({run.detail}), LP bound"
+            sizes = NEIGHBOURHOODS if relaxed.col_dual is not None and not whole else ()
+            for i, per_model in enumerate(sizes):
+                if proven():
+                    break
+                support = near_columns(dec, relaxed, v, x, per_model=per_model)
+                if not root_fits(int(support.sum())):
+                    break  # its root would overrun the phase
+                run, y = run_on_support(
+                    arr, v, objective, col_lb, row_lb, support, cutoff=value,
+                    target=target(), mip_gap=gap, threads=threads,
+                    time_limit_s=(0.5 if i + 1 < len(sizes) else 1.0)
+                    * (deadline - time.perf_counter()))
+                if take(y):
+                    how = (f"HiGHS on the LP's and the plan's columns and each model's "
+                           f"{per_model} of least reduced cost ({run.detail}), LP bound")
+            if not whole and pairs is not None:
+                # what the run on every column would have had: pairs of models re-packed
+                better = _pair_runs(arr, v, objective, col_lb, row_lb, pairs, take,
+                                    lambda: x, lambda: value, proven, target=target,
+                                    deadline=deadline, gap=gap, threads=threads)
+                if better:
+                    how += f"; {better} better plans by HiGHS on pairs of models"
+    finally:
+        if child is not None:
+            child.stop()
+    proven()
+    if raised:
+        how += "; bound of HiGHS's root on every column (child process)"
     if relaxed is not None and relaxed.col_value is not None \
             and relative_gap(value, bound) > gap:
         limit = min(value - gap * INSIDE * abs(value), value - 1e-9 * max(1.0, abs(value)))

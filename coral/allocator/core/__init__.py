@@ -12,6 +12,8 @@
   (`run_on_support`), and the column bounds reduced costs allow (`fix_by_reduced_cost`), with the
   bound such a restricted run proves for the whole problem (`bound_with_limit`); and the HiGHS runs
   that follow branch and price on the cost problem (`highs_after_decomposition`).
+- `root_bound`: HiGHS's bound on a whole ILP from a child process killed at a deadline
+  (`RootBound`), where a run in this process would overrun the caller's time limit.
 - `relax_fix`: relax-and-fix by model, a plan near an LP optimum where the ILP is too large
   for HiGHS's own search in the time limit (one model's columns integer at a time).
 - `presolve`: presolve of the allocation ILP: the problem as arrays (`Index`), templates that others

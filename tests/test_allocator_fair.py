@@ -64,6 +64,20 @@ def fair_ilp(problem: AllocationProblem) -> tuple:
     return lp, v, dec, fr, arr, col_lb
 
 
+def fairness_phase(seed: int) -> tuple:
+    """(the oracle's plan, `fair_ilp`'s tuple, the fairness phase's objective (minimise -t),
+    its LP relaxation) of `scarce_pool(seed)`."""
+    problem = scarce_pool(seed)
+    oracle = solve_bruteforce(problem)
+    ilp = fair_ilp(problem)
+    lp, v, _, fr, arr, col_lb = ilp
+    objective = np.zeros(lp.n_col)
+    objective[fr.t] = -1.0
+    relaxed = highs_runs.lp_relaxation(arr, objective, col_lb, arr.row_lb, lp, len(v.x))
+    assert relaxed is not None
+    return oracle, ilp, objective, relaxed
+
+
 def solved_against_oracle(seed: int) -> tuple:
     """(problem, brute-force optimum, `solve_allocation`'s plan) of `scarce_pool(seed)`, the
     plan checked to fit the pools and to claim no higher level than the optimum's."""
@@ -211,13 +225,7 @@ def test_fair_gaps_are_finite_under_a_time_limit() -> None:
 def test_level_bound_and_water_filling_hold_against_the_oracle(seed: int) -> None:
     """The covers' bound on the fairness level is never below the best plan's level, and a
     water-filled plan fits and is never above it."""
-    problem = scarce_pool(seed)
-    oracle = solve_bruteforce(problem)
-    lp, v, dec, fr, arr, col_lb = fair_ilp(problem)
-    objective = np.zeros(lp.n_col)
-    objective[fr.t] = -1.0
-    relaxed = highs_runs.lp_relaxation(arr, objective, col_lb, arr.row_lb, lp, len(v.x))
-    assert relaxed is not None
+    oracle, (lp, v, dec, fr, arr, col_lb), objective, relaxed = fairness_phase(seed)
     x = fair_search.level_fill(dec, fr.weight, np.zeros(len(v.x), dtype=np.int64),
                                relaxed.node_price)
     assert dec.fits(x)

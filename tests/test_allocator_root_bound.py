@@ -7,23 +7,15 @@ import time
 
 import numpy as np
 import pytest
-from test_allocator_fair import fair_ilp, scarce_pool
+from test_allocator_fair import fairness_phase
 
-from coral.allocator.core import highs_runs
 from coral.allocator.core.root_bound import RootBound
-from coral.allocator.solve.bruteforce import solve_bruteforce
 
 
 def _phase_a(seed: int) -> tuple:
     """(arrays, objective of the fairness phase, column lower bounds, the oracle's level,
     the LP's bound) of `scarce_pool(seed)`."""
-    problem = scarce_pool(seed)
-    oracle = solve_bruteforce(problem)
-    lp, v, dec, fr, arr, col_lb = fair_ilp(problem)
-    objective = np.zeros(lp.n_col)
-    objective[fr.t] = -1.0
-    relaxed = highs_runs.lp_relaxation(arr, objective, col_lb, arr.row_lb, lp, len(v.x))
-    assert relaxed is not None
+    oracle, (_, _, _, _, arr, col_lb), objective, relaxed = fairness_phase(seed)
     return arr, objective, col_lb, oracle.fair_level, relaxed.value
 
 

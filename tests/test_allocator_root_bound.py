@@ -33,7 +33,7 @@ def test_child_bound_holds_against_the_oracle(seed: int) -> None:
     # minimising -t: the child's bound is never above minus the oracle's level, and, run to
     # the end at gap 0, it proves that level
     arr, objective, col_lb, level, lp_bound = _phase_a(seed)
-    child = RootBound.of(arr, objective, col_lb, arr.row_lb, cutoff=np.inf, mip_gap=0.0,
+    child = RootBound(arr, objective, col_lb, arr.row_lb, cutoff=np.inf, mip_gap=0.0,
                          time_limit_s=20.0)
     bound = _finish(child)
     assert lp_bound - 1e-9 <= bound <= -level + 1e-7
@@ -47,7 +47,7 @@ def test_a_cutoff_below_the_optimum_leaves_the_cutoff_as_the_bound(seed: int) ->
     if level <= 0.0:
         pytest.skip("no level above 0 to cut below")
     cutoff = -level * 1.5
-    child = RootBound.of(arr, objective, col_lb, arr.row_lb, cutoff=cutoff, mip_gap=0.0,
+    child = RootBound(arr, objective, col_lb, arr.row_lb, cutoff=cutoff, mip_gap=0.0,
                          time_limit_s=20.0)
     bound = _finish(child)
     assert bound <= -level + 1e-7
@@ -56,7 +56,7 @@ def test_a_cutoff_below_the_optimum_leaves_the_cutoff_as_the_bound(seed: int) ->
 
 def test_stop_ends_the_child_at_once() -> None:
     arr, objective, col_lb, _, _ = _phase_a(0)
-    child = RootBound.of(arr, objective, col_lb, arr.row_lb, cutoff=np.inf, mip_gap=0.0,
+    child = RootBound(arr, objective, col_lb, arr.row_lb, cutoff=np.inf, mip_gap=0.0,
                          time_limit_s=600.0)
     start = time.perf_counter()
     child.stop()

@@ -6,13 +6,15 @@ seconds to minutes (`highs_runs.root_fits`). Yet its root's cut rounds raise the
 above the LP's within one to two seconds on many of those phases (measured on pickled
 `advanced` phases: a tokens phase's gap against the LP 3.94 %, against the root's bound 2.75 %
 after 2.0 s; a cost phase's 2.46 % and 1.77 % after 1.5 s; benchmarks/results/scarcity.md,
-"HiGHS's root bound from a child process"). `RootBound` runs that HiGHS in a child process on
+"Fair phases on `advanced`: neighbourhoods by model, HiGHS's root bound from a child
+process"). `RootBound` runs that HiGHS in a child process on
 one thread, beside this process's own searches, and reads each dual bound the run reaches
 (HiGHS's MIP callback, one line on the child's stdout each); `stop` kills the child, so the
 bound is what the run proved by then and the caller's time limit holds.
 
 The child is a fresh interpreter (`python -m coral.allocator.core.root_bound FILE`), not a
-fork: HiGHS's task scheduler threads do not survive a fork. It imports numpy and highspy only.
+fork: HiGHS's task scheduler threads do not survive a fork. It imports the ILP's arrays
+(`formulation.LpArrays`), numpy and highspy, nothing of planning.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 import highspy
 import numpy as np
 
+from coral.allocator.core.formulation import LpArrays
 from coral.solvers import quiet_highs, set_threads
 
 #: Seconds the child may run past the time it was given before it stops by itself, should
@@ -43,13 +46,14 @@ class RootBound:
     process. `bound()` is the best lower bound the child has proven so far on every solution
     below `cutoff` (-inf before its first); `stop()` ends it and returns that bound."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], *, cutoff: float, mip_gap: float,
+    def __init__(self, arr: LpArrays, objective: np.ndarray, col_lb: np.ndarray,
+                 row_lb: np.ndarray, *, cutoff: float, mip_gap: float,
                  time_limit_s: float) -> None:
         self._bound = -math.inf
         self._lock = threading.Lock()
         self._dir = tempfile.TemporaryDirectory(prefix="coral-root-bound-")
         path = Path(self._dir.name) / "ilp.npz"
-        np.savez(path, **arrays,
+        np.savez(path, **{**vars(arr), "cost": objective, "col_lb": col_lb, "row_lb": row_lb},
                  options=np.array([cutoff, mip_gap, max(time_limit_s, 0.0) + GRACE_S]))
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "coral.allocator.core.root_bound", str(path)],
@@ -57,15 +61,6 @@ class RootBound:
             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-
-    @classmethod
-    def of(cls, arr, objective: np.ndarray, col_lb: np.ndarray, row_lb: np.ndarray, *,
-           cutoff: float, mip_gap: float, time_limit_s: float) -> "RootBound":
-        """Start the child on `arr` (`formulation.LpArrays`) with these bounds."""
-        return cls(dict(cost=objective, col_lb=col_lb, col_ub=arr.col_ub, row_lb=row_lb,
-                        row_ub=arr.row_ub, start=arr.start, index=arr.index, value=arr.value,
-                        integer=arr.integer), cutoff=cutoff, mip_gap=mip_gap,
-                   time_limit_s=time_limit_s)
 
     def _read(self) -> None:
         assert self._proc.stdout is not None
@@ -93,31 +88,13 @@ class RootBound:
         self._dir.cleanup()
         return self.bound()
 
-    def __enter__(self) -> "RootBound":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 def _run(path: str) -> None:
     """The child: HiGHS on the ILP in `path`, each better dual bound printed as it comes."""
     data = np.load(path)
     cutoff, mip_gap, time_limit_s = (float(v) for v in data["options"])
-    lp = highspy.HighsLp()
-    lp.num_col_ = len(data["cost"])
-    lp.num_row_ = len(data["row_lb"])
-    lp.col_cost_ = data["cost"]
-    lp.col_lower_ = data["col_lb"]
-    lp.col_upper_ = data["col_ub"]
-    lp.row_lower_ = data["row_lb"]
-    lp.row_upper_ = data["row_ub"]
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = data["start"]
-    lp.a_matrix_.index_ = data["index"]
-    lp.a_matrix_.value_ = data["value"]
-    lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
-                       for b in data["integer"]]
+    arr = LpArrays(**{name: data[name] for name in LpArrays.__dataclass_fields__})
+    lp = arr.highs_lp(arr.cost, arr.col_lb, arr.row_lb, maximise=False)
     h = quiet_highs()
     set_threads(h, 1)
     h.setOptionValue("time_limit", time_limit_s)

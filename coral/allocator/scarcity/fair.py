@@ -103,9 +103,9 @@ WHOLE_RUN_MIN_COLUMNS = ROOT_MIN_COLUMNS
 #: the last for the rest, each only while its columns fit the time left at
 #: `WHOLE_RUN_COLUMNS_PER_S`. Per model rather than the least reduced costs of all columns:
 #: those crowd into a few models' columns, and the plans a phase needs re-pack every model
-#: (on six pickled `advanced` draws, each plan lexicographically at least as good, the
-#: `limited` draws' tokens and cost gaps smaller on every draw; benchmarks/results/scarcity.md,
-#: "Fair phases' neighbourhoods by model").
+#: (the benchmark's five `advanced` `limited` draws, each solved alone: a higher level on
+#: every one; benchmarks/results/scarcity.md, "Fair phases on `advanced`: neighbourhoods by
+#: model, HiGHS's root bound from a child process").
 NEIGHBOURHOODS = (30, COLUMNS_PER_MODEL)
 
 #: Share of a phase's time left that one run on a pair of models may take.
@@ -302,12 +302,14 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, dec: Decomposition,
     def whole_fits(free: int) -> bool:
         return root_fits(free, WHOLE_RUN_MIN_COLUMNS)
 
+    whole = whole_fits(len(v.x))
     child: RootBound | None = None
     if relaxed is not None and relaxed.col_value is not None \
-            and relative_gap(value, bound) > gap and not whole_fits(len(v.x)):
+            and relative_gap(value, bound) > gap and not whole:
         # no time for HiGHS on every column here: its root's bound from a child process
-        child = RootBound.of(arr, objective, col_lb, row_lb, cutoff=value, mip_gap=gap,
-                             time_limit_s=deadline - time.perf_counter())
+        child = RootBound(arr, objective, col_lb, row_lb, cutoff=value, mip_gap=gap,
+                          time_limit_s=deadline - time.perf_counter())
+    raised = False  # the child's bound is above the LP's
 
     def proven() -> bool:
         """The gap closed, the bound first raised to the child's where that is higher (no
@@ -317,10 +319,8 @@ def _phase(name: str, arr: LpArrays, lp: LpBuilder, v: Vars, dec: Decomposition,
             bound, raised = min(child.bound(), value), True
         return relative_gap(value, bound) <= gap
 
-    raised = False
     try:
         if relaxed is not None and relaxed.col_value is not None and not proven():
-            whole = whole_fits(len(v.x))
             run, y = run_on_support(
                 arr, v, objective, col_lb, row_lb,
                 support_of(relaxed, x, np.zeros(0, dtype=np.int64)), cutoff=value,

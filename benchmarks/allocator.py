@@ -76,7 +76,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from coral.allocator.problem import AllocationPlan, TemplateColumn
+from coral.allocator.problem import AllocationPlan, AllocationProblem, TemplateColumn
 from coral.allocator.solve.ilp import solve_allocation
 from coral.allocator.decomposition.branch_price import relative_gap
 from coral.allocator.kernels.jit import warm_up
@@ -397,6 +397,21 @@ class Row:
         return self.median_ok and self.gap_ok
 
 
+def draw_problem(base: AllocationProblem, rng: random.Random,
+                 current: dict[tuple[str, str], int]) -> AllocationProblem:
+    """One draw of the chain: every model's demand x exp(N(0, 0.25)), every pool's nodes x
+    U(0.7, 1.3) rounded to the nearest node, `current` the deployment running."""
+    demands = tuple(
+        type(d)(d.model, d.requests_per_s * math.exp(rng.gauss(0.0, 0.25)),
+                input_tokens=d.input_tokens, output_tokens=d.output_tokens,
+                priority=d.priority)
+        for d in base.demands
+    )
+    availability = {k: round(n * rng.uniform(0.7, 1.3)) for k, n in base.availability.items()}
+    return type(base)(**{**base.__dict__, "demands": demands,
+                         "availability": availability, "current": current})
+
+
 def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
               time_limit_s: float, mip_gap: float, catalog: Catalog,
               mode: str = "aggregated", source: str = "synthetic", nmax: int = 3,
@@ -422,15 +437,7 @@ def run_level(size: str, level: str, *, draws: int, per_model: int, seed: int,
     base = scenario.problem(templates, time_limit_s=time_limit_s, mip_gap=mip_gap)
     warm_up()  # the compiled kernels load before the first solve's CPU clock, as its clock
     for _ in range(draws):
-        demands = tuple(
-            type(d)(d.model, d.requests_per_s * math.exp(rng.gauss(0.0, 0.25)),
-                    input_tokens=d.input_tokens, output_tokens=d.output_tokens,
-                    priority=d.priority)
-            for d in base.demands
-        )
-        availability = {k: round(n * rng.uniform(0.7, 1.3)) for k, n in base.availability.items()}
-        problem = type(base)(**{**base.__dict__, "demands": demands,
-                                "availability": availability, "current": current})
+        problem = draw_problem(base, rng, current)
         cpu = time.process_time()
         plan: AllocationPlan = solve_allocation(problem)
         cpu_s.append(time.process_time() - cpu)

@@ -60,8 +60,7 @@ from coral.allocator.scarcity import fair  # noqa: E402
 from coral.allocator.scenario.load import load_scenario  # noqa: E402
 from coral.allocator.solve.ilp import solve_allocation  # noqa: E402
 from coral.catalog import default_catalog  # noqa: E402
-from coral.solvers import quiet_highs  # noqa: E402
-from coral.solvers.highs import set_threads  # noqa: E402
+from coral.solvers import quiet_highs, set_threads  # noqa: E402
 
 #: Gap at which a long run stops: well inside the target, as the allocator benchmark's
 #: reference solves.
